@@ -1,0 +1,53 @@
+"""Errors and warnings raised by kpca_dask.
+
+Every error derives from :class:`KpcaError` and also from the builtin a caller
+would naturally catch (``ValueError``, ``FileNotFoundError``...), so code written
+against plain Python or scikit-learn keeps working.
+"""
+
+from __future__ import annotations
+
+from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
+
+__all__ = [
+    "KpcaError",
+    "InvalidParameterError",
+    "InvalidInputError",
+    "NotFittedError",
+    "ModelFormatError",
+    "KpcaWarning",
+    "ConvergenceWarning",
+    "DroppedComponentsWarning",
+]
+
+
+class KpcaError(Exception):
+    """Base class of every error raised by kpca_dask."""
+
+
+class InvalidParameterError(KpcaError, ValueError):
+    """An estimator or solver parameter is out of its allowed range."""
+
+
+class InvalidInputError(KpcaError, ValueError):
+    """The data passed to fit/transform cannot be used (shape, dtype, NaN...)."""
+
+
+class NotFittedError(KpcaError, _SklearnNotFittedError):
+    """The estimator is used before ``fit`` (also a scikit-learn NotFittedError)."""
+
+
+class ModelFormatError(KpcaError, ValueError):
+    """A saved model is missing, incomplete, corrupt or of an unknown version."""
+
+
+class KpcaWarning(UserWarning):
+    """Base class of the warnings emitted by kpca_dask."""
+
+
+class ConvergenceWarning(KpcaWarning):
+    """An iterative solver stopped at its iteration cap before its tolerance."""
+
+
+class DroppedComponentsWarning(KpcaWarning):
+    """Components with non-positive eigenvalues were removed from the result."""
