@@ -1,0 +1,186 @@
+"""Parameter and input validation with uniform, actionable messages."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from .exceptions import InvalidInputError, InvalidParameterError
+
+__all__ = ["Rule", "validate_params", "as_dask_array", "check_finite", "resolve_dtype"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One parameter's constraint, with the words used in the error message."""
+
+    describe: str
+    check: Callable[[Any], bool]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def int_range(lo: int, hi: float = np.inf, *, allow: tuple = ()) -> Rule:
+    hi_s = "inf)" if hi == np.inf else f"{hi}]"
+    extra = "".join(f" or {a!r}" for a in allow)
+    return Rule(f"an int in the range [{lo}, {hi_s}{extra}",
+                lambda v: v in allow if not _is_int(v) else lo <= v <= hi)
+
+
+def real_range(lo: float, hi: float = np.inf, *, lo_open: bool = False, allow: tuple = ()) -> Rule:
+    left = "(" if lo_open else "["
+    hi_s = "inf)" if hi == np.inf else f"{hi}]"
+    extra = "".join(f" or {a!r}" for a in allow)
+
+    def check(v):
+        if not _is_real(v):
+            return any(v is a or (isinstance(a, str) and v == a) for a in allow)
+        return (v > lo if lo_open else v >= lo) and v <= hi
+
+    return Rule(f"a float in the range {left}{lo}, {hi_s}{extra}", check)
+
+
+def options(*choices: Any) -> Rule:
+    return Rule(f"one of {sorted(map(str, choices))}", lambda v: isinstance(v, str) and v in choices)
+
+
+def validate_params(owner: str, params: dict[str, Any], rules: dict[str, Rule | list[Rule]]) -> None:
+    """Raise InvalidParameterError naming the first parameter that breaks its rule."""
+    for name, rule in rules.items():
+        value = params[name]
+        alts = rule if isinstance(rule, list) else [rule]
+        if not any(r.check(value) for r in alts):
+            desc = " or ".join(r.describe for r in alts)
+            raise InvalidParameterError(
+                f"The {name!r} parameter of {owner} must be {desc}. Got {value!r} instead."
+            )
+
+
+def resolve_dtype(dtype: Any) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise InvalidParameterError(
+            f"The 'dtype' parameter of KernelPCA must be 'float32' or 'float64'. Got {dtype!r} instead."
+        )
+    return dt
+
+
+def _zarr_to_dask(X: Any) -> da.Array | None:
+    try:
+        import zarr
+    except ImportError:  # pragma: no cover
+        return None
+    if isinstance(X, zarr.Array):
+        return da.from_zarr(X)
+    return None
+
+
+def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
+    """Validate the container, shape and dtype of ``X`` (no pass over its values).
+
+    Returns the data as a dask array and the input kind ("numpy", "dask",
+    "zarr"). Integer and boolean data are cast to float64; object, string and
+    complex data are refused.
+    """
+    kind = "numpy"
+    Xd = _zarr_to_dask(X)
+    if Xd is not None:
+        kind = "zarr"
+    elif isinstance(X, da.Array):
+        Xd, kind = X, "dask"
+    else:
+        if hasattr(X, "to_numpy") and hasattr(X, "dtypes"):  # pandas DataFrame
+            bad = [c for c, t in X.dtypes.items() if not np.issubdtype(t, np.number) and t != bool]
+            if bad:
+                raise InvalidInputError(
+                    f"{what} has non-numeric columns {bad[:5]}; select numeric feature columns "
+                    "(or encode them) before fitting."
+                )
+            X = X.to_numpy()
+        try:
+            arr = np.asarray(X)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInputError(
+                f"{what} cannot be converted to a 2-D numeric array ({exc}); ragged rows? "
+                "Every row needs the same number of features."
+            ) from exc
+        _check_dtype(arr.dtype, what)
+        Xd = da.from_array(arr, chunks=arr.shape or (1,)) if arr.ndim else None
+        if Xd is None:
+            raise InvalidInputError(f"Expected a 2-D array for {what}, got a scalar {X!r}.")
+    _check_dtype(Xd.dtype, what)
+    if Xd.ndim != 2:
+        hint = " Reshape with X.reshape(-1, 1) for a single feature." if Xd.ndim == 1 else ""
+        raise InvalidInputError(
+            f"Expected a 2-D array (n_samples, n_features) for {what}, got {Xd.ndim} "
+            f"dimension(s) with shape {Xd.shape}.{hint}"
+        )
+    if any(np.isnan(c) for c in Xd.chunks[0]):
+        raise InvalidInputError(
+            f"{what} has unknown chunk sizes along the rows; call {what}.compute_chunk_sizes() "
+            "first (or to_dask_array(lengths=True) for a dask dataframe)."
+        )
+    n, d = Xd.shape
+    if n == 0 or d == 0:
+        raise InvalidInputError(
+            f"{what} is empty: shape ({n}, {d}); need at least 1 sample and 1 feature."
+        )
+    if not np.issubdtype(Xd.dtype, np.floating):
+        Xd = Xd.astype(np.float64)
+    return Xd, kind
+
+
+def _check_dtype(dtype: np.dtype, what: str) -> None:
+    if np.issubdtype(dtype, np.complexfloating):
+        raise InvalidInputError(f"{what} is complex ({dtype}); kernel PCA needs real numbers.")
+    if not (np.issubdtype(dtype, np.number) or dtype == bool):
+        raise InvalidInputError(
+            f"{what} has dtype {dtype}, which is not numeric; convert it to float "
+            "(non-numeric columns must be encoded or dropped)."
+        )
+
+
+def _block_nonfinite(x: np.ndarray) -> np.ndarray:
+    return np.array([[np.count_nonzero(~np.isfinite(x))]], dtype=np.int64)
+
+
+def check_finite(Xd: da.Array, what: str = "X") -> None:
+    """One pass over the values: refuse NaN/inf, naming the first rows involved."""
+    per_block = Xd.map_blocks(
+        _block_nonfinite, chunks=((1,) * len(Xd.chunks[0]), (1,) * len(Xd.chunks[1])),
+        dtype=np.int64,
+    )
+    (counts2d,) = dask.compute(per_block)
+    counts = counts2d.sum(axis=1)
+    total = int(counts.sum())
+    if total:
+        offsets = np.concatenate([[0], np.cumsum(Xd.chunks[0])])
+        b = int(np.flatnonzero(counts)[0])
+        raise InvalidInputError(
+            f"{what} contains NaN or infinity ({total} value(s); the first in rows "
+            f"{offsets[b]}-{offsets[b + 1] - 1}). Remove or impute them before fitting "
+            "(the pipeline's ingest can drop such rows with nonfinite='drop')."
+        )
+
+
+def check_n_components(n_components: int, n_samples: int) -> None:
+    if n_components > n_samples:
+        raise InvalidInputError(
+            f"n_components={n_components} must be <= n_samples={n_samples}; "
+            "ask for fewer components or pass more data."
+        )

@@ -1,0 +1,239 @@
+"""Save and load fitted models as a zarr v3 group: numeric arrays + JSON, no pickle.
+
+Layout of a saved model::
+
+    model/                  zarr group; attrs hold the JSON description
+      X_fit                 (n, d) training rows (exact models)
+      eigenvectors          (n, k)
+      eigenvalues           (k,)
+      row_means             (n,)
+      explained_variance_ratio, residuals   (k,)
+
+The attributes record the format name, a schema version, the estimator's
+parameters, the kernel (named kernels only: a callable cannot be stored
+without pickle), fitted scalars and a SHA-256 of every array. Loading reads
+only numeric arrays and JSON, checks the format, the schema version and every
+checksum, and refuses anything else with :class:`ModelFormatError`: untrusted
+input never executes code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from .exceptions import ModelFormatError
+from .kernels import kernel_from_dict
+
+__all__ = ["save_model", "load", "array_sha256", "FORMAT", "SCHEMA_VERSION"]
+
+FORMAT = "kpca-dask-model"
+SCHEMA_VERSION = 1
+
+#: arrays every saved model has; optional ones are listed in attrs["arrays"].
+_REQUIRED = ("eigenvalues", "eigenvectors", "row_means", "X_fit")
+_FITTED_SCALARS = ("gamma_", "n_components_", "n_features_in_", "chunk_size_", "grand_mean_",
+                   "kernel_trace_", "centred_trace_", "eigen_solver_", "n_passes_", "converged_")
+_PARAM_TYPES = (type(None), bool, int, float, str)
+
+
+def _package_version() -> str:
+    try:
+        return version("kpca-dask")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+def array_sha256(a: np.ndarray) -> str:
+    """SHA-256 of an array's values (C order, little-endian), dtype and shape."""
+    a = np.ascontiguousarray(a)
+    a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+    h = hashlib.sha256()
+    h.update(f"{a.dtype.str}:{a.shape}".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _model_arrays(model: Any) -> dict[str, np.ndarray]:
+    arrays = {
+        "X_fit": model.X_fit_,
+        "eigenvectors": model.eigenvectors_,
+        "eigenvalues": model.eigenvalues_,
+        "row_means": model.row_means_,
+        "explained_variance_ratio": model.explained_variance_ratio_,
+        "residuals": model.residuals_,
+    }
+    extra = getattr(model, "_extra_arrays", None)
+    if callable(extra):
+        arrays.update(extra())
+    return {k: np.asarray(v) for k, v in arrays.items() if v is not None}
+
+
+def save_model(model: Any, path: Any, *, overwrite: bool = False) -> None:
+    """Write a fitted :class:`~kpca_dask.KernelPCA` to ``path`` (a folder or zarr store URL).
+
+    A local folder is written beside its final name and renamed into place, so
+    a reader never sees a half-written model.
+    """
+    model._check_fitted()
+    if callable(model.kernel):
+        raise ModelFormatError(
+            "A model with a callable kernel cannot be saved: code is never stored (no "
+            "pickle). Use a named kernel, or refit from data where the model is needed."
+        )
+    params = {k: _jsonable(v) for k, v in model.get_params(deep=False).items()}
+    if not isinstance(params.get("random_state"), (int, type(None))):
+        params["random_state"] = None
+    bad = {k: type(v).__name__ for k, v in params.items()
+           if not isinstance(v, _PARAM_TYPES) and not isinstance(v, dict)}
+    if bad:
+        raise ModelFormatError(f"Parameters {bad} cannot be stored as JSON.")
+    arrays = _model_arrays(model)
+    attrs = {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "kpca_dask_version": _package_version(),
+        "params": params,
+        "kernel": model.kernel_.to_dict(),
+        "dtype": np.dtype(model._dtype).name,
+        "fitted": {k: _jsonable(getattr(model, k)) for k in _FITTED_SCALARS},
+        "arrays": sorted(arrays),
+        "checksums": {k: array_sha256(v) for k, v in arrays.items()},
+    }
+    extra_attrs = getattr(model, "_extra_attrs", None)
+    if callable(extra_attrs):
+        attrs["extra"] = extra_attrs()
+
+    local = _local_path(path)
+    if local is not None:
+        if local.exists() and not overwrite:
+            raise FileExistsError(f"{local} exists; pass overwrite=True to replace it.")
+        tmp = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            _write_group(str(tmp), arrays, attrs)
+            if local.exists():
+                shutil.rmtree(local) if local.is_dir() else local.unlink()
+            os.replace(tmp, local)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        _write_group(path, arrays, attrs, overwrite=overwrite)
+
+
+def _local_path(path: Any) -> Path | None:
+    if isinstance(path, Path):
+        return path
+    if isinstance(path, str) and "://" not in path:
+        return Path(path)
+    if isinstance(path, str) and path.startswith("file://"):
+        return Path(path[len("file://"):])
+    return None
+
+
+def _write_group(store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any],
+                 overwrite: bool = False) -> None:
+    root = zarr.open_group(store, mode="w" if overwrite else "w-", zarr_format=3)
+    for name, arr in arrays.items():
+        chunks = arr.shape if arr.ndim == 1 else (min(arr.shape[0], 65536),) + arr.shape[1:]
+        z = root.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=chunks or None)
+        z[...] = arr
+    # Attributes last: a group without them is not a model.
+    root.attrs.update(attrs)
+
+
+def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Open a saved model: verified attributes and arrays, or ModelFormatError."""
+    local = _local_path(path)
+    if local is not None and not local.exists():
+        raise ModelFormatError(f"No saved model at {local}: the folder does not exist.")
+    try:
+        root = zarr.open_group(path if local is None else str(local), mode="r")
+    except Exception as exc:  # zarr raises several types for unreadable stores
+        raise ModelFormatError(f"{path} is not a readable zarr group ({exc}).") from exc
+    attrs = dict(root.attrs)
+    if attrs.get("format") != FORMAT:
+        raise ModelFormatError(
+            f"{path} is not a kpca-dask model (format={attrs.get('format')!r}); it may be "
+            "incomplete (attributes are written last) or another kind of store."
+        )
+    sv = attrs.get("schema_version")
+    if sv != SCHEMA_VERSION:
+        raise ModelFormatError(
+            f"{path} has model schema_version {sv!r}; this kpca-dask reads version "
+            f"{SCHEMA_VERSION}. Re-save it with a matching kpca-dask version."
+        )
+    names = attrs.get("arrays", [])
+    missing = [k for k in _REQUIRED if k not in names]
+    if missing:
+        raise ModelFormatError(f"{path} lacks the arrays {missing}.")
+    arrays: dict[str, np.ndarray] = {}
+    checksums = attrs.get("checksums", {})
+    for name in names:
+        try:
+            z = root[name]
+        except KeyError as exc:
+            raise ModelFormatError(f"{path}: array {name!r} is listed but missing.") from exc
+        if not isinstance(z, zarr.Array) or z.dtype.kind not in "fiub":
+            raise ModelFormatError(f"{path}: {name!r} is not a numeric array; refusing to load.")
+        try:
+            a = np.asarray(z[...])
+        except Exception as exc:
+            raise ModelFormatError(f"{path}: array {name!r} cannot be read ({exc}).") from exc
+        if checksums.get(name) != array_sha256(a):
+            raise ModelFormatError(
+                f"{path}: checksum mismatch for {name!r}; the model was modified or corrupted "
+                "after it was saved. Re-create it from the original run."
+            )
+        arrays[name] = a
+    return attrs, arrays
+
+
+def load(path: Any):
+    """Load a model saved with :meth:`KernelPCA.save` (arrays + JSON only).
+
+    Raises :class:`~kpca_dask.exceptions.ModelFormatError` when the store is
+    missing, incomplete, of an unknown schema version, or fails its checksums.
+    """
+    from .estimator import KernelPCA
+
+    attrs, arrays = read_model_group(path)
+    params = attrs["params"]
+    if not isinstance(params, dict):
+        raise ModelFormatError(f"{path}: malformed parameters.")
+    model = KernelPCA()
+    valid = model.get_params(deep=False)
+    unknown = set(params) - set(valid)
+    if unknown:
+        raise ModelFormatError(f"{path}: unknown parameters {sorted(unknown)}.")
+    model.set_params(**params)
+    model.kernel_ = kernel_from_dict(attrs["kernel"])
+    model._dtype = np.dtype(attrs["dtype"])
+    for k, v in attrs["fitted"].items():
+        if k in _FITTED_SCALARS:
+            setattr(model, k, v)
+    model.X_fit_ = arrays["X_fit"]
+    model.eigenvectors_ = arrays["eigenvectors"]
+    model.eigenvalues_ = arrays["eigenvalues"]
+    model.row_means_ = arrays["row_means"]
+    model.explained_variance_ratio_ = arrays.get("explained_variance_ratio")
+    model.residuals_ = arrays.get("residuals")
+    restore = getattr(model, "_restore_extra", None)
+    if callable(restore):
+        restore(attrs.get("extra", {}), arrays)
+    model._coef_cache = None
+    return model
