@@ -1,0 +1,1 @@
+"""Prefect flows and the ``kpca`` command line (the top layer)."""

@@ -1,0 +1,1 @@
+"""Pipeline stages: plain functions that read and write stores (no Prefect)."""
