@@ -215,20 +215,37 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             )
 
     # ----------------------------------------------------------------- fitting
-    def fit(self, X: Any, y: Any = None) -> KernelPCA:
-        """Fit the model on ``X`` (numpy, dask or zarr array of shape (n_samples, n_features))."""
-        self._fit(X)
+    def fit(self, X: Any, y: Any = None, *, kernel_blocks: Any = None,
+            centring: tuple[np.ndarray, float] | None = None) -> KernelPCA:
+        """Fit the model on ``X`` (numpy, dask or zarr array of shape (n_samples, n_features)).
+
+        Parameters
+        ----------
+        X : array of shape (n_samples, n_features)
+        y : ignored
+        kernel_blocks : callable ``(i, j) -> ndarray``, optional
+            Reader of a materialised kernel matrix: returns the stored upper
+            block ``K_ij`` (``i <= j``) of the partition into ``chunk_size``
+            rows (``chunk_size`` must then be an int). Products read these
+            blocks instead of evaluating the kernel (exact solvers only).
+        centring : (row_means, grand_mean), optional
+            Precomputed centring statistics of the training kernel matrix
+            (e.g. from a distributed reduction over stored blocks); the first
+            pass then does not compute them.
+        """
+        self._fit(X, kernel_blocks=kernel_blocks, centring=centring)
         return self
 
     def fit_transform(self, X: Any, y: Any = None, **params: Any) -> Any:
         """Fit and return the training embedding ``eigenvectors_ * sqrt(eigenvalues_)``."""
-        Xd, kind = self._fit(X)
+        Xd, kind = self._fit(X, **params)
         emb = (self.eigenvectors_ * np.sqrt(self.eigenvalues_)).astype(self._dtype, copy=False)
         if kind == "numpy":
             return emb
         return da.from_array(emb, chunks=(Xd.chunks[0], (emb.shape[1],)))
 
-    def _fit(self, X: Any) -> tuple[da.Array, str]:
+    def _fit(self, X: Any, kernel_blocks: Any = None,
+             centring: tuple[np.ndarray, float] | None = None) -> tuple[da.Array, str]:
         t0 = time.perf_counter()
         self._check_params()
         self._dtype = V.resolve_dtype(self.dtype)
@@ -251,14 +268,19 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         logger.info("KernelPCA fit: n=%d, d=%d, kernel=%s, solver=%s, %d blocks of %d rows, %s",
                     n, d, self.kernel_, solver, len(Xb.chunks[0]), r, self._dtype.name)
 
-        K = BlockKernelMatrix(Xb, self.kernel_, self._dtype)
+        if kernel_blocks is not None and self.chunk_size == "auto":
+            raise InvalidParameterError(
+                "kernel_blocks needs an explicit integer chunk_size: the row blocks of the "
+                "stored kernel matrix."
+            )
+        K = BlockKernelMatrix(Xb, self.kernel_, self._dtype, block_reader=kernel_blocks)
         with blas_threads_for_dask():
             trace_K, X_np = dask.compute(K.diag().sum(), Xb)
         self.X_fit_ = np.asarray(X_np, dtype=np.float64)
         if solver == "dense":
             res, mu, g = self._solve_dense(K)
         else:
-            res, mu, g = self._solve_randomized(K, n)
+            res, mu, g = self._solve_randomized(K, n, centring)
 
         k_req = res.eigenvalues.shape[0]
         rtol = 1e-12 if self._dtype == np.float64 else 1e-6
@@ -347,8 +369,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         res = dense_eigh(Km, k)
         return res, mu, g
 
-    def _solve_randomized(self, K: BlockKernelMatrix, n: int) -> tuple[EigResult, np.ndarray, float]:
+    def _solve_randomized(self, K: BlockKernelMatrix, n: int,
+                          centring: tuple[np.ndarray, float] | None = None
+                          ) -> tuple[EigResult, np.ndarray, float]:
         op = CentredKernel(K)
+        if centring is not None:
+            mu, g = centring
+            op.row_means, op.grand_mean = np.asarray(mu, dtype=np.float64), float(g)
         tol = self.tol
         if tol is None:
             tol = 1e-8 if self._dtype == np.float64 else 1e-5

@@ -261,10 +261,12 @@ class BlockKernelMatrix:
 
         xb = self.X.to_delayed()[:, 0]
         pairs = self.upper_blocks()
-        blocks = dask.compute(*[
-            dask.delayed(kernel_block, pure=True)(self.kernel, xb[i], xb[j], self.dtype)
-            for i, j in pairs
-        ])
+        if self.block_reader is not None:
+            tasks = [dask.delayed(self.block_reader, pure=True)(i, j) for i, j in pairs]
+        else:
+            tasks = [dask.delayed(kernel_block, pure=True)(self.kernel, xb[i], xb[j], self.dtype)
+                     for i, j in pairs]
+        blocks = dask.compute(*tasks)
         offsets = np.concatenate([[0], np.cumsum(self.row_chunks)])
         K = np.empty((self.n, self.n), dtype=self.dtype)
         for (i, j), blk in zip(pairs, blocks):

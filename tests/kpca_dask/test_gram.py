@@ -105,3 +105,30 @@ def test_runs_on_the_synchronous_scheduler_too():
     with dask.config.set(scheduler="synchronous"):
         Y = BlockKernelMatrix(Xd, RBFKernel(0.2)).matmul(Z).compute()
     np.testing.assert_allclose(Y, K_REF @ Z, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("solver", ["dense", "randomized"])
+def test_estimator_fits_from_stored_blocks_and_given_centring(solver):
+    """fit(kernel_blocks=..., centring=...) reproduces the ordinary fit and never
+    evaluates the kernel on the training blocks."""
+    from kpca_dask import KernelPCA
+
+    r = 64
+    Xd = da.from_array(X, chunks=(r, -1))
+    K = BlockKernelMatrix(Xd, RBFKernel(0.2))
+    offs = np.concatenate([[0], np.cumsum(K.row_chunks)])
+    store = {(i, j): K_REF[offs[i]:offs[i + 1], offs[j]:offs[j + 1]].copy()
+             for i, j in K.upper_blocks()}
+    reads = []
+
+    def reader(i, j):
+        reads.append((i, j))
+        return store[(i, j)]
+
+    kw = dict(kernel="rbf", gamma=0.2, eigen_solver=solver, random_state=0, chunk_size=r)
+    ref = KernelPCA(3, **kw).fit(X)
+    mu = K_REF.mean(axis=1)
+    m = KernelPCA(3, **kw).fit(X, kernel_blocks=reader, centring=(mu, mu.mean()))
+    assert set(reads) == set(K.upper_blocks())
+    np.testing.assert_allclose(m.eigenvalues_, ref.eigenvalues_, rtol=1e-10)
+    np.testing.assert_allclose(m.transform(X[:5]), ref.transform(X[:5]), atol=1e-10)
