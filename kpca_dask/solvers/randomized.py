@@ -129,6 +129,10 @@ def _centre(Z: np.ndarray) -> np.ndarray:
     return Z - Z.mean(axis=0, keepdims=True)
 
 
+def _identity(Z: np.ndarray) -> np.ndarray:
+    return Z
+
+
 def _next_block(W: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Orthonormal basis of ``Y`` with ``W``'s span removed, and ``W^T Y``.
 
@@ -207,6 +211,7 @@ def randomized_eigh(
     eps: float = float(np.finfo(np.float64).eps),
     random_state: Any = None,
     callback=None,
+    centre: bool = True,
 ) -> EigResult:
     """Leading eigenpairs of a symmetric operator by randomized iteration.
 
@@ -241,6 +246,11 @@ def randomized_eigh(
         depend on the seed only, not on any chunking).
     callback : callable, optional
         Called as ``callback(pass_index, estimates)`` after every pass.
+    centre : bool, default=True
+        Centre the test matrix, restart blocks and certified vectors (remove
+        their column means). Right for the centred kernel matrix, whose null
+        vector ``1`` carries no information; turn it off for operators
+        without that null vector (the Nyström feature covariance).
     """
     if method not in ("block_krylov", "subspace"):
         raise ValueError(f"Unknown randomized method {method!r}")
@@ -252,7 +262,8 @@ def randomized_eigh(
     rng = _generator(random_state)
     Omega = rng.standard_normal((n, l))
     # The test matrix is centred: Kc's null vector 1 carries no information.
-    Q = _orth(_centre(Omega))
+    prep = _centre if centre else _identity
+    Q = _orth(prep(Omega))
     capacity = l * (n_passes_target + 1) if method == "block_krylov" else 2 * l
     Wbuf = _Columns(n, min(capacity, max_basis + l))
     Wbuf.append(Q)
@@ -306,7 +317,7 @@ def randomized_eigh(
             H = np.zeros((Q.shape[1], 0))
         elif Wext.shape[1] + l > max_basis:
             # Restart from the current best approximations.
-            Q = _orth(_centre(basis @ coords[:, :l]))
+            Q = _orth(prep(basis @ coords[:, :l]))
             Wbuf.reset(Q)
             H = np.zeros((Q.shape[1], 0))
             logger.info("randomized solver: restart (basis would exceed %d columns)", max_basis)
@@ -326,7 +337,7 @@ def randomized_eigh(
     # dominated by kernel evaluation, and extra columns did not improve the
     # leading pairs in our measurements.
     m = min(k, coords.shape[1])
-    V = _orth(_centre(basis @ coords[:, :m]))
+    V = _orth(prep(basis @ coords[:, :m]))
     AV = op.matmul(V)
     theta, U = _rayleigh_ritz(V.T @ AV)
     theta, U = theta[:k], U[:, :k]
