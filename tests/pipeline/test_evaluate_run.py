@@ -168,9 +168,13 @@ def test_report_folder_written(digits_run):
 
 def test_rerun_is_idempotent(digits_run, tmp_path):
     """Evaluating the same folder again gives the same numbers (every choice is seeded)."""
+    import shutil
+
     out, m, _ = digits_run
-    again = evaluate_run(out, {"test_fraction": 0.25, "report": False,
-                               "max_novelty_points": 300})
+    copy = tmp_path / "digits"
+    shutil.copytree(out, copy)  # leave the module's run folder as the fixture wrote it
+    again = evaluate_run(copy, {"test_fraction": 0.25, "report": False,
+                                "max_novelty_points": 300})
     for key in ("kpca", "pca", "margin", "sweep", "data"):
         assert again[key] == m[key], key
 
