@@ -22,6 +22,9 @@ from .gram import BlockKernelMatrix, cross_products
 from .kernels import Kernel, make_kernel
 from .solvers import EigResult, dense_eigh, drop_nonpositive, randomized_eigh
 from .solvers.dense import centre_inplace
+from .solvers.landmarks import LANDMARK_METHODS, select_landmarks
+from .solvers.nystroem import choose_method, nystroem_basis, nystroem_eigh
+from .solvers.randomized import _generator
 
 __all__ = ["KernelPCA"]
 
@@ -31,6 +34,24 @@ logger = logging.getLogger("kpca_dask")
 #: see benchmarks/bench_exact.py: at n = 2000 eigh takes ~0.5 s and a
 #: randomized solve ~0.3 s; dense memory grows as 8 n^2 bytes).
 DENSE_MAX_SAMPLES = 2000
+
+#: Above this many samples "auto" uses the Nyström solver (with its default
+#: number of landmarks). Measured crossover, see docs/nystroem.md and
+#: ``benchmarks/bench_nystroem.py crossover``.
+NYSTROEM_MIN_SAMPLES = 50_000
+
+#: Landmarks used when ``n_landmarks=None``.
+DEFAULT_N_LANDMARKS = 2048
+
+#: Rows per block of the Nyström passes when ``chunk_size="auto"``: each task
+#: computes ``rows x m`` kernel values in strips, so larger blocks only mean
+#: fewer tasks (and fewer partial sums to add).
+NYSTROEM_BLOCK_ROWS = 8192
+
+#: Dask or zarr inputs up to this size are persisted (read once) by the
+#: Nyström solver when they must be rechunked; larger ones are re-read from
+#: their source at every pass, so memory stays at a few blocks.
+NYSTROEM_PERSIST_BYTES = 256 << 20
 
 _KERNEL_NAMES = ("linear", "poly", "polynomial", "rbf", "laplacian", "sigmoid", "cosine")
 
@@ -46,15 +67,23 @@ def _auto_block_rows(n: int, target: int = 2048, min_rows: int = 256) -> int:
 
 
 class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
-    """Kernel principal component analysis on Dask, exact or randomized.
+    """Kernel principal component analysis on Dask: exact, randomized or Nyström.
 
     Conventions match :class:`sklearn.decomposition.KernelPCA`: the kernel
     matrix is centred in feature space, ``eigenvalues_`` are those of the
     centred kernel matrix (not divided by n), and the training embedding is
-    ``eigenvectors_ * sqrt(eigenvalues_)``. The kernel matrix is never formed
-    by the randomized solver: products with it are computed block by block on
-    whatever Dask scheduler is active (threaded, a LocalCluster, a remote
-    cluster), reading each upper block once per pass.
+    ``eigenvectors_ * sqrt(eigenvalues_)`` (exact solvers). The kernel matrix
+    is never formed by the randomized solver: products with it are computed
+    block by block on whatever Dask scheduler is active (threaded, a
+    LocalCluster, a remote cluster), reading each upper block once per pass.
+
+    The Nyström solver (``eigen_solver="nystroem"``) costs time linear in n:
+    it picks ``n_landmarks`` landmark rows Z, and computes the principal
+    components of the centred Nyström features ``k(x, Z) W^-1/2`` with a few
+    passes over X (see :mod:`kpca_dask.solvers.nystroem`). Its model keeps
+    only the landmarks, an m x k projection and the centring vector, so a new
+    row embeds in ``O(m d + m k)`` whatever n was. With ``n_landmarks >= n``
+    (all rows are landmarks) it is exact kernel PCA.
 
     Parameters
     ----------
@@ -77,11 +106,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     kernel_params : dict or None, default=None
         Keyword arguments of a callable kernel (refused for named kernels:
         use gamma/degree/coef0).
-    eigen_solver : {"auto", "dense", "randomized"}, default="auto"
+    eigen_solver : {"auto", "dense", "randomized", "nystroem"}, default="auto"
         "dense" forms the n x n matrix and calls ``scipy.linalg.eigh``;
         "randomized" never forms it (block Krylov or subspace iteration on
-        the implicit centred matrix, Nyström finish); "auto" uses dense up to
-        2000 samples or when the requested block is at least half of n.
+        the implicit centred matrix, Nyström finish); "nystroem" approximates
+        kernel PCA with ``n_landmarks`` landmarks at a cost linear in n;
+        "auto" uses dense up to 2000 samples or when the requested block is
+        at least half of n, Nyström above 50 000 samples (measured crossover,
+        docs/nystroem.md; not when ``kernel_blocks`` or ``centring`` are
+        given), randomized in between.
     n_oversamples : int, default=24
         Extra columns of the randomized block (``l = n_components + n_oversamples``).
         Larger blocks converge in fewer passes; each pass costs a kernel
@@ -109,25 +142,77 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     chunk_size : int or "auto", default="auto"
         Rows per block of the kernel partition (and per transform task).
         Per-task memory grows as ``chunk_size * (n_features + strip)``; the
-        number of kernel tasks per pass as ``(n / chunk_size)^2 / 2``.
+        number of kernel tasks per pass as ``(n / chunk_size)^2 / 2``
+        (Nyström: ``n / chunk_size``; "auto" is about 8192 rows there).
+    n_landmarks : int or None, default=None
+        Nyström only: number of landmarks m. None means ``min(n, 2048)``.
+        Cost grows linearly in m (randomized method) or as m^2 (covariance
+        method); accuracy improves with m (docs/nystroem.md).
+    landmark_method : {"rpcholesky", "uniform", "kmeans++"}, default="rpcholesky"
+        Nyström only: how landmarks are chosen. "uniform": distinct rows at
+        random; "kmeans++": k-means++ seeding (input space) on a uniform
+        sample; "rpcholesky": accelerated randomly pivoted Cholesky (Chen,
+        Epperly, Tropp and Webber 2022; Epperly, Tropp and Webber 2024) on a
+        uniform sample, which adapts to the kernel and does not miss small
+        clusters. All depend on ``random_state`` only, not on the chunking.
+    landmark_sample_size : int or "auto", default="auto"
+        Nyström with kmeans++ or rpcholesky: rows of the uniform sample the
+        landmarks are chosen from. "auto" is ``min(n, max(20000, 5 m))``;
+        rpcholesky holds an ``s x m`` float64 factor (0.33 GB at 20480 x 2048).
+    nystroem_method : {"auto", "randomized", "covariance"}, default="auto"
+        Nyström only: how the top eigenpairs of the m x m feature covariance
+        are found. "covariance" forms it in one pass (``n m^2`` flops);
+        "randomized" runs block Krylov on it, one pass of ``4 n m l`` flops
+        per product. "auto" picks the cheaper by a measured cost model
+        (covariance below about 2000 landmarks for 16 components, and whenever
+        ``n_components=None``).
 
     Attributes
     ----------
     eigenvalues_ : ndarray of shape (n_components_,)
-        Eigenvalues of the centred kernel matrix, descending.
-    eigenvectors_ : ndarray of shape (n_samples, n_components_)
-        Orthonormal eigenvectors, each with its largest-magnitude entry positive.
+        Eigenvalues of the centred kernel matrix, descending. Nyström: those
+        of the centred feature covariance ``F_c^T F_c``, which approximate them.
+    eigenvectors_ : ndarray of shape (n_fit_rows, n_components_)
+        Coefficients of the components on the rows of ``X_fit_``, with
+        ``transform(x) = (k(x, X_fit_) - row_means_) @ eigenvectors_ /
+        sqrt(eigenvalues_)``. Exact solvers: the orthonormal eigenvectors of
+        Kc (n_samples rows), each with its largest-magnitude entry positive.
+        Nyström: ``projection_ * sqrt(eigenvalues_)`` on the m landmarks (the
+        same sign rule); with all rows as landmarks these equal the exact
+        eigenvectors, otherwise they are not orthonormal. The n x k
+        eigenvectors of the Nyström approximation are never stored: they are
+        ``fit_transform(X) / sqrt(eigenvalues_)``.
     explained_variance_ratio_ : ndarray of shape (n_components_,)
-        ``eigenvalues_ / trace(Kc)`` with ``trace(Kc) = trace(K) - n g``.
+        ``eigenvalues_ / trace(Kc)`` with ``trace(Kc) = trace(K) - n g``
+        (Nyström: trace(K) exact, g its Nyström estimate ``grand_mean_``).
     residuals_ : ndarray of shape (n_components_,)
         ``||Kc v - lambda v|| / lambda`` per returned pair, from a real product:
-        an a-posteriori accuracy certificate.
-    row_means_ : ndarray of shape (n_samples,)
-        Row means ``mu`` of the uncentred training kernel matrix.
+        an a-posteriori accuracy certificate. Nyström: ``||Sigma p - lambda p||
+        / lambda`` for the m' x m' feature covariance Sigma (from a real pass
+        for the randomized method, from the formed Sigma for the covariance
+        method). It certifies the eigensolve of the Nyström problem, not how
+        well Nyström approximates the exact kernel PCA.
+    row_means_ : ndarray of shape (n_fit_rows,)
+        Exact: row means ``mu = K 1 / n`` of the training kernel matrix.
+        Nyström: ``mean_i k(x_i, z_j)`` at each landmark (exact, from a pass).
     grand_mean_ : float
-        Grand mean ``g`` of the training kernel matrix.
-    X_fit_ : ndarray of shape (n_samples, n_features)
-        Training rows (a copy: later changes to the source do not affect the model).
+        Grand mean ``g`` of the training kernel matrix (Nyström: its estimate
+        ``c^T W^+ c``, the squared norm of the mean feature).
+    X_fit_ : ndarray of shape (n_fit_rows, n_features)
+        Rows the model keeps (copies): every training row for the exact
+        solvers, the landmarks for Nyström.
+    landmarks_, landmark_indices_, n_landmarks_ : Nyström only
+        The landmark rows (same array as ``X_fit_``), their row indices in
+        the training data (sorted) and their number m.
+    projection_ : ndarray of shape (n_landmarks_, n_components_), Nyström only
+        ``A = U S^-1/2 P_k``: ``transform(x) = k(x, landmarks_) @ A - offset_``.
+    offset_ : ndarray of shape (n_components_,), Nyström only
+        ``row_means_ @ projection_``, the embedding of the mean feature.
+    mean_weights_ : ndarray of shape (n_landmarks_,), Nyström only
+        ``W^+ c``: ``k(x, landmarks_) @ mean_weights_`` estimates
+        ``mean_i k(x, x_i)`` (used by :meth:`score_samples`).
+    n_samples_fit_ : int
+        Rows of the training data.
     gamma_ : float or None
         The kernel coefficient used.
     n_components_ : int
@@ -136,7 +221,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     eigen_solver_ : str
         Solver actually used.
     n_passes_ : int
-        Passes over the kernel blocks the fit made.
+        Passes over the kernel blocks the fit made (Nyström: passes over X
+        computing ``k(X, Z)``, not counting reading the landmark sample).
     converged_ : bool
 
     Examples
@@ -167,6 +253,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         random_state: Any = None,
         dtype: Any = "float64",
         chunk_size: Any = "auto",
+        n_landmarks: int | None = None,
+        landmark_method: str = "rpcholesky",
+        landmark_sample_size: Any = "auto",
+        nystroem_method: str = "auto",
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -183,6 +273,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.random_state = random_state
         self.dtype = dtype
         self.chunk_size = chunk_size
+        self.n_landmarks = n_landmarks
+        self.landmark_method = landmark_method
+        self.landmark_sample_size = landmark_sample_size
+        self.nystroem_method = nystroem_method
 
     # ------------------------------------------------------------------ params
     def _check_params(self) -> None:
@@ -198,13 +292,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 "coef0": V.real_range(-np.inf),
                 "kernel_params": [V.Rule("a dict", lambda v: isinstance(v, dict)),
                                   V.Rule("None", lambda v: v is None)],
-                "eigen_solver": V.options("auto", "dense", "randomized"),
+                "eigen_solver": V.options("auto", "dense", "randomized", "nystroem"),
                 "n_oversamples": V.int_range(0),
                 "n_power_iter": V.int_range(0, allow=("auto",)),
                 "tol": [V.real_range(0, lo_open=True), V.Rule("None", lambda v: v is None)],
                 "max_iter": V.int_range(1),
                 "randomized_method": V.options("block_krylov", "subspace"),
                 "chunk_size": V.int_range(1, allow=("auto",)),
+                "n_landmarks": [V.int_range(1), V.Rule("None", lambda v: v is None)],
+                "landmark_method": V.options(*LANDMARK_METHODS),
+                "landmark_sample_size": V.int_range(1, allow=("auto",)),
+                "nystroem_method": V.options("auto", "randomized", "covariance"),
             },
         )
         V.resolve_dtype(self.dtype)
@@ -237,12 +335,24 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         return self
 
     def fit_transform(self, X: Any, y: Any = None, **params: Any) -> Any:
-        """Fit and return the training embedding ``eigenvectors_ * sqrt(eigenvalues_)``."""
+        """Fit and return the training embedding (numpy in, numpy out; dask or zarr
+        in, dask out with the input's row chunks).
+
+        Exact solvers: ``eigenvectors_ * sqrt(eigenvalues_)``. Nyström: the
+        embedding of every training row by the fitted model, ``k(x, Z) A -
+        offset_`` (one more pass over X, lazy for dask/zarr input: written
+        block by block when stored or computed).
+        """
         Xd, kind = self._fit(X, **params)
+        if self.eigen_solver_ == "nystroem":
+            return self._project_array(Xd, kind, "transform")
         emb = (self.eigenvectors_ * np.sqrt(self.eigenvalues_)).astype(self._dtype, copy=False)
         if kind == "numpy":
             return emb
         return da.from_array(emb, chunks=(Xd.chunks[0], (emb.shape[1],)))
+
+    _NYSTROEM_ATTRS = ("landmarks_", "landmark_indices_", "n_landmarks_", "projection_",
+                       "offset_", "mean_weights_", "landmark_method_", "nystroem_method_")
 
     def _fit(self, X: Any, kernel_blocks: Any = None,
              centring: tuple[np.ndarray, float] | None = None) -> tuple[da.Array, str]:
@@ -253,41 +363,60 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         n, d = (int(s) for s in Xd.shape)
         if self.n_components is not None:
             V.check_n_components(self.n_components, n)
+        solver = self._resolve_solver(n, exact_inputs=kernel_blocks is not None
+                                      or centring is not None)
         V.check_finite(Xd)
+        for attr in self._NYSTROEM_ATTRS:  # a refit with another solver leaves none behind
+            self.__dict__.pop(attr, None)
         self.n_features_in_ = d
-        r = _auto_block_rows(n) if self.chunk_size == "auto" else min(int(self.chunk_size), n)
+        self.n_samples_fit_ = n
+        if self.chunk_size != "auto":
+            r = min(int(self.chunk_size), n)
+        elif solver == "nystroem":
+            r = _auto_block_rows(n, target=NYSTROEM_BLOCK_ROWS)
+        else:
+            r = _auto_block_rows(n)
         self.chunk_size_ = r
         Xb = Xd.rechunk({0: r, 1: -1})
-        if Xb is not Xd:
+        if Xb is not Xd and (solver != "nystroem" or kind == "numpy"
+                             or Xb.nbytes <= NYSTROEM_PERSIST_BYTES):
+            # Numpy input is in memory already (persisting keeps views of it);
+            # a large dask/zarr input is re-read at every Nyström pass instead.
             Xb = Xb.persist()
 
         self.gamma_ = self._resolve_gamma(Xb, n, d)
         self.kernel_ = self._make_kernel()
-        solver = self._resolve_solver(n)
         self.eigen_solver_ = solver
         logger.info("KernelPCA fit: n=%d, d=%d, kernel=%s, solver=%s, %d blocks of %d rows, %s",
                     n, d, self.kernel_, solver, len(Xb.chunks[0]), r, self._dtype.name)
-
-        if kernel_blocks is not None and self.chunk_size == "auto":
-            raise InvalidParameterError(
-                "kernel_blocks needs an explicit integer chunk_size: the row blocks of the "
-                "stored kernel matrix."
-            )
-        K = BlockKernelMatrix(Xb, self.kernel_, self._dtype, block_reader=kernel_blocks)
-        with blas_threads_for_dask():
-            trace_K, X_np = dask.compute(K.diag().sum(), Xb)
-        self.X_fit_ = np.asarray(X_np, dtype=np.float64)
-        if solver == "dense":
-            res, mu, g = self._solve_dense(K)
+        if solver == "nystroem":
+            res, mu, g, trace_K = self._solve_nystroem(Xb, n)
         else:
-            res, mu, g = self._solve_randomized(K, n, centring)
+            if kernel_blocks is not None and self.chunk_size == "auto":
+                raise InvalidParameterError(
+                    "kernel_blocks needs an explicit integer chunk_size: the row blocks of the "
+                    "stored kernel matrix."
+                )
+            K = BlockKernelMatrix(Xb, self.kernel_, self._dtype, block_reader=kernel_blocks)
+            with blas_threads_for_dask():
+                trace_K, X_np = dask.compute(K.diag().sum(), Xb)
+            self.X_fit_ = np.asarray(X_np, dtype=np.float64)
+            if solver == "dense":
+                res, mu, g = self._solve_dense(K)
+            else:
+                res, mu, g = self._solve_randomized(K, n, centring)
 
-        k_req = res.eigenvalues.shape[0]
+        k_req = res.eigenvalues.shape[0] if self.n_components is None else self.n_components
         rtol = 1e-12 if self._dtype == np.float64 else 1e-6
         w, vecs, resid = drop_nonpositive(res.eigenvalues, res.eigenvectors, res.residuals,
                                           rtol=rtol, requested=k_req)
         self.eigenvalues_ = w
-        self.eigenvectors_ = np.ascontiguousarray(vecs)  # layout-independent sums: bitwise reload
+        if solver == "nystroem":
+            self.projection_ = np.ascontiguousarray(vecs)
+            self.offset_ = mu @ self.projection_
+            self.eigenvectors_ = self._nystroem_eigenvectors()
+        else:
+            self.eigenvectors_ = np.ascontiguousarray(vecs)  # layout-independent sums: bitwise reload
         self.residuals_ = resid
         self.row_means_ = mu
         self.grand_mean_ = g
@@ -304,6 +433,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                     self.fit_seconds_, self.n_components_, self.n_passes_,
                     float(np.max(resid)) if resid.size else 0.0)
         return Xd, kind
+
+    def _nystroem_eigenvectors(self) -> np.ndarray:
+        """``projection_ * sqrt(eigenvalues_)``, computed the same way after a reload."""
+        return self.projection_ * np.sqrt(self.eigenvalues_)
 
     def _resolve_gamma(self, Xb: da.Array, n: int, d: int) -> float | None:
         name = "callable" if callable(self.kernel) else self.kernel
@@ -338,8 +471,23 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         return make_kernel(self.kernel, gamma=self.gamma_, degree=self.degree, coef0=self.coef0,
                            kernel_params=self.kernel_params)
 
-    def _resolve_solver(self, n: int) -> str:
+    def _resolve_solver(self, n: int, exact_inputs: bool = False) -> str:
+        """The solver for n samples; refuses impossible combinations before any pass."""
         solver = self.eigen_solver
+        if solver == "nystroem":
+            if exact_inputs:
+                raise InvalidParameterError(
+                    "kernel_blocks and centring describe the exact kernel matrix; "
+                    "eigen_solver='nystroem' never uses it. Drop them or pick an exact solver."
+                )
+            m = self._resolve_n_landmarks(n)
+            if self.n_components is not None and self.n_components > m:
+                raise InvalidParameterError(
+                    f"n_components={self.n_components} must be <= n_landmarks={m} for "
+                    "eigen_solver='nystroem' (the Nyström features have at most m "
+                    "dimensions); ask for fewer components or pass a larger n_landmarks."
+                )
+            return solver
         if self.n_components is None:
             if solver == "randomized":
                 raise InvalidParameterError(
@@ -349,13 +497,81 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             return "dense"
         if solver == "auto":
             l = self.n_components + self.n_oversamples
-            solver = "dense" if (n <= DENSE_MAX_SAMPLES or 2 * l >= n) else "randomized"
+            if n <= DENSE_MAX_SAMPLES or 2 * l >= n:
+                solver = "dense"
+            elif (n > NYSTROEM_MIN_SAMPLES and not exact_inputs
+                  and self.n_components <= self._resolve_n_landmarks(n)):
+                return "nystroem"
+            else:
+                solver = "randomized"
         if solver == "randomized" and self.n_components >= n:
             raise InvalidParameterError(
                 f"eigen_solver='randomized' needs n_components < n_samples (got "
                 f"{self.n_components} for {n} samples); use eigen_solver='dense'."
             )
         return solver
+
+    def _resolve_n_landmarks(self, n: int) -> int:
+        m = DEFAULT_N_LANDMARKS if self.n_landmarks is None else int(self.n_landmarks)
+        return min(m, n)
+
+    def _solve_nystroem(self, Xb: da.Array, n: int
+                        ) -> tuple[EigResult, np.ndarray, float, float]:
+        """Landmarks, the W eigendecomposition, the passes over X; fills the
+        Nyström-only attributes and returns the pieces ``_fit`` finishes with."""
+        m = self._resolve_n_landmarks(n)
+        if m > 16384:
+            logger.warning("Nyström with %d landmarks forms %.1f GB m x m matrices on the driver",
+                           m, 8 * m * m / 1e9)
+        rng = _generator(self.random_state)
+        sample = None if self.landmark_sample_size == "auto" else int(self.landmark_sample_size)
+        t0 = time.perf_counter()
+        lm = select_landmarks(Xb, m, self.landmark_method, self.kernel_, rng,
+                              sample_size=sample, dtype=self._dtype)
+        t_landmarks = time.perf_counter() - t0
+        basis = nystroem_basis(lm.points, self.kernel_, self._dtype, shift=lm.column_means)
+        if not self.kernel_.psd and basis.n_dropped:
+            logger.info("Nyström: the kernel is not positive semi-definite; %d non-positive "
+                        "eigenvalues of k(Z, Z) were dropped (the PSD part is used)",
+                        basis.n_dropped)
+        k = self.n_components
+        l = (k or 0) + self.n_oversamples
+        method = self.nystroem_method
+        if method == "auto":
+            method = choose_method(n, basis.m, self.n_features_in_, k, l)
+        if k is None and method == "randomized":
+            raise InvalidParameterError(
+                "nystroem_method='randomized' needs an explicit n_components (None means "
+                "all components: use nystroem_method='covariance')."
+            )
+        tol = self.tol
+        if tol is None:
+            tol = 1e-8 if self._dtype == np.float64 else 1e-5
+        fit = nystroem_eigh(
+            Xb, basis, k, method=method, n_oversamples=self.n_oversamples,
+            n_power_iter=self.n_power_iter, randomized_method=self.randomized_method, tol=tol,
+            max_passes=self.max_iter,
+            random_state=np.random.default_rng(rng.integers(2**63)),
+        )
+        lam, A, resid = fit.eigenvalues, fit.projection, fit.residuals
+        if k is not None and lam.size < k:
+            # The features have rank m' < k: pad with zero pairs, which
+            # drop_nonpositive removes with its usual warning.
+            pad = k - lam.size
+            lam = np.concatenate([lam, np.zeros(pad)])
+            A = np.hstack([A, np.zeros((A.shape[0], pad))])
+            resid = np.concatenate([resid, np.full(pad, np.nan)])
+        self.landmarks_ = self.X_fit_ = lm.points
+        self.landmark_indices_ = lm.indices
+        self.n_landmarks_ = int(lm.indices.size)
+        self.landmark_method_ = lm.info.get("method", self.landmark_method)
+        self.nystroem_method_ = method
+        self.mean_weights_ = fit.mean_weights
+        info = {"solver": "nystroem", "landmarks": lm.info, "landmark_seconds": t_landmarks,
+                **fit.info}
+        res = EigResult(lam, A, resid, n_passes=fit.n_passes, converged=fit.converged,
+                        info=info)
+        return res, fit.column_means, fit.grand_mean, fit.kernel_trace
 
     def _solve_dense(self, K: BlockKernelMatrix) -> tuple[EigResult, np.ndarray, float]:
         n = K.n
@@ -409,16 +625,32 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     def _n_features_out(self) -> int:
         return self.n_components_
 
-    def _coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-        """``[A, 1]`` with ``A = V / sqrt(lambda)`` plus ``mu^T A``, ``1^T A`` and a token."""
+    def _coefficients(self) -> tuple[np.ndarray, tuple, str]:
+        """Coefficients on ``X_fit_`` and the centring constants of :func:`_project_block`.
+
+        Exact: ``[A, 1]`` with ``A = V / sqrt(lambda)``, and ``(mu^T A, 1^T A,
+        g, n)``. Nyström: ``[projection_, mean_weights_]`` and ``(offset_, 0, g,
+        1)``: the embedding is ``k(x, Z) A - offset_`` and ``k(x, Z) .
+        mean_weights_`` stands in for ``mean(k(x, X))``.
+        """
         cache = getattr(self, "_coef_cache", None)
         if cache is None:
-            A = self.eigenvectors_ / np.sqrt(self.eigenvalues_)
-            A_aug = np.hstack([A, np.ones((A.shape[0], 1))])
-            token = tokenize(self.X_fit_, A_aug, self.kernel_, str(self._dtype))
-            cache = (A_aug, self.row_means_ @ A, A.sum(axis=0), token)
+            if self._is_nystroem():
+                A = self.projection_
+                A_aug = np.hstack([A, self.mean_weights_[:, None]])
+                consts = (self.offset_, np.zeros(A.shape[1]), float(self.grand_mean_), 1.0)
+            else:
+                A = self.eigenvectors_ / np.sqrt(self.eigenvalues_)
+                A_aug = np.hstack([A, np.ones((A.shape[0], 1))])
+                consts = (self.row_means_ @ A, A.sum(axis=0), float(self.grand_mean_),
+                          self.X_fit_.shape[0])
+            token = tokenize(self.X_fit_, A_aug, consts, self.kernel_, str(self._dtype))
+            cache = (A_aug, consts, token)
             self._coef_cache = cache
         return cache
+
+    def _is_nystroem(self) -> bool:
+        return getattr(self, "eigen_solver_", None) == "nystroem"
 
     def _project(self, X: Any, what: str) -> Any:
         self._check_fitted()
@@ -429,14 +661,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 f"{self.n_features_in_} features; pass data with the same columns as in fit."
             )
         V.check_finite(Xd)
-        A_aug, muA, oneA, token = self._coefficients()
+        return self._project_array(Xd, kind, what)
+
+    def _project_array(self, Xd: da.Array, kind: str, what: str) -> Any:
+        """The transform/score graph on validated data: one task per row block."""
+        A_aug, consts, token = self._coefficients()
         k = self.n_components_
         out_cols = k if what == "transform" else 1
         Xr = Xd.rechunk({0: self.chunk_size_, 1: -1})
         name = f"kpca-{what}-" + tokenize(token, Xr.name)
         train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
         dsk: dict[Any, Any] = {train_key: self.X_fit_, coef_key: A_aug}
-        consts = (muA, oneA, float(self.grand_mean_), self.X_fit_.shape[0])
         for b in range(len(Xr.chunks[0])):
             dsk[(name, b, 0)] = (_project_block, (Xr.name, b, 0), train_key, coef_key, consts,
                                  self.kernel_, self._dtype.str, what)
@@ -455,6 +690,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
         Costs ``n_samples_fit`` kernel evaluations per row; a new row ``x`` is
         centred with the training statistics (``k(x, X) - mu - mean + g``).
+        Nyström: ``n_landmarks_`` kernel evaluations and an m x k product per
+        row, ``k(x, Z) @ projection_ - offset_``, whatever the training size.
         """
         return self._project(X, "transform")
 
@@ -464,6 +701,16 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ``||phi_c(x)||^2 - sum_k emb_k(x)^2`` with
         ``||phi_c(x)||^2 = k(x, x) - 2 mean(k(x, X)) + g`` (Hoffmann 2007).
         Larger means farther from the principal subspace.
+
+        Nyström: the feature-space mean ``mu_phi`` is replaced by its
+        projection ``P mu_phi`` on the span of the landmarks' features, so
+        ``mean(k(x, X))`` becomes ``k(x, Z) W^+ c`` (``mean_weights_``) and g
+        becomes ``c^T W^+ c`` (``grand_mean_``). The score is then the squared
+        distance of ``phi(x) - P mu_phi`` from the principal subspace: the part
+        of ``phi(x)`` outside the landmarks' span (``k(x, x) - k(x, Z) W^+ k(Z,
+        x)``, large for rows unlike every landmark) plus the Nyström-feature
+        reconstruction error. With all rows as landmarks it equals the exact
+        score.
         """
         return self._project(X, "score")
 

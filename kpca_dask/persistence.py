@@ -1,13 +1,21 @@
 """Save and load fitted models as a zarr v3 group: numeric arrays + JSON, no pickle.
 
-Layout of a saved model::
+Layout of a saved model (``attrs["model_kind"]`` says which)::
 
     model/                  zarr group; attrs hold the JSON description
-      X_fit                 (n, d) training rows (exact models)
-      eigenvectors          (n, k)
       eigenvalues           (k,)
-      row_means             (n,)
       explained_variance_ratio, residuals   (k,)
+    exact models ("exact"):
+      X_fit                 (n, d) training rows
+      eigenvectors          (n, k)
+      row_means             (n,)
+    Nyström models ("nystroem"): nothing of size n
+      landmarks             (m, d) landmark rows
+      landmark_indices      (m,) int64, their rows in the training data
+      projection            (m, k) A: embedding(x) = k(x, landmarks) A - offset
+      offset                (k,)
+      landmark_means        (m,) mean_i k(x_i, z_j) (the centring vector)
+      mean_weights          (m,) W^+ c (for score_samples)
 
 The attributes record the format name, a schema version, the estimator's
 parameters, the kernel (named kernels only: a callable cannot be stored
@@ -36,12 +44,20 @@ from .kernels import kernel_from_dict
 __all__ = ["save_model", "load", "array_sha256", "FORMAT", "SCHEMA_VERSION"]
 
 FORMAT = "kpca-dask-model"
-SCHEMA_VERSION = 1
+#: 2 added Nyström models (``model_kind``); version 1 stores are exact models
+#: with the same layout and still load.
+SCHEMA_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
-#: arrays every saved model has; optional ones are listed in attrs["arrays"].
-_REQUIRED = ("eigenvalues", "eigenvectors", "row_means", "X_fit")
+#: arrays every saved model of a kind has; optional ones are listed in attrs["arrays"].
+_REQUIRED = {
+    "exact": ("eigenvalues", "eigenvectors", "row_means", "X_fit"),
+    "nystroem": ("eigenvalues", "landmarks", "landmark_indices", "projection", "offset",
+                 "landmark_means", "mean_weights"),
+}
 _FITTED_SCALARS = ("gamma_", "n_components_", "n_features_in_", "chunk_size_", "grand_mean_",
-                   "kernel_trace_", "centred_trace_", "eigen_solver_", "n_passes_", "converged_")
+                   "kernel_trace_", "centred_trace_", "eigen_solver_", "n_passes_", "converged_",
+                   "n_samples_fit_", "landmark_method_", "nystroem_method_")
 _PARAM_TYPES = (type(None), bool, int, float, str)
 
 
@@ -68,15 +84,31 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def _model_kind(model: Any) -> str:
+    return "nystroem" if getattr(model, "eigen_solver_", None) == "nystroem" else "exact"
+
+
 def _model_arrays(model: Any) -> dict[str, np.ndarray]:
     arrays = {
-        "X_fit": model.X_fit_,
-        "eigenvectors": model.eigenvectors_,
         "eigenvalues": model.eigenvalues_,
-        "row_means": model.row_means_,
         "explained_variance_ratio": model.explained_variance_ratio_,
         "residuals": model.residuals_,
     }
+    if _model_kind(model) == "nystroem":
+        arrays.update({
+            "landmarks": model.landmarks_,
+            "landmark_indices": np.asarray(model.landmark_indices_, dtype=np.int64),
+            "projection": model.projection_,
+            "offset": model.offset_,
+            "landmark_means": model.row_means_,
+            "mean_weights": model.mean_weights_,
+        })
+    else:
+        arrays.update({
+            "X_fit": model.X_fit_,
+            "eigenvectors": model.eigenvectors_,
+            "row_means": model.row_means_,
+        })
     extra = getattr(model, "_extra_arrays", None)
     if callable(extra):
         arrays.update(extra())
@@ -106,11 +138,12 @@ def save_model(model: Any, path: Any, *, overwrite: bool = False) -> None:
     attrs = {
         "format": FORMAT,
         "schema_version": SCHEMA_VERSION,
+        "model_kind": _model_kind(model),
         "kpca_dask_version": _package_version(),
         "params": params,
         "kernel": model.kernel_.to_dict(),
         "dtype": np.dtype(model._dtype).name,
-        "fitted": {k: _jsonable(getattr(model, k)) for k in _FITTED_SCALARS},
+        "fitted": {k: _jsonable(getattr(model, k)) for k in _FITTED_SCALARS if hasattr(model, k)},
         "arrays": sorted(arrays),
         "checksums": {k: array_sha256(v) for k, v in arrays.items()},
     }
@@ -172,13 +205,16 @@ def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             "incomplete (attributes are written last) or another kind of store."
         )
     sv = attrs.get("schema_version")
-    if sv != SCHEMA_VERSION:
+    if sv not in _READABLE_VERSIONS:
         raise ModelFormatError(
-            f"{path} has model schema_version {sv!r}; this kpca-dask reads version "
-            f"{SCHEMA_VERSION}. Re-save it with a matching kpca-dask version."
+            f"{path} has model schema_version {sv!r}; this kpca-dask reads versions "
+            f"{list(_READABLE_VERSIONS)}. Re-save it with a matching kpca-dask version."
         )
+    kind = attrs.get("model_kind", "exact")
+    if kind not in _REQUIRED:
+        raise ModelFormatError(f"{path} has an unknown model_kind {kind!r}.")
     names = attrs.get("arrays", [])
-    missing = [k for k in _REQUIRED if k not in names]
+    missing = [k for k in _REQUIRED[kind] if k not in names]
     if missing:
         raise ModelFormatError(f"{path} lacks the arrays {missing}.")
     arrays: dict[str, np.ndarray] = {}
@@ -226,10 +262,23 @@ def load(path: Any):
     for k, v in attrs["fitted"].items():
         if k in _FITTED_SCALARS:
             setattr(model, k, v)
-    model.X_fit_ = arrays["X_fit"]
-    model.eigenvectors_ = arrays["eigenvectors"]
     model.eigenvalues_ = arrays["eigenvalues"]
-    model.row_means_ = arrays["row_means"]
+    if attrs.get("model_kind", "exact") == "nystroem":
+        if model.eigen_solver_ != "nystroem":
+            raise ModelFormatError(f"{path}: a Nyström model must record eigen_solver_='nystroem'.")
+        model.landmarks_ = model.X_fit_ = arrays["landmarks"]
+        model.landmark_indices_ = arrays["landmark_indices"]
+        model.n_landmarks_ = int(arrays["landmarks"].shape[0])
+        model.projection_ = arrays["projection"]
+        model.offset_ = arrays["offset"]
+        model.row_means_ = arrays["landmark_means"]
+        model.mean_weights_ = arrays["mean_weights"]
+        model.eigenvectors_ = model._nystroem_eigenvectors()
+        _check_nystroem_shapes(path, model)
+    else:
+        model.X_fit_ = arrays["X_fit"]
+        model.eigenvectors_ = arrays["eigenvectors"]
+        model.row_means_ = arrays["row_means"]
     model.explained_variance_ratio_ = arrays.get("explained_variance_ratio")
     model.residuals_ = arrays.get("residuals")
     restore = getattr(model, "_restore_extra", None)
@@ -237,3 +286,17 @@ def load(path: Any):
         restore(attrs.get("extra", {}), arrays)
     model._coef_cache = None
     return model
+
+
+def _check_nystroem_shapes(path: Any, model: Any) -> None:
+    m, d = model.landmarks_.shape
+    k = model.eigenvalues_.shape[0]
+    expected = {"projection": (model.projection_.shape, (m, k)),
+                "offset": (model.offset_.shape, (k,)),
+                "landmark_means": (model.row_means_.shape, (m,)),
+                "mean_weights": (model.mean_weights_.shape, (m,)),
+                "landmark_indices": (model.landmark_indices_.shape, (m,))}
+    bad = {name: got for name, (got, want) in expected.items() if got != want}
+    if bad or d != model.n_features_in_:
+        raise ModelFormatError(f"{path}: inconsistent Nyström array shapes {bad} for "
+                               f"{m} landmarks, {k} components and {d} features.")
