@@ -6,8 +6,9 @@ matrix is handled block by block on whatever Dask scheduler is active.
 >>> from kpca_dask import KernelPCA, load
 """
 
+from typing import TYPE_CHECKING, Any
+
 from . import kernels
-from .estimator import KernelPCA
 from .exceptions import (
     ConvergenceWarning,
     DroppedComponentsWarning,
@@ -17,7 +18,25 @@ from .exceptions import (
     ModelFormatError,
     NotFittedError,
 )
-from .persistence import load
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .estimator import KernelPCA
+    from .persistence import load
+
+
+def __getattr__(name: str) -> Any:
+    # The estimator (and scikit-learn behind it, ~100 MB per process) is
+    # imported on first use only: Dask workers import kpca_dask.gram and
+    # kpca_dask.kernels to run block tasks and never need it.
+    if name == "KernelPCA":
+        from .estimator import KernelPCA
+
+        return KernelPCA
+    if name == "load":
+        from .persistence import load
+
+        return load
+    raise AttributeError(f"module 'kpca_dask' has no attribute {name!r}")
 
 __all__ = [
     "KernelPCA",

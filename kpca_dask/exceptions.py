@@ -7,8 +7,6 @@ against plain Python or scikit-learn keeps working.
 
 from __future__ import annotations
 
-from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
-
 __all__ = [
     "KpcaError",
     "InvalidParameterError",
@@ -33,8 +31,13 @@ class InvalidInputError(KpcaError, ValueError):
     """The data passed to fit/transform cannot be used (shape, dtype, NaN...)."""
 
 
-class NotFittedError(KpcaError, _SklearnNotFittedError):
-    """The estimator is used before ``fit`` (also a scikit-learn NotFittedError)."""
+class NotFittedError(KpcaError, ValueError, AttributeError):
+    """The estimator is used before ``fit``.
+
+    Like scikit-learn's ``NotFittedError`` it is both a ValueError and an
+    AttributeError (what scikit-learn's tools catch); it does not subclass it
+    so that importing the exceptions does not import scikit-learn.
+    """
 
 
 class ModelFormatError(KpcaError, ValueError):

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy.spatial.distance import cdist
 
 from .exceptions import InvalidParameterError
 
@@ -289,6 +288,8 @@ class LaplacianKernel(Kernel):
         return np.ascontiguousarray(X, dtype=np.float64)
 
     def evaluate(self, A, B, out=None):
+        from scipy.spatial.distance import cdist
+
         D = cdist(A, B, metric="cityblock")
         D *= -self.gamma
         np.exp(D, out=D)
