@@ -1,0 +1,296 @@
+"""The one validated configuration of a pipeline run (pydantic v2, loadable from YAML).
+
+Every field is documented (``Field(description=...)``), unknown keys are
+refused, and values are checked with messages that name the field and the
+fix. ``PipelineConfig.from_yaml(path)`` uses ``yaml.safe_load``: a config file
+can never execute code. Secrets never belong here: object-store credentials
+come from the environment (or a Prefect block in the flows), and storage
+options that look like credentials are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .evaluate import EvaluateConfig
+
+__all__ = [
+    "InputConfig",
+    "KernelConfig",
+    "SolverConfig",
+    "ChunkConfig",
+    "KernelStoreConfig",
+    "OutputConfig",
+    "TLSConfig",
+    "ClusterConfig",
+    "PipelineConfig",
+    "ConfigError",
+    "load_config",
+]
+
+#: storage_options keys that carry credentials: refused in config files.
+SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
+               "aws_secret_access_key", "aws_session_token", "client_secret",
+               "account_key", "sas_token", "credentials", "session_token"}
+
+
+class ConfigError(ValueError):
+    """A configuration file or object is invalid (message lists every problem)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class InputConfig(_Model):
+    """Where the data are and which columns to use."""
+
+    path: str = Field(description="Input file, folder or URL (local path or any fsspec URL, "
+                                  "e.g. s3://bucket/data.parquet; s3 needs s3fs installed).")
+    format: Literal["auto", "npy", "csv", "parquet", "zarr"] = Field(
+        "auto", description="Input format; 'auto' infers it from the path's suffix "
+                            "(.npy, .csv, .parquet/.pq or a folder of Parquet files, .zarr).")
+    columns: list[str] | None = Field(
+        None, description="Feature columns by name for CSV/Parquet (default: every numeric "
+                          "column except the label and id columns).")
+    label_column: str | None = Field(None, description="Optional class label column, kept "
+                                                       "alongside (enables evaluation).")
+    id_column: str | None = Field(None, description="Optional row id column, kept alongside.")
+    zarr_array: str | None = Field(None, description="Array path inside a zarr group input "
+                                                     "(default: the root array or 'X').")
+    nonfinite: Literal["error", "drop"] = Field(
+        "error", description="NaN/inf policy: 'error' stops before anything is written; "
+                             "'drop' removes such rows and reports how many.")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="Extra fsspec options (e.g. {'anon': true} or an "
+        "endpoint_url). Credentials are refused here: use the environment.")
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
+        bad = sorted(k for k in v if k.lower() in SECRET_KEYS)
+        if bad:
+            raise ValueError(
+                f"storage_options must not hold credentials ({bad}); set them in the "
+                "environment (e.g. AWS_ACCESS_KEY_ID) or a Prefect block instead.")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _no_embedded_credentials(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("input path is empty")
+        if "://" in v and "@" in v.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("URLs with embedded credentials (user:password@host) are refused; "
+                             "use the environment for credentials.")
+        return v
+
+
+class KernelConfig(_Model):
+    """The kernel (names and defaults as in scikit-learn)."""
+
+    name: Literal["linear", "poly", "rbf", "laplacian", "sigmoid", "cosine"] = Field(
+        "rbf", description="Kernel function.")
+    gamma: float | Literal["scale"] | None = Field(
+        "scale", description="Kernel coefficient: a positive number, null for 1/n_features, "
+                             "or 'scale' for the median heuristic.")
+    degree: float = Field(3, gt=0, description="Degree of the polynomial kernel.")
+    coef0: float = Field(1.0, description="Independent term of the poly/sigmoid kernels.")
+
+    @field_validator("gamma")
+    @classmethod
+    def _positive_gamma(cls, v):
+        if isinstance(v, float) and not v > 0:
+            raise ValueError("gamma must be > 0 (or null, or 'scale')")
+        return v
+
+
+class SolverConfig(_Model):
+    """Which eigensolver, how many components, and its accuracy knobs."""
+
+    n_components: int = Field(16, ge=1, description="Number of principal components.")
+    eigen_solver: Literal["auto", "dense", "randomized", "nystroem"] = Field(
+        "auto", description="'dense' (n <= ~20k), 'randomized' (exact, implicit kernel "
+                            "matrix), 'nystroem' (linear in n), or 'auto'.")
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="Precision of kernel evaluation (float32 is 2-3x faster, "
+                               "eigenvalues typically within 1e-7 relative).")
+    n_oversamples: int = Field(24, ge=0, description="Extra columns of the randomized block.")
+    n_power_iter: int | Literal["auto"] = Field("auto", description="Randomized passes after "
+                                                "the first, or 'auto' (stop at tol).")
+    tol: float | None = Field(None, gt=0, description="Convergence tolerance of the randomized "
+                                                      "solver (default by dtype).")
+    max_iter: int = Field(20, ge=1, description="Cap on randomized passes.")
+    random_state: int | None = Field(0, description="Seed (test matrix, landmarks, split).")
+    n_landmarks: int | None = Field(None, ge=1, description="Nyström landmarks m "
+                                                            "(default chosen by the solver).")
+    landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
+        "rpcholesky", description="How Nyström landmarks are chosen.")
+
+
+class ChunkConfig(_Model):
+    """How data are chunked."""
+
+    target_chunk_mb: float = Field(64.0, gt=0, description="Target size of one ingested row "
+                                                           "chunk in MB (50-200 MB suits clusters).")
+    block_rows: int | Literal["auto"] = Field(
+        "auto", description="Rows per block of the kernel partition ('auto': ~2048).")
+
+
+class KernelStoreConfig(_Model):
+    """Whether the exact path materialises the kernel matrix in zarr."""
+
+    materialize: Literal["auto", "always", "never"] = Field(
+        "auto", description="'auto' materialises when reading a stored block is cheaper than "
+                            "recomputing it (large n_features; see docs/kernel-store.md).")
+    verify: bool = Field(True, description="On resume, re-read blocks marked done and check "
+                                           "their checksum before skipping them.")
+
+
+class OutputConfig(_Model):
+    """Where the artifacts go."""
+
+    path: str = Field("kpca-output", description="Output folder or URL of this run.")
+    parquet: bool = Field(True, description="Also write the embedding as Parquet (id, label, "
+                                            "components) for downstream tools.")
+    overwrite: bool = Field(False, description="Replace a complete run at the same path "
+                                               "(otherwise refused).")
+
+    @field_validator("path")
+    @classmethod
+    def _sane_output(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("output path is empty")
+        if "://" in v and "@" in v.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("URLs with embedded credentials are refused.")
+        return v
+
+
+class TLSConfig(_Model):
+    """TLS material for a tls:// scheduler (file paths, never key contents)."""
+
+    ca_file: str = Field(description="CA certificate file (PEM).")
+    client_cert: str = Field(description="Client certificate file (PEM).")
+    client_key: str = Field(description="Client private key file (PEM).")
+
+
+class ClusterConfig(_Model):
+    """The Dask cluster to run on."""
+
+    address: str = Field("", description="Scheduler address (tcp://host:8786 or "
+                                         "tls://host:8786); empty starts a local cluster.")
+    n_workers: int | None = Field(None, ge=1, description="Local cluster workers (default: "
+                                                          "one per core).")
+    threads_per_worker: int = Field(1, ge=1, description="Threads per local worker.")
+    memory_limit: str = Field("auto", description="Memory limit per local worker, e.g. "
+                                                  "'4GiB' or 'auto'.")
+    dashboard_address: str | None = Field(
+        "127.0.0.1:0", description="Local dashboard bind address (localhost only by default; "
+                                   "null disables it).")
+    tls: TLSConfig | None = Field(None, description="TLS files for a tls:// scheduler.")
+    connect_timeout: float = Field(30.0, gt=0, description="Seconds to wait for the scheduler.")
+
+    @model_validator(mode="after")
+    def _tls_matches_scheme(self):
+        if self.address.startswith("tls://") and self.tls is None:
+            raise ValueError("a tls:// address needs the 'tls' section (ca_file, client_cert, "
+                             "client_key)")
+        if self.address and not self.address.startswith(("tcp://", "tls://", "inproc://")):
+            raise ValueError(f"scheduler address {self.address!r} must start with tcp:// or "
+                             "tls:// (or be empty for a local cluster)")
+        return self
+
+
+class PipelineConfig(_Model):
+    """A whole pipeline run."""
+
+    input: InputConfig
+    kernel: KernelConfig = Field(default_factory=KernelConfig)
+    solver: SolverConfig = Field(default_factory=SolverConfig)
+    chunks: ChunkConfig = Field(default_factory=ChunkConfig)
+    kernel_store: KernelStoreConfig = Field(default_factory=KernelStoreConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PipelineConfig:
+        """Load and validate a YAML file (``yaml.safe_load``: no code runs)."""
+        return load_config(path)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return json.loads(self.model_dump_json())
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see docs/config.md)"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"  - {where}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
+    """Validate a config from a YAML path or a dict; raise ConfigError listing every problem."""
+    name = str(source) if not isinstance(source, dict) else "the given mapping"
+    if isinstance(source, dict):
+        data = source
+    else:
+        p = Path(source)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist (or is not a file)")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, name)) from None
+
+
+def _type_name(t: Any) -> str:
+    if isinstance(t, type):
+        return t.__name__
+    text = str(t).replace("typing.", "").replace("NoneType", "None")
+    for cls in (str, int, float, bool, dict, list):
+        text = text.replace(f"<class '{cls.__name__}'>", cls.__name__)
+    if text.startswith("Union[") and text.endswith("]"):
+        text = " | ".join(part.strip() for part in text[6:-1].split(", ") if part)
+    return text.replace("pipeline.config.", "").replace("__main__.", "")
+
+
+def reference_markdown() -> str:
+    """docs/config.md: every section and field with its type, default and description."""
+    lines = ["# Pipeline configuration reference", "",
+             "Generated from `pipeline/config.py` (`python -m pipeline.config > docs/config.md`);",
+             "a test keeps it in sync. Unknown keys are refused. Example: "
+             "`deploy/examples/run.yaml`.", ""]
+    for name, field in PipelineConfig.model_fields.items():
+        model = field.annotation
+        lines += [f"## `{name}`", "", (model.__doc__ or "").strip().splitlines()[0], "",
+                  "| field | type | default | description |", "|---|---|---|---|"]
+        for fname, f in model.model_fields.items():
+            default = "required" if f.is_required() else (
+                "{}" if f.default_factory is dict else repr(f.default))
+            typ = _type_name(f.annotation).replace("|", "\\|")
+            desc = (f.description or "").replace("|", "\\|")
+            lines.append(f"| `{fname}` | `{typ}` | `{default}` | {desc} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference_markdown())

@@ -1,0 +1,190 @@
+"""Storage helpers: locations (local folders or fsspec URLs), zarr groups,
+atomic JSON publishing, content fingerprints and checksums.
+
+Everything here works on a local folder or any fsspec URL; for local folders
+writes are atomic (temporary name beside the target, fsync, rename), which is
+what lets a reader tell a finished artifact from a half-written one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.array as da
+import fsspec
+import numpy as np
+import zarr
+
+__all__ = ["Location", "atomic_write_json", "read_json", "fingerprint_arrays",
+           "array_checksum", "PathEscapeError"]
+
+
+class PathEscapeError(ValueError):
+    """A relative store path would leave its root (``..``, absolute paths)."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A folder on local disk or an object-store prefix, addressed by URL or path."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.url or self.url.startswith("file://")
+
+    @property
+    def local_path(self) -> Path:
+        if not self.is_local:
+            raise ValueError(f"{self.url} is not a local path")
+        return Path(self.url.removeprefix("file://")).resolve()
+
+    def child(self, *parts: str) -> Location:
+        """A location below this one; refuses ``..`` and absolute parts."""
+        for p in parts:
+            norm = posixpath.normpath(p)
+            if p.startswith(("/", "\\")) or norm.startswith("..") or "://" in p:
+                raise PathEscapeError(f"store path {p!r} escapes its root {self.url!r}")
+        if self.is_local:
+            return Location(str(self.local_path.joinpath(*parts)), self.storage_options)
+        return Location(posixpath.join(self.url.rstrip("/"), *parts), self.storage_options)
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        return fs
+
+    @property
+    def fs_path(self) -> str:
+        _, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        return path
+
+    def exists(self) -> bool:
+        if self.is_local:
+            return self.local_path.exists()
+        return self.fs.exists(self.fs_path)
+
+    def makedirs(self) -> None:
+        if self.is_local:
+            self.local_path.mkdir(parents=True, exist_ok=True)
+        else:
+            self.fs.makedirs(self.fs_path, exist_ok=True)
+
+    def remove(self) -> None:
+        if not self.exists():
+            return
+        if self.is_local:
+            import shutil
+
+            p = self.local_path
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        else:
+            self.fs.rm(self.fs_path, recursive=True)
+
+    def zarr_store(self) -> Any:
+        """The string/store zarr accepts for this location."""
+        return str(self.local_path) if self.is_local else self.url
+
+    def open_group(self, mode: str = "r") -> zarr.Group:
+        kw = {} if self.is_local else {"storage_options": self.storage_options}
+        return zarr.open_group(self.zarr_store(), mode=mode, zarr_format=3 if mode != "r" else None,
+                               **kw)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def atomic_write_json(loc: Location, data: Any) -> None:
+    """Write JSON so that a reader sees the old file or the new one, never a part.
+
+    Local: temporary file in the same folder, flush + fsync, ``os.replace``.
+    Object stores: a single PUT, which is atomic per object there.
+    """
+    text = json.dumps(data, indent=2, sort_keys=True, default=_json_default)
+    if loc.is_local:
+        path = loc.local_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; publish like any file
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    else:
+        with loc.fs.open(loc.fs_path, "w") as f:
+            f.write(text)
+
+
+def read_json(loc: Location) -> Any:
+    if loc.is_local:
+        return json.loads(loc.local_path.read_text())
+    with loc.fs.open(loc.fs_path, "r") as f:
+        return json.load(f)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _chunk_digest(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    if x.dtype.kind in "OUT":
+        data = "\x1f".join(map(str, x.ravel())).encode()
+    else:
+        data = x.astype(x.dtype.newbyteorder("<"), copy=False).tobytes()
+    h = hashlib.blake2b(data, digest_size=16).digest()
+    return np.frombuffer(h, dtype=np.uint8).reshape((1,) * x.ndim + (16,))
+
+
+def _digest_blocks(arr: da.Array) -> da.Array:
+    """One 16-byte digest per chunk, in chunk order (computed in parallel)."""
+    chunks = tuple((1,) * len(c) for c in arr.chunks) + ((16,),)
+    return arr.map_blocks(_chunk_digest, chunks=chunks, new_axis=arr.ndim, dtype=np.uint8)
+
+
+def fingerprint_arrays(arrays: dict[str, da.Array], extra: Any = None) -> str:
+    """Content fingerprint: BLAKE2b over per-chunk digests, names, shapes, dtypes.
+
+    Depends on the values and their chunking, not on where they are stored.
+    """
+    names = sorted(arrays)
+    digests = dask.compute(*[_digest_blocks(arrays[k]) for k in names])
+    h = hashlib.blake2b(digest_size=20)
+    for k, d in zip(names, digests):
+        a = arrays[k]
+        h.update(f"{k}:{a.shape}:{a.dtype.str}:{a.chunks}".encode())
+        h.update(np.ascontiguousarray(d).tobytes())
+    if extra is not None:
+        h.update(json.dumps(extra, sort_keys=True, default=_json_default).encode())
+    return "blake2b:" + h.hexdigest()
+
+
+def array_checksum(arr: zarr.Array | da.Array) -> str:
+    """SHA-256 over per-chunk digests of an array's values (order-stable)."""
+    d = arr if isinstance(arr, da.Array) else da.from_zarr(arr)
+    (digests,) = dask.compute(_digest_blocks(d))
+    h = hashlib.sha256(f"{d.shape}:{d.dtype.str}".encode())
+    h.update(np.ascontiguousarray(digests).tobytes())
+    return "sha256:" + h.hexdigest()
