@@ -1,0 +1,79 @@
+"""Connect to the configured Dask cluster, or start a local one sized to this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+from .config import ClusterConfig
+
+__all__ = ["dask_client", "ClusterError"]
+
+logger = logging.getLogger("pipeline")
+
+
+class ClusterError(RuntimeError):
+    """The scheduler cannot be reached (or has no workers) in time."""
+
+
+def _security(cfg: ClusterConfig):
+    if cfg.tls is None:
+        return None
+    from distributed import Security
+
+    for f in (cfg.tls.ca_file, cfg.tls.client_cert, cfg.tls.client_key):
+        if not os.path.isfile(f):
+            raise ClusterError(f"TLS file {f} does not exist (cluster.tls)")
+    return Security(tls_ca_file=cfg.tls.ca_file, tls_client_cert=cfg.tls.client_cert,
+                    tls_client_key=cfg.tls.client_key, require_encryption=True)
+
+
+@contextlib.contextmanager
+def dask_client(cfg: ClusterConfig) -> Iterator[object]:
+    """A ``distributed.Client`` for the run; closes what it started.
+
+    ``cfg.address`` empty: a LocalCluster of worker processes bound to
+    127.0.0.1 (one single-threaded worker per core by default, so BLAS threads
+    x Dask threads never exceed the cores), dashboard on localhost only.
+    Otherwise connect to the scheduler (tcp:// or tls://) and fail within
+    ``connect_timeout`` seconds with an actionable message.
+    """
+    from distributed import Client, LocalCluster
+
+    if cfg.address:
+        try:
+            client = Client(cfg.address, security=_security(cfg), timeout=cfg.connect_timeout,
+                            set_as_default=True)
+        except (OSError, TimeoutError) as exc:
+            raise ClusterError(
+                f"cannot reach the Dask scheduler at {cfg.address} within "
+                f"{cfg.connect_timeout:g} s ({type(exc).__name__}: {exc}); check cluster.address, "
+                "that the scheduler is running and that this machine can reach it "
+                "(leave cluster.address empty to start a local cluster).") from exc
+        try:
+            try:
+                client.wait_for_workers(1, timeout=cfg.connect_timeout)
+            except TimeoutError as exc:
+                raise ClusterError(
+                    f"the scheduler at {cfg.address} has no workers after "
+                    f"{cfg.connect_timeout:g} s; start workers (dask worker {cfg.address}).") from exc
+            logger.info("connected to %s (%d workers); dashboard: %s", cfg.address,
+                        len(client.scheduler_info()["workers"]), client.dashboard_link)
+            yield client
+        finally:
+            client.close()
+        return
+    from kpca_dask._threads import cpu_count
+
+    n_workers = cfg.n_workers or max(1, cpu_count() // cfg.threads_per_worker)
+    with LocalCluster(n_workers=n_workers, threads_per_worker=cfg.threads_per_worker,
+                      processes=True, host="127.0.0.1",
+                      dashboard_address=cfg.dashboard_address,
+                      memory_limit=cfg.memory_limit, silence_logs=logging.WARNING) as cluster:
+        with Client(cluster, set_as_default=True) as client:
+            logger.info("local Dask cluster: %d workers x %d threads; dashboard: %s", n_workers,
+                        cfg.threads_per_worker,
+                        client.dashboard_link if cfg.dashboard_address else "disabled")
+            yield client

@@ -1,0 +1,159 @@
+"""Export stage: spectrum, labels/ids/split copies, checksums and the manifest.
+
+The manifest is the run's commit record: it is written last, atomically, and
+only then is the run a result. ``begin_run`` removes an old manifest before a
+new run touches anything (a reader never trusts a folder being rewritten);
+``verify_run`` is what every reader calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import numpy as np
+
+from kpca_dask.persistence import read_model_group
+
+from .store import Location, array_checksum, atomic_write_json, read_json
+
+__all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
+           "RunCorruptError", "begin_run", "write_spectrum", "write_manifest", "verify_run",
+           "CHECKSUMMED"]
+
+logger = logging.getLogger("pipeline")
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+#: arrays of the run group covered by manifest checksums (when present)
+CHECKSUMMED = ("embedding", "spectrum/eigenvalues", "spectrum/explained_variance_ratio",
+               "spectrum/residuals", "labels", "ids", "split")
+_PACKAGES = ("kpca-dask", "dask", "distributed", "numpy", "scipy", "zarr", "scikit-learn",
+             "prefect", "pandas", "pyarrow")
+
+
+class RunError(ValueError):
+    """A run folder cannot be used as a result; the message says why."""
+
+
+class RunExistsError(RunError, FileExistsError):
+    """A complete run is already at the output path."""
+
+
+class RunIncompleteError(RunError):
+    """The manifest is missing or does not say complete."""
+
+
+class RunCorruptError(RunError):
+    """An array does not match its manifest checksum, or the schema is unknown."""
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for p in _PACKAGES:
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def begin_run(out: Location, *, overwrite: bool) -> None:
+    """Refuse to clobber a complete run unless asked; un-publish before writing."""
+    m = out.child(MANIFEST)
+    if m.exists():
+        try:
+            status = read_json(m).get("status")
+        except Exception:
+            status = "unreadable"
+        if status == "complete" and not overwrite:
+            raise RunExistsError(
+                f"{out} already holds a complete run; choose another output.path or pass "
+                "--overwrite (output.overwrite: true) to replace it.")
+        m.remove()
+    if out.exists() and out.is_local and not out.local_path.is_dir():
+        raise RunError(f"output path {out} is a file, not a folder; choose another output.path.")
+    out.makedirs()
+    g = out.open_group("a")
+    g.attrs.update({"kind": "kpca-dask-run", "schema_version": SCHEMA_VERSION})
+
+
+def write_spectrum(out: Location, model: Any) -> None:
+    g = out.open_group("a")
+    s = g.require_group("spectrum")
+    for name, arr in (("eigenvalues", model.eigenvalues_),
+                      ("explained_variance_ratio", model.explained_variance_ratio_),
+                      ("residuals", model.residuals_)):
+        arr = np.asarray(arr, dtype=np.float64)
+        if name in s:
+            del s[name]
+        s.create_array(name, shape=arr.shape, dtype="f8", chunks=arr.shape)[...] = arr
+
+
+def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
+                   timings: dict, extra: dict | None = None) -> dict:
+    """Checksum the published arrays and write the manifest (last, atomically)."""
+    g = out.open_group("r")
+    checksums = {}
+    for name in CHECKSUMMED:
+        if name in g:
+            checksums[name] = array_checksum(g[name])
+    model_attrs, _ = read_model_group(out.child("model").url if not out.is_local
+                                      else str(out.child("model").local_path))
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "status": "complete",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "packages": _versions(),
+        "config": config,
+        "input": ingest,
+        "model": {**model, "checksums": model_attrs["checksums"]},
+        "timings": timings,
+        "checksums": checksums,
+        **(extra or {}),
+    }
+    atomic_write_json(out.child(MANIFEST), manifest)
+    logger.info("export: manifest written, run complete at %s", out)
+    return manifest
+
+
+def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
+    """The manifest of a complete, intact run -- or RunError saying what is wrong."""
+    out = out if isinstance(out, Location) else Location(str(out))
+    m = out.child(MANIFEST)
+    if not out.exists():
+        raise RunIncompleteError(f"{out} does not exist.")
+    if not m.exists():
+        raise RunIncompleteError(
+            f"{out} has no manifest.json: the run did not finish (or is still running); "
+            "it is not a result. Re-run the pipeline to complete it.")
+    try:
+        manifest = read_json(m)
+    except Exception as exc:
+        raise RunIncompleteError(f"{m} is unreadable ({exc}); re-run the pipeline.") from exc
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise RunCorruptError(
+            f"{out} has manifest schema_version {manifest.get('schema_version')!r}; this "
+            f"kpca-dask reads version {SCHEMA_VERSION}. Use a matching kpca-dask version.")
+    if manifest.get("status") != "complete":
+        raise RunIncompleteError(f"{out}: manifest status is {manifest.get('status')!r}, not "
+                                 "'complete'; the run is not a result.")
+    if check_arrays:
+        g = out.open_group("r")
+        for name, expected in manifest.get("checksums", {}).items():
+            if name not in g:
+                raise RunCorruptError(f"{out}: array {name!r} listed in the manifest is missing.")
+            if array_checksum(g[name]) != expected:
+                raise RunCorruptError(
+                    f"{out}: checksum mismatch for {name!r}: the array changed after the run "
+                    "was published. Do not use this run; re-run the pipeline.")
+        try:
+            attrs, _ = read_model_group(out.child("model").url if not out.is_local
+                                        else str(out.child("model").local_path))
+        except Exception as exc:
+            raise RunCorruptError(f"{out}: the model cannot be verified ({exc}).") from exc
+        if attrs.get("checksums") != manifest["model"].get("checksums"):
+            raise RunCorruptError(f"{out}: the model was replaced after the run was published.")
+    return manifest

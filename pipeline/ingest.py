@@ -1,0 +1,429 @@
+"""Ingest: read NPY, CSV, Parquet or zarr into a zarr v3 store of row chunks.
+
+``read_input`` turns a source (local path or fsspec URL) into lazy dask arrays:
+the float64 feature matrix, optional class labels (int codes plus the class
+names) and optional row ids. ``ingest`` validates them (shape, numeric columns,
+NaN/inf policy), writes them to ``<work>/ingest.zarr`` in row chunks of about
+``target_chunk_mb`` and records a content fingerprint -- all in one pass over
+the input. Re-running with an unchanged source and config is a no-op (the
+store's attributes record both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import pandas as pd
+
+from .config import ChunkConfig, InputConfig
+from .progress import compute
+from .store import Location, _digest_blocks
+
+__all__ = ["InputError", "IngestResult", "SourceData", "read_input", "ingest", "load_ingested",
+           "detect_format"]
+
+logger = logging.getLogger("pipeline")
+
+
+class InputError(ValueError):
+    """The input cannot be used as it is; the message names the problem and the fix."""
+
+
+@dataclass
+class SourceData:
+    """Lazy arrays read from a source."""
+
+    X: da.Array
+    columns: list[str]
+    labels: da.Array | None = None
+    classes: list[str] | None = None
+    ids: da.Array | None = None
+
+
+@dataclass
+class IngestResult:
+    """What the ingest stage wrote (small, JSON-serialisable: passed between tasks)."""
+
+    path: str
+    n_rows: int
+    n_features: int
+    columns: list[str]
+    rows_per_chunk: int
+    fingerprint: str
+    dropped_rows: int = 0
+    label_column: str | None = None
+    id_column: str | None = None
+    classes: list[str] | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IngestResult:
+        return cls(**d)
+
+    @property
+    def has_labels(self) -> bool:
+        return self.label_column is not None
+
+
+# ----------------------------------------------------------------------- reading
+def detect_format(cfg: InputConfig) -> str:
+    if cfg.format != "auto":
+        return cfg.format
+    p = cfg.path.rstrip("/").lower()
+    for suffix, fmt in ((".npy", "npy"), (".csv", "csv"), (".csv.gz", "csv"), (".tsv", "csv"),
+                        (".parquet", "parquet"), (".pq", "parquet"), (".zarr", "zarr")):
+        if p.endswith(suffix):
+            return fmt
+    loc = Location(cfg.path, cfg.storage_options)
+    if loc.exists() and loc.fs.isdir(loc.fs_path):
+        files = loc.fs.ls(loc.fs_path, detail=False)
+        if any(str(f).endswith((".parquet", ".pq")) for f in files):
+            return "parquet"
+        if any(str(f).endswith("zarr.json") for f in files):
+            return "zarr"
+    raise InputError(
+        f"cannot infer the format of {cfg.path!r} from its name; set input.format to one of "
+        "npy, csv, parquet, zarr."
+    )
+
+
+def _check_exists(cfg: InputConfig) -> Location:
+    loc = Location(cfg.path, cfg.storage_options)
+    try:
+        ok = loc.exists()
+    except ImportError as exc:  # e.g. s3fs missing
+        raise InputError(f"cannot open {cfg.path!r}: {exc} (install the fsspec backend for this "
+                         "URL scheme, e.g. `pip install s3fs`).") from exc
+    if not ok:
+        raise InputError(f"input {cfg.path!r} does not exist; check input.path.")
+    return loc
+
+
+def _rows_per_chunk(n_features: int, target_mb: float) -> int:
+    return max(1, int(target_mb * 1e6 // (max(1, n_features) * 8)))
+
+
+def read_input(cfg: InputConfig, chunks: ChunkConfig | None = None) -> SourceData:
+    """Lazy feature matrix (+ labels, ids) from the configured source."""
+    chunks = chunks or ChunkConfig()
+    loc = _check_exists(cfg)
+    fmt = detect_format(cfg)
+    if fmt == "npy":
+        return _read_npy(cfg, loc, chunks)
+    if fmt == "zarr":
+        return _read_zarr(cfg, loc, chunks)
+    return _read_table(cfg, fmt, chunks)
+
+
+def _read_npy(cfg, loc, chunks) -> SourceData:
+    if cfg.columns or cfg.label_column or cfg.id_column:
+        raise InputError("NPY input has no named columns: remove input.columns/label_column/"
+                         "id_column, or convert the data to Parquet/CSV.")
+    try:
+        if loc.is_local:
+            arr = np.load(loc.local_path, mmap_mode="r", allow_pickle=False)
+        else:  # remote NPY is read whole (use Parquet or zarr for large remote data)
+            with loc.fs.open(loc.fs_path, "rb") as f:
+                arr = np.load(f, allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise InputError(f"{cfg.path}: object arrays are refused (loading them would "
+                             "unpickle data); save numeric data.") from exc
+        raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
+    _check_matrix_dtype(arr.dtype, cfg.path)
+    if arr.ndim != 2:
+        raise InputError(f"{cfg.path} holds an array of shape {arr.shape}; need 2-D "
+                         "(n_samples, n_features).")
+    rows = _rows_per_chunk(arr.shape[1], chunks.target_chunk_mb)
+    X = da.from_array(arr, chunks=(rows, -1), name=f"npy-{loc.url}-{arr.shape}")
+    return SourceData(X=X.astype(np.float64), columns=[f"x{i}" for i in range(arr.shape[1])])
+
+
+def _read_zarr(cfg, loc, chunks) -> SourceData:
+    import zarr
+
+    if cfg.columns or cfg.label_column or cfg.id_column:
+        raise InputError("zarr input has no named columns: remove input.columns/label_column/"
+                         "id_column, or pass a Parquet/CSV file.")
+    try:
+        node = zarr.open(loc.zarr_store(), mode="r",
+                         **({} if loc.is_local else {"storage_options": cfg.storage_options}))
+    except Exception as exc:
+        raise InputError(f"{cfg.path} is not a readable zarr store ({type(exc).__name__}: "
+                         f"{exc}).") from exc
+    if isinstance(node, zarr.Group):
+        name = cfg.zarr_array or "X"
+        if name not in node:
+            raise InputError(f"{cfg.path} is a zarr group without an array {name!r}; set "
+                             f"input.zarr_array to one of {sorted(node.array_keys())}.")
+        node = node[name]
+    _check_matrix_dtype(node.dtype, cfg.path)
+    if node.ndim != 2:
+        raise InputError(f"{cfg.path}: array of shape {node.shape}; need 2-D.")
+    X = da.from_zarr(node)
+    rows = _rows_per_chunk(node.shape[1], chunks.target_chunk_mb)
+    X = X.rechunk({0: rows, 1: -1})
+    return SourceData(X=X.astype(np.float64), columns=[f"x{i}" for i in range(node.shape[1])])
+
+
+def _check_matrix_dtype(dtype, path) -> None:
+    dtype = np.dtype(dtype) if not isinstance(dtype, np.dtype) else dtype
+    if dtype.kind == "c":
+        raise InputError(f"{path}: complex values; kernel PCA needs real numbers.")
+    if dtype.kind not in "fiub":
+        raise InputError(f"{path}: dtype {dtype} is not numeric; store numbers (encode "
+                         "categorical columns first).")
+
+
+def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
+    import dask.dataframe as dd
+
+    opts = dict(cfg.storage_options)
+    try:
+        if fmt == "csv":
+            df = dd.read_csv(cfg.path, storage_options=opts or None, blocksize="64MB",
+                             assume_missing=True, sample_rows=1000)
+        else:
+            df = dd.read_parquet(cfg.path, storage_options=opts or None)
+    except Exception as exc:  # pandas/pyarrow raise many types for bad files
+        raise InputError(f"cannot read {cfg.path} as {fmt}: {type(exc).__name__}: {exc}") from exc
+    available = list(df.columns)
+    if not available:
+        raise InputError(f"{cfg.path} has no columns (empty file?).")
+    for what, col in (("label_column", cfg.label_column), ("id_column", cfg.id_column)):
+        if col is not None and col not in available:
+            raise InputError(f"input.{what} {col!r} is not a column of {cfg.path}; available: "
+                             f"{available[:20]}")
+    reserved = {cfg.label_column, cfg.id_column} - {None}
+    if cfg.columns:
+        missing = [c for c in cfg.columns if c not in available]
+        if missing:
+            raise InputError(f"input.columns {missing} are not in {cfg.path}; available: "
+                             f"{available[:20]}")
+        features = list(cfg.columns)
+        bad = [c for c in features if not _is_numeric(df[c].dtype)]
+        if bad:
+            raise InputError(f"input.columns {bad} are not numeric ({[str(df[c].dtype) for c in bad]}); "
+                             "drop them from input.columns or encode them as numbers.")
+    else:
+        features = [c for c in available if c not in reserved and _is_numeric(df[c].dtype)]
+        skipped = [c for c in available if c not in reserved and c not in features]
+        if skipped:
+            logger.warning("ingest: ignoring non-numeric columns %s (list input.columns to "
+                           "choose features explicitly)", skipped[:10])
+        if not features:
+            raise InputError(f"{cfg.path} has no numeric feature columns (columns: "
+                             f"{available[:20]}); set input.columns.")
+    try:
+        X = df[features].astype("float64").to_dask_array(lengths=True)
+    except Exception as exc:
+        raise InputError(_explain_table_error(cfg.path, exc)) from exc
+    labels = classes = ids = None
+    if cfg.label_column:
+        labels, classes = _encode_labels(df[cfg.label_column], cfg)
+    if cfg.id_column:
+        ids = df[cfg.id_column].to_dask_array(lengths=list(X.chunks[0]))
+        if ids.dtype == object:
+            ids = ids.astype(str)
+    rows = _rows_per_chunk(len(features), chunks.target_chunk_mb)
+    X = X.rechunk({0: rows, 1: -1})
+    if labels is not None:
+        labels = labels.rechunk({0: X.chunks[0]})
+    if ids is not None:
+        ids = ids.rechunk({0: X.chunks[0]})
+    return SourceData(X=X, columns=[str(c) for c in features], labels=labels, classes=classes,
+                      ids=ids)
+
+
+def _is_numeric(dtype) -> bool:
+    try:
+        return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_complex_dtype(dtype)
+    except TypeError:
+        return False
+
+
+def _explain_table_error(path: str, exc: Exception) -> str:
+    msg = str(exc)
+    if "Expected" in msg and "fields" in msg:
+        return (f"{path} is ragged: {msg.strip()}. Every row needs the same number of "
+                "fields; fix the file (quoting? stray delimiters?).")
+    if "could not convert" in msg or "Unable to parse" in msg:
+        return (f"{path}: a feature column holds text where numbers are expected ({msg.strip()}); "
+                "set input.columns to numeric columns only.")
+    return f"cannot read {path}: {type(exc).__name__}: {msg}"
+
+
+def _encode_labels(col, cfg: InputConfig) -> tuple[da.Array, list[str]]:
+    try:
+        uniques = col.dropna().unique().compute()
+    except Exception as exc:
+        raise InputError(_explain_table_error(cfg.path, exc)) from exc
+    classes = sorted(map(str, uniques.tolist()))
+    if len(classes) < 2:
+        raise InputError(f"label column {cfg.label_column!r} has {len(classes)} class(es); "
+                         "evaluation needs at least 2 (or drop input.label_column).")
+    lookup = {c: i for i, c in enumerate(classes)}
+
+    def codes(s: pd.Series) -> np.ndarray:
+        return s.map(lambda v: -1 if pd.isna(v) else lookup[str(v)]).to_numpy(dtype=np.int64)
+
+    labels = col.map_partitions(lambda s: pd.Series(codes(s), index=s.index),
+                                meta=(cfg.label_column, "int64")).to_dask_array(lengths=True)
+    return labels, classes
+
+
+# ----------------------------------------------------------------------- writing
+def _nonfinite_rows(x: np.ndarray) -> np.ndarray:
+    return (~np.isfinite(x)).any(axis=1)
+
+
+def _source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
+    loc = Location(cfg.path, cfg.storage_options)
+    fs, path = loc.fs, loc.fs_path
+    files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
+    stats = sorted((str(k), v.get("size"), str(v.get("mtime") or v.get("LastModified") or
+                                                 v.get("ETag") or v.get("created") or ""))
+                   for k, v in files.items())
+    sig = {"config": cfg.model_dump(mode="json"), "target_chunk_mb": chunks.target_chunk_mb,
+           "files": stats}
+    return json.loads(json.dumps(sig))  # the form it takes once stored in zarr attributes
+
+
+def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
+           force: bool = False) -> IngestResult:
+    """Validate the input and write it to ``store`` (a zarr group) in row chunks.
+
+    Idempotent: if ``store`` holds a complete ingest of the same source (same
+    files, sizes, modification times) and config, it is reused as is.
+    """
+    t0 = time.perf_counter()
+    signature = _source_signature(cfg, chunks)
+    if not force and store.exists():
+        try:
+            g = store.open_group("r")
+            attrs = dict(g.attrs)
+            if attrs.get("status") == "complete" and attrs.get("source") == signature:
+                res = IngestResult.from_dict(attrs["result"])
+                res.reused = True
+                logger.info("ingest: reusing %s (unchanged source, fingerprint %s)", store,
+                            res.fingerprint)
+                return res
+        except Exception:  # unreadable or partial store: rebuild it
+            pass
+    src = read_input(cfg, chunks)
+    X = src.X
+    n, d = (int(s) for s in X.shape)
+    if n == 0 or d == 0:
+        raise InputError(f"{cfg.path} is empty: {n} rows x {d} feature columns.")
+    logger.info("ingest: %s -> %s: %d rows x %d features in chunks of %d rows", cfg.path, store,
+                n, d, X.chunks[0][0])
+
+    bad_rows = X.map_blocks(_nonfinite_rows, drop_axis=1, dtype=bool)
+    label_bad = (src.labels < 0) if src.labels is not None else None
+    checks = [bad_rows] + ([label_bad] if label_bad is not None else [])
+    dropped = 0
+    if cfg.nonfinite == "drop" or label_bad is not None:
+        masks = dask.compute(*checks)
+        bad = masks[0].copy()
+        if label_bad is not None:
+            nl = int(masks[1].sum())
+            if nl and cfg.nonfinite != "drop":
+                first = int(np.flatnonzero(masks[1])[0])
+                raise InputError(f"label column {cfg.label_column!r} is missing in {nl} rows "
+                                 f"(first: row {first}); fill them or set input.nonfinite: drop.")
+            bad |= masks[1]
+        if bad.any() and cfg.nonfinite == "error":
+            first = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{cfg.path} contains NaN or infinity in {int(bad.sum())} rows "
+                             f"(first: row {first}); clean the data or set input.nonfinite: drop.")
+        dropped = int(bad.sum())
+        if dropped:
+            keep = ~bad
+            logger.warning("ingest: dropping %d of %d rows with NaN/inf or missing labels",
+                           dropped, n)
+            X = X[keep]
+            src.labels = src.labels[keep] if src.labels is not None else None
+            src.ids = src.ids[keep] if src.ids is not None else None
+            rows = X.chunks[0][0] if X.chunks[0] else 1
+            X = X.rechunk({0: max(rows, _rows_per_chunk(d, chunks.target_chunk_mb))})
+            n = int(X.shape[0])
+            if n == 0:
+                raise InputError(f"every row of {cfg.path} has NaN/inf: nothing left to fit.")
+    arrays = {"X": X}
+    if src.labels is not None:
+        arrays["labels"] = src.labels.rechunk({0: X.chunks[0]})
+    if src.ids is not None:
+        arrays["ids"] = src.ids.rechunk({0: X.chunks[0]})
+
+    # One pass over the input: write every array, count NaN/inf, digest chunks.
+    store.remove()
+    g = store.open_group("w")
+    targets, sources = [], []
+    for name, arr in arrays.items():
+        dtype = str if arr.dtype.kind in "OUT" else arr.dtype
+        z = g.create_array(name, shape=arr.shape, dtype=dtype,
+                           chunks=(arr.chunks[0][0],) + tuple(arr.shape[1:]))
+        targets.append(z)
+        sources.append(arr)
+    stored = da.store(sources, targets, lock=False, compute=False)
+    digests = {k: _digest_blocks(a) for k, a in arrays.items()}
+    counts = X.map_blocks(lambda x: np.array([np.count_nonzero(~np.isfinite(x))]), drop_axis=1,
+                          chunks=((1,) * len(X.chunks[0]),), dtype=np.int64)
+    _, digest_values, nonfinite = compute(stored, digests, counts, label="ingest")
+    if int(nonfinite.sum()):
+        store.remove()
+        offs = np.concatenate([[0], np.cumsum(X.chunks[0])])
+        b = int(np.flatnonzero(nonfinite)[0])
+        raise InputError(
+            f"{cfg.path} contains NaN or infinity ({int(nonfinite.sum())} values; the first in "
+            f"rows {offs[b]}-{offs[b + 1] - 1}); clean the data or set input.nonfinite: drop.")
+    fingerprint = _fingerprint_from_digests(arrays, digest_values,
+                                            {"columns": src.columns, "classes": src.classes})
+    if src.classes is not None:
+        g["labels"].attrs["classes"] = src.classes
+    res = IngestResult(path=str(store), n_rows=n, n_features=d, columns=src.columns,
+                       rows_per_chunk=int(X.chunks[0][0]), fingerprint=fingerprint,
+                       dropped_rows=dropped, label_column=cfg.label_column,
+                       id_column=cfg.id_column, classes=src.classes,
+                       source={"path": cfg.path}, seconds=time.perf_counter() - t0)
+    g.attrs.update({"status": "complete", "source": signature, "result": res.to_dict(),
+                    "columns": src.columns})
+    logger.info("ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)", n, d,
+                res.seconds, fingerprint)
+    return res
+
+
+def _fingerprint_from_digests(arrays, digest_values, extra) -> str:
+    h = hashlib.blake2b(digest_size=20)
+    for k in sorted(arrays):
+        a = arrays[k]
+        h.update(f"{k}:{a.shape}:{a.dtype.str}".encode())
+        h.update(np.ascontiguousarray(digest_values[k]).tobytes())
+    h.update(json.dumps(extra, sort_keys=True).encode())
+    return "blake2b:" + h.hexdigest()
+
+
+def load_ingested(res: IngestResult) -> SourceData:
+    """Lazy arrays from a completed ingest store."""
+    loc = Location(res.path)
+    g = loc.open_group("r")
+    X = da.from_zarr(g["X"])
+    labels = da.from_zarr(g["labels"]) if "labels" in g else None
+    ids = da.from_zarr(g["ids"]) if "ids" in g else None
+    return SourceData(X=X, columns=res.columns, labels=labels, classes=res.classes, ids=ids)
+

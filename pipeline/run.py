@@ -1,0 +1,277 @@
+"""The job as stage functions, and ``run_pipeline`` calling them in order.
+
+    ingest -> split -> kernel -> centre -> solve -> project -> evaluate -> export
+
+Each ``stage_*`` function takes the validated config plus the small,
+JSON-serialisable descriptors the earlier stages returned (paths, counts,
+fingerprints -- never arrays), reads and writes stores, and is idempotent. The
+Prefect flow (flows/) calls the same functions, one task each; this module's
+``run_pipeline`` is the plain, unorchestrated sequence (and the reference the
+flow is tested against).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from kpca_dask.estimator import _auto_block_rows
+
+from .centre import compute_centring, load_centring, save_centring
+from .config import PipelineConfig
+from .evaluate import make_split
+from .export import begin_run, write_manifest, write_spectrum
+from .ingest import IngestResult, SourceData, ingest, load_ingested
+from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
+from .project import write_embedding, write_parquet
+from .solve import make_estimator, solve
+from .store import Location
+
+__all__ = ["RunSummary", "run_pipeline", "stage_locations", "evaluation_wanted",
+           "stage_begin", "stage_ingest", "stage_split", "stage_kernel", "stage_centre",
+           "stage_solve", "stage_project", "stage_evaluate", "stage_export"]
+
+logger = logging.getLogger("pipeline")
+
+
+@dataclass
+class RunSummary:
+    out: str
+    manifest: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def stage_locations(cfg: PipelineConfig) -> dict[str, Location]:
+    out = Location(cfg.output.path, cfg.input.storage_options if "://" in cfg.output.path else {})
+    work = out.child("work")
+    return {"out": out, "work": work, "ingest": work.child("ingest.zarr"),
+            "kernel": work.child("kernel.zarr"), "centre": work.child("centre.zarr"),
+            "model": out.child("model")}
+
+
+def evaluation_wanted(cfg: PipelineConfig, ing: IngestResult) -> bool:
+    enabled = cfg.evaluate.enabled
+    if enabled == "auto":
+        return ing.has_labels
+    if enabled and not ing.has_labels:
+        raise ValueError("evaluate.enabled is true but the input has no label column; set "
+                         "input.label_column or evaluate.enabled: auto.")
+    return bool(enabled)
+
+
+# --------------------------------------------------------------------- helpers
+def _ingested(ing: dict[str, Any]) -> tuple[IngestResult, SourceData]:
+    res = IngestResult.from_dict(ing)
+    return res, load_ingested(res)
+
+
+def _read_split(cfg: PipelineConfig, split: dict[str, Any]) -> np.ndarray | None:
+    if not split.get("held_out"):
+        return None
+    g = stage_locations(cfg)["out"].open_group("r")
+    return np.asarray(g["split"][...])
+
+
+def _training_rows(cfg: PipelineConfig, ing: dict, split: dict) -> tuple[da.Array, int]:
+    """Training rows of the ingested X in blocks of the kernel partition."""
+    _, src = _ingested(ing)
+    mask = _read_split(cfg, split)
+    X = src.X if mask is None else src.X[mask.astype(bool)]
+    n = int(X.shape[0])
+    r = _auto_block_rows(n) if cfg.chunks.block_rows == "auto" else min(int(cfg.chunks.block_rows), n)
+    return X.rechunk({0: r, 1: -1}), r
+
+
+def _store_array(g, name: str, arr: da.Array, rows) -> None:
+    if name in g:
+        del g[name]
+    arr = arr.rechunk({0: rows})
+    dtype = str if arr.dtype.kind in "OUT" else arr.dtype
+    z = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows[0],))
+    da.store(arr, z, lock=False)
+
+
+# ---------------------------------------------------------------------- stages
+def stage_begin(cfg: PipelineConfig) -> None:
+    """Refuse to clobber a complete run (unless overwrite); un-publish the old manifest."""
+    begin_run(stage_locations(cfg)["out"], overwrite=cfg.output.overwrite)
+
+
+def stage_ingest(cfg: PipelineConfig) -> dict[str, Any]:
+    """Input -> ``work/ingest.zarr`` (reused when source and config are unchanged)."""
+    return ingest(cfg.input, cfg.chunks, stage_locations(cfg)["ingest"]).to_dict()
+
+
+def stage_split(cfg: PipelineConfig, ing: dict[str, Any]) -> dict[str, Any]:
+    """Held-out rows for evaluation (seeded), and labels/ids/split next to the embedding."""
+    res, src = _ingested(ing)
+    out = stage_locations(cfg)["out"]
+    g = out.open_group("a")
+    rows = src.X.chunks[0]
+    mask = None
+    if evaluation_wanted(cfg, res):
+        # stratified by class, seeded by evaluate.random_state (labels are n ints)
+        mask = make_split(np.asarray(src.labels.compute()), cfg.evaluate.test_fraction,
+                          random_state=cfg.evaluate.random_state,
+                          stratify=cfg.evaluate.stratify)
+        _store_array(g, "split", da.from_array(mask, chunks=rows), rows)
+    elif "split" in g:
+        del g["split"]
+    for name, arr in (("labels", src.labels), ("ids", src.ids)):
+        if arr is not None:
+            _store_array(g, name, arr, rows)
+        elif name in g:
+            del g[name]
+    if src.labels is not None:
+        g["labels"].attrs["classes"] = src.classes
+    split_id = "all" if mask is None else hashlib.blake2b(mask.tobytes(), digest_size=8).hexdigest()
+    n_train = res.n_rows if mask is None else int(mask.sum())
+    return {"held_out": mask is not None, "n_train": n_train,
+            "n_test": res.n_rows - n_train, "split_id": split_id}
+
+
+def _resolved_kernel(cfg: PipelineConfig, X_train: da.Array, n_features: int):
+    # TODO: a public KernelPCA.resolve_kernel(X) once the estimator API settles.
+    est = make_estimator(cfg)
+    est._check_params()
+    est._dtype = np.dtype(cfg.solver.dtype)
+    est.gamma_ = est._resolve_gamma(X_train, int(X_train.shape[0]), n_features)
+    return est, est._make_kernel()
+
+
+def stage_kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]) -> dict[str, Any]:
+    """Decide whether to materialise K; if so, build the upper-block store (resumable)."""
+    res = IngestResult.from_dict(ing)
+    X_train, r = _training_rows(cfg, ing, split)
+    n_train = int(X_train.shape[0])
+    if cfg.solver.n_components > n_train:
+        raise ValueError(f"solver.n_components={cfg.solver.n_components} exceeds the "
+                         f"{n_train} training rows; ask for fewer components.")
+    solver = make_estimator(cfg)._resolve_solver(n_train)
+    materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
+    logger.info("plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)", n_train, r,
+                solver, "materialised" if materialize else "recomputed per pass", why)
+    info: dict[str, Any] = {"materialized": materialize, "reason": why, "solver": solver,
+                            "block_rows": r}
+    if materialize:
+        X_train = X_train.persist()
+        est, kernel = _resolved_kernel(cfg, X_train, res.n_features)
+        ks = build_kernel_store(X_train, kernel, cfg.solver.dtype, stage_locations(cfg)["kernel"],
+                                input_fingerprint=f"{res.fingerprint}:split={split['split_id']}",
+                                verify=cfg.kernel_store.verify)
+        info.update(ks.to_dict())
+        info["gamma"] = est.gamma_
+    return info
+
+
+def stage_centre(cfg: PipelineConfig, ing: dict, split: dict, kernel: dict) -> dict[str, Any]:
+    """Row means and grand mean from the stored blocks (exact, materialised path).
+
+    Without a kernel store the solver fuses this reduction into its first pass;
+    the statistics are then saved by the solve stage.
+    """
+    if not kernel.get("materialized"):
+        return {"fused_into_solve": True}
+    loc = stage_locations(cfg)["centre"]
+    t = time.perf_counter()
+    if kernel.get("computed", 1) == 0 and load_centring(loc) is not None:
+        return {"path": str(loc), "reused": True, "seconds": 0.0}
+    X_train, _ = _training_rows(cfg, ing, split)
+    res = IngestResult.from_dict(ing)
+    _, kern = _resolved_kernel(cfg, X_train, res.n_features)
+    mu, g, _ = compute_centring(X_train, kern, cfg.solver.dtype,
+                                KernelBlockReader(kernel["path"], loc.storage_options))
+    save_centring(loc, mu, g)
+    return {"path": str(loc), "reused": False, "seconds": time.perf_counter() - t}
+
+
+def stage_solve(cfg: PipelineConfig, ing: dict, split: dict, kernel: dict,
+                centre: dict) -> dict[str, Any]:
+    """Fit on the training rows; the model goes to ``<out>/model``."""
+    loc = stage_locations(cfg)
+    X_train, r = _training_rows(cfg, ing, split)
+    reader = centring = None
+    solve_cfg = cfg
+    if kernel.get("materialized"):
+        reader = KernelBlockReader(kernel["path"], loc["kernel"].storage_options)
+        centring = load_centring(loc["centre"])
+        if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
+            solve_cfg = cfg.model_copy(deep=True)
+            solve_cfg.kernel.gamma = float(kernel["gamma"])
+    model, info = solve(X_train, solve_cfg, loc["model"], block_rows=r, block_reader=reader,
+                        centring=centring)
+    if not kernel.get("materialized") and getattr(model, "row_means_", None) is not None:
+        save_centring(loc["centre"], model.row_means_, model.grand_mean_)  # fused in the solve
+    return {**info, "path": str(loc["model"])}
+
+
+def stage_project(cfg: PipelineConfig, ing: dict, split: dict, solved: dict) -> dict[str, Any]:
+    """Embedding of every row (zarr, optional Parquet) and the spectrum."""
+    import kpca_dask
+
+    out = stage_locations(cfg)["out"]
+    _, src = _ingested(ing)
+    model = kpca_dask.load(solved["path"])
+    mask = _read_split(cfg, split)
+    info = write_embedding(model, src.X, out, split=mask)
+    write_spectrum(out, model)
+    if cfg.output.parquet:
+        g = out.open_group("r")
+        pq = write_parquet(out, da.from_zarr(g["embedding"]), ids=src.ids, labels=src.labels,
+                           classes=src.classes,
+                           split=None if mask is None else da.from_array(mask, chunks=src.X.chunks[0]))
+        info["parquet"] = pq["path"]
+    return info
+
+
+def stage_evaluate(cfg: PipelineConfig, split: dict) -> dict[str, Any] | None:
+    """Classifier on the embedding vs linear PCA, and the report (labelled input only)."""
+    if not split.get("held_out"):
+        return None
+    from .evaluate import evaluate_run
+
+    return evaluate_run(stage_locations(cfg)["out"].url, cfg.evaluate)
+
+
+def stage_export(cfg: PipelineConfig, ing: dict, kernel: dict, solved: dict,
+                 timings: dict[str, float], evaluation: dict | None) -> dict[str, Any]:
+    """Checksums and the manifest, written last and atomically: the run is now a result."""
+    return write_manifest(
+        stage_locations(cfg)["out"], config=cfg.to_json_dict(), ingest=ing,
+        model={**solved, "path": "model"}, timings=timings,
+        extra={"kernel_store": kernel, "evaluation": _summary(evaluation) if evaluation else None})
+
+
+def _summary(evaluation: dict) -> dict:
+    return {k: v for k, v in evaluation.items()
+            if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def run_pipeline(cfg: PipelineConfig) -> RunSummary:
+    """Every stage in order, on the current Dask scheduler/client."""
+    timings: dict[str, float] = {}
+    t_run = time.perf_counter()
+
+    def timed(name, fn, *args):
+        t = time.perf_counter()
+        result = fn(*args)
+        timings[name] = time.perf_counter() - t
+        return result
+
+    timed("begin", stage_begin, cfg)
+    ing = timed("ingest", stage_ingest, cfg)
+    split = timed("split", stage_split, cfg, ing)
+    kernel = timed("kernel", stage_kernel, cfg, ing, split)
+    centre = timed("centre", stage_centre, cfg, ing, split, kernel)
+    solved = timed("solve", stage_solve, cfg, ing, split, kernel, centre)
+    timed("project", stage_project, cfg, ing, split, solved)
+    evaluation = timed("evaluate", stage_evaluate, cfg, split)
+    timings["total"] = time.perf_counter() - t_run
+    manifest = stage_export(cfg, ing, kernel, solved, timings, evaluation)
+    return RunSummary(out=str(stage_locations(cfg)["out"]), manifest=manifest, timings=timings)

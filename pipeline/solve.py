@@ -1,0 +1,65 @@
+"""Solve stage: fit kernel PCA (exact or Nyström) via kpca_dask and save the model."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from kpca_dask import KernelPCA
+
+from .config import PipelineConfig
+from .store import Location
+
+__all__ = ["make_estimator", "solve"]
+
+logger = logging.getLogger("pipeline")
+
+
+def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> KernelPCA:
+    """The estimator the config describes (parameters are validated by it at fit)."""
+    s, k = cfg.solver, cfg.kernel
+    params: dict[str, Any] = dict(
+        n_components=s.n_components, kernel=k.name, gamma=k.gamma, degree=k.degree,
+        coef0=k.coef0, eigen_solver=s.eigen_solver, n_oversamples=s.n_oversamples,
+        n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter,
+        random_state=s.random_state, dtype=s.dtype, chunk_size=block_rows)
+    est = KernelPCA()
+    accepted = est.get_params(deep=False)
+    for name, value in (("n_landmarks", s.n_landmarks), ("landmark_method", s.landmark_method)):
+        if name in accepted:
+            params[name] = value
+        elif s.eigen_solver == "nystroem":
+            raise ValueError("this kpca_dask has no Nyström solver")
+    if params.get("n_landmarks") is None:
+        params.pop("n_landmarks", None)
+    return est.set_params(**params)
+
+
+def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
+          block_rows: int | str = "auto", block_reader: Any = None,
+          centring: tuple[np.ndarray, float] | None = None) -> tuple[KernelPCA, dict[str, Any]]:
+    """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON)."""
+    t0 = time.perf_counter()
+    est = make_estimator(cfg, block_rows)
+    fit_kw: dict[str, Any] = {}
+    if block_reader is not None:
+        fit_kw["kernel_blocks"] = block_reader
+    if centring is not None:
+        fit_kw["centring"] = centring
+    est.fit(X_train, **fit_kw)
+    fit_s = time.perf_counter() - t0
+    est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)
+    info = {"solver": est.eigen_solver_, "n_components": int(est.n_components_),
+            "n_passes": int(getattr(est, "n_passes_", 0)),
+            "converged": bool(getattr(est, "converged_", True)),
+            "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
+            "gamma": est.gamma_, "kernel": est.kernel_.to_dict(), "fit_seconds": fit_s,
+            "seconds": time.perf_counter() - t0}
+    logger.info("solve: %s solver, %d components, %d passes, max residual %.2e in %.1f s",
+                info["solver"], info["n_components"], info["n_passes"],
+                info["max_residual"] or 0.0, fit_s)
+    return est, info

@@ -1,0 +1,80 @@
+"""Transform stage: embed new data with a saved model, streaming chunk by chunk.
+
+The model may be given as a run folder (its manifest is verified first: a run
+that is not complete, or whose checksums fail, is refused) or as a model
+folder (``kpca_dask.load`` verifies its own checksums). The input is read with
+the ingest readers (any format, local or fsspec URL) and never loaded whole;
+the output is a zarr group (``embedding`` plus ``ids``/``labels`` when
+present) or, when the output path ends in ``.parquet``, a Parquet dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import dask.array as da
+
+import kpca_dask
+
+from .config import ChunkConfig, InputConfig
+from .export import verify_run
+from .ingest import InputError, read_input
+from .progress import compute
+from .project import component_names, write_parquet
+from .store import Location
+
+__all__ = ["load_model", "transform_to_store"]
+
+logger = logging.getLogger("pipeline")
+
+
+def load_model(path: str) -> Any:
+    """A model from a run folder (manifest verified) or a model folder."""
+    loc = Location(path)
+    if loc.child("manifest.json").exists() or loc.child("model").exists():
+        verify_run(loc)
+        path = loc.child("model").url
+    return kpca_dask.load(path)
+
+
+def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
+                       chunks: ChunkConfig | None = None, overwrite: bool = False) -> dict:
+    """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``."""
+    t0 = time.perf_counter()
+    model = load_model(model_path)
+    src = read_input(input_cfg, chunks)
+    if src.X.shape[1] != model.n_features_in_:
+        raise InputError(f"{input_cfg.path} has {src.X.shape[1]} feature columns but the model "
+                         f"was fitted on {model.n_features_in_}; select the same columns "
+                         "(input.columns) as in training.")
+    out = Location(output)
+    if out.exists():
+        if not overwrite:
+            raise FileExistsError(f"{output} exists; pass --overwrite to replace it.")
+        out.remove()
+    emb = model.transform(src.X)
+    if output.rstrip("/").endswith(".parquet"):
+        parent = Location(output.rstrip("/").rsplit("/", 1)[0] if "/" in output.rstrip("/")
+                          else ".")
+        write_parquet(parent, emb, ids=src.ids, labels=src.labels, classes=src.classes,
+                      name=output.rstrip("/").rsplit("/", 1)[-1])
+    else:
+        g = out.open_group("w")
+        z = g.create_array("embedding", shape=emb.shape, dtype=emb.dtype,
+                           chunks=(src.X.chunks[0][0], emb.shape[1]))
+        z.attrs["columns"] = component_names(emb.shape[1])
+        stores = [da.store(emb, z, lock=False, compute=False)]
+        for name, arr in (("ids", src.ids), ("labels", src.labels)):
+            if arr is not None:
+                dtype = str if arr.dtype.kind in "OUT" else arr.dtype
+                za = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(src.X.chunks[0][0],))
+                stores.append(da.store(arr, za, lock=False, compute=False))
+        compute(*stores, label="transform")
+        g.attrs.update({"kind": "kpca-dask-transform", "model": model_path,
+                        "input": input_cfg.path, "status": "complete"})
+    secs = time.perf_counter() - t0
+    logger.info("transform: %d rows -> %s in %.1f s", src.X.shape[0], output, secs)
+    return {"rows": int(src.X.shape[0]), "components": int(emb.shape[1]), "output": output,
+            "seconds": secs}
