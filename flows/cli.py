@@ -1,48 +1,247 @@
-"""The ``kpca`` command line.
+"""The ``kpca`` command line: a thin shell over the pipeline (and its Prefect flows).
 
-``kpca demo`` fits kernel PCA on a built-in example and prints a summary.
+    kpca demo [--output DIR]           the whole job on a built-in labelled dataset
+    kpca run CONFIG [--output DIR]     the job a YAML config describes
+    kpca transform MODEL INPUT OUTPUT  embed new data with a saved model (or run folder)
+    kpca info ARTIFACT_DIR             what a run produced, after verifying it
+
+Errors in the input, the config or the artifacts print one line naming the
+problem and the fix, and exit with status 2; nothing is published.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+EXIT_USAGE = 2
+EXIT_FAILED = 1
 
-def _demo(args: argparse.Namespace) -> int:
-    from sklearn.datasets import make_circles
 
-    from kpca_dask import KernelPCA
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from pydantic import ValidationError
 
-    X, y = make_circles(args.n_samples, factor=0.3, noise=0.05, random_state=0)
-    print(f"kpca demo: {X.shape[0]} points on two concentric circles, rbf kernel")
-    t = time.perf_counter()
-    model = KernelPCA(4, kernel="rbf", gamma=5.0, random_state=0)
-    emb = model.fit_transform(X)
-    print(f"fitted in {time.perf_counter() - t:.2f} s with the {model.eigen_solver_} solver "
-          f"({model.n_passes_} passes over the kernel blocks)")
-    print("eigenvalues:", np.array2string(model.eigenvalues_, precision=4))
-    print("explained variance ratio:", np.array2string(model.explained_variance_ratio_, precision=4))
-    print("residuals (certificate):", np.array2string(model.residuals_, precision=1))
-    # The first component separates the circles: a threshold at 0 classifies them.
-    acc = max(np.mean((emb[:, 0] > 0) == y), np.mean((emb[:, 0] <= 0) == y))
-    print(f"inner vs outer circle from the sign of component 1: {acc:.1%} correct")
+    from kpca_dask.exceptions import KpcaError
+    from pipeline.cluster import ClusterError
+    from pipeline.config import ConfigError
+    from pipeline.export import RunError
+    from pipeline.ingest import InputError
+    from pipeline.kernel import KernelStoreError
+
+    return (ConfigError, InputError, RunError, KpcaError, ClusterError, KernelStoreError,
+            ValidationError, FileExistsError, FileNotFoundError, PermissionError,
+            IsADirectoryError, NotADirectoryError, ValueError)
+
+
+# ------------------------------------------------------------------- commands
+def _print_summary(summary, out: str) -> None:
+    m = summary.manifest
+    model = m["model"]
+    inp = m["input"]
+    print(f"\nkpca: run complete -> {out}")
+    print(f"  input      {inp['n_rows']} rows x {inp['n_features']} features "
+          f"({inp['source'].get('path')}), {inp['dropped_rows']} dropped")
+    print(f"  model      {model['solver']} solver, {model['n_components']} components, "
+          f"kernel {model['kernel']}, {model['n_passes']} passes, "
+          f"max residual {model['max_residual']:.1e}")
+    ev = m.get("evaluation") or {}
+    if ev:
+        shown = {k: v for k, v in ev.items() if isinstance(v, float)}
+        print("  evaluation " + ", ".join(f"{k} {v:.3f}" for k, v in list(shown.items())[:6]))
+    print("  timings    " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings"].items()))
+    print(f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
+          + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
+          + (", report/report.md" if Path(out, "report", "report.md").exists() else ""))
+    print(f"  inspect    kpca info {out}")
+
+
+def _run_config(cfg, *, progress: bool | None) -> Any:
+    from pipeline.cluster import dask_client
+    from pipeline.progress import show_progress
+
+    from .pipeline_flow import run_flow_or_plain
+
+    with show_progress(progress), dask_client(cfg.cluster):
+        return run_flow_or_plain(cfg)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+
+    cfg = load_config(args.config)
+    if args.output:
+        cfg.output.path = args.output
+    if args.overwrite:
+        cfg.output.overwrite = True
+    summary = _run_config(cfg, progress=args.progress)
+    _print_summary(summary, cfg.output.path)
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+    from pipeline.demo_data import DEMO_DATASETS, write_demo_dataset
+
+    out = Path(args.output).resolve()
+    data_dir = out.parent / (out.name + "-data")
+    path = write_demo_dataset(data_dir)
+    demo = DEMO_DATASETS["digits"]
+    print(f"kpca demo: {demo.description}; written to {path}")
+    cfg = load_config({
+        "input": {"path": str(path), "label_column": demo.label_column,
+                  "id_column": demo.id_column},
+        "kernel": demo.kernel,
+        "solver": {"n_components": demo.n_components, "random_state": 0},
+        # small chunks on purpose: the demo shows chunked ingest and a blocked kernel
+        "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
+        "output": {"path": str(out), "overwrite": True},
+        "evaluate": {"enabled": True},
+    })
+    summary = _run_config(cfg, progress=args.progress)
+    _print_summary(summary, str(out))
+    return 0
+
+
+def cmd_transform(args: argparse.Namespace) -> int:
+    from pipeline.config import ChunkConfig, InputConfig
+    from pipeline.progress import show_progress
+    from pipeline.transform import transform_to_store
+
+    inp = InputConfig(path=args.input, format=args.format,
+                      columns=args.columns.split(",") if args.columns else None,
+                      id_column=args.id_column, label_column=args.label_column)
+    with show_progress(args.progress):
+        res = transform_to_store(args.model, inp, args.output,
+                                 chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+                                 overwrite=args.overwrite)
+    print(f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
+          f"{res['output']} ({res['seconds']:.1f} s)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import zarr
+
+    from pipeline.export import verify_run
+    from pipeline.store import Location
+
+    out = Location(args.artifact_dir)
+    m = verify_run(out, check_arrays=not args.no_verify)
+    if args.json:
+        print(json.dumps(m, indent=2))
+        return 0
+    g = zarr.open_group(out.zarr_store(), mode="r")
+    ev = np.asarray(g["spectrum/eigenvalues"][...])
+    evr = np.asarray(g["spectrum/explained_variance_ratio"][...])
+    res = np.asarray(g["spectrum/residuals"][...])
+    inp, model = m["input"], m["model"]
+    print(f"run        {args.artifact_dir}  [{m['status']}, verified{' (skipped)' if args.no_verify else ''}]")
+    print(f"created    {m['created']} with kpca-dask {m['packages'].get('kpca-dask', '?')}, "
+          f"dask {m['packages'].get('dask', '?')}, zarr {m['packages'].get('zarr', '?')}")
+    print(f"input      {inp['source'].get('path')}: {inp['n_rows']} rows x {inp['n_features']} "
+          f"features, {inp['dropped_rows']} dropped; fingerprint {inp['fingerprint']}")
+    if inp.get("label_column"):
+        print(f"labels     column {inp['label_column']!r}: {len(inp['classes'])} classes")
+    print(f"model      {model['solver']} solver, kernel {model['kernel']}, "
+          f"{model['n_components']} components, {model['n_passes']} passes")
+    cum = np.cumsum(evr)
+    print("spectrum   " + "  ".join(f"{v:.4g}" for v in ev[:8]) + (" ..." if len(ev) > 8 else ""))
+    print(f"explained  {100 * cum[-1]:.1f}% of the feature-space variance by {len(ev)} components "
+          f"(first: {100 * evr[0]:.1f}%)")
+    print(f"residuals  max {res.max():.1e}  (||Kc v - lambda v|| / lambda)")
+    print("timings    " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings"].items()))
+    ev_sum = m.get("evaluation")
+    if ev_sum:
+        print("evaluation " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in ev_sum.items()))
+    ks = m.get("kernel_store") or {}
+    if ks:
+        print(f"kernel     {'materialised' if ks.get('materialized') else 'recomputed per pass'}"
+              f" ({ks.get('reason')})")
+    print(f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
+          + (", embedding.parquet" if Path(args.artifact_dir, "embedding.parquet").exists() else "")
+          + (", report/" if Path(args.artifact_dir, "report").exists() else ""))
+    return 0
+
+
+# ------------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kpca", description="Distributed, out-of-core kernel PCA.")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more logging (-v: stages and passes, -vv: debug)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def progress_flags(sp):
+        sp.add_argument("--progress", dest="progress", action="store_true", default=None,
+                        help="show progress bars (default: when stderr is a terminal)")
+        sp.add_argument("--no-progress", dest="progress", action="store_false")
+
+    d = sub.add_parser("demo", help="run the whole job on a built-in labelled dataset")
+    d.add_argument("--output", default="kpca-demo-output", help="artifact folder "
+                   "(default: ./kpca-demo-output)")
+    progress_flags(d)
+    d.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser("run", help="run the job a YAML config describes")
+    r.add_argument("config", help="YAML config (see docs/config.md)")
+    r.add_argument("--output", help="override output.path")
+    r.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    progress_flags(r)
+    r.set_defaults(func=cmd_run)
+
+    t = sub.add_parser("transform", help="embed new data with a saved model or run folder")
+    t.add_argument("model", help="run folder (verified) or model folder")
+    t.add_argument("input", help="NPY, CSV, Parquet or zarr input (path or URL)")
+    t.add_argument("output", help="output zarr folder, or a path ending in .parquet")
+    t.add_argument("--format", default="auto", choices=["auto", "npy", "csv", "parquet", "zarr"])
+    t.add_argument("--columns", help="comma-separated feature columns (tabular input)")
+    t.add_argument("--id-column")
+    t.add_argument("--label-column")
+    t.add_argument("--chunk-mb", type=float, default=64.0)
+    t.add_argument("--overwrite", action="store_true")
+    progress_flags(t)
+    t.set_defaults(func=cmd_transform)
+
+    i = sub.add_parser("info", help="verify a run folder and summarise it")
+    i.add_argument("artifact_dir")
+    i.add_argument("--json", action="store_true", help="print the manifest")
+    i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kpca", description="Distributed kernel PCA.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run kernel PCA on a built-in example")
-    demo.add_argument("--n-samples", type=int, default=4000)
-    demo.set_defaults(func=_demo)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    return args.func(args)
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    if args.command in ("demo", "run") and args.verbose == 0:
+        level = logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    import distributed  # noqa: F401  (configures its loggers on import; quieten them after)
+
+    for noisy in ("distributed", "prefect", "httpx", "asyncio", "tornado"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose >= 2 else logging.WARNING)
+    t0 = time.perf_counter()
+    try:
+        return args.func(args)
+    except _user_errors() as exc:
+        msg = str(exc).strip().splitlines()
+        print(f"kpca {args.command}: error: {msg[0] if msg else type(exc).__name__}",
+              file=sys.stderr)
+        for line in msg[1:]:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"kpca {args.command}: interrupted after {time.perf_counter() - t0:.0f} s; "
+              "re-run the same command to resume.", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
