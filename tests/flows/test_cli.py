@@ -1,0 +1,81 @@
+"""The ``kpca`` command line as a user runs it: real processes, real local cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+
+RNG = np.random.default_rng(5)
+X = RNG.standard_normal((600, 4))
+
+
+def kpca(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    pd.DataFrame(X, columns=list("abcd")).assign(key=np.arange(600)).to_csv(tmp / "in.csv",
+                                                                              index=False)
+    (tmp / "run.yaml").write_text(
+        f"input:\n  path: {tmp / 'in.csv'}\n  id_column: key\n"
+        "kernel:\n  name: rbf\n  gamma: 0.2\n"
+        "solver:\n  n_components: 3\n  eigen_solver: randomized\n  dtype: float64\n"
+        "chunks:\n  target_chunk_mb: 0.005\n"
+        f"output:\n  path: {tmp / 'out'}\n"
+        "cluster:\n  n_workers: 2\n")
+    res = kpca("run", tmp / "run.yaml", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "run complete" in res.stdout
+    return tmp
+
+
+def test_run_publishes_a_verified_run(run_dir):
+    m = (run_dir / "out" / "manifest.json").read_text()
+    assert '"status": "complete"' in m
+    res = kpca("info", run_dir / "out")
+    assert res.returncode == 0, res.stderr
+    for word in ("verified", "600 rows x 4 features", "randomized solver", "residuals"):
+        assert word in res.stdout
+
+
+@pytest.mark.parametrize("suffix", ["new.zarr", "new.parquet"])
+def test_transform_streams_to_zarr_or_parquet(run_dir, suffix):
+    new = RNG.standard_normal((50, 4))
+    np.save(run_dir / "new.npy", new)
+    out = run_dir / suffix
+    res = kpca("transform", run_dir / "out", run_dir / "new.npy", out, "--overwrite")
+    assert res.returncode == 0, res.stderr
+    import kpca_dask
+
+    expected = kpca_dask.load(run_dir / "out" / "model").transform(new)
+    got = (zarr.open_group(str(out), mode="r")["embedding"][...] if suffix.endswith(".zarr")
+           else pd.read_parquet(out)[["kernelpca0", "kernelpca1", "kernelpca2"]].to_numpy())
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+def test_errors_exit_2_with_one_line(run_dir):
+    (run_dir / "bad.yaml").write_text("input:\n  path: nowhere.csv\nsolver:\n  n_components: 0\n")
+    res = kpca("run", run_dir / "bad.yaml")
+    assert res.returncode == 2
+    assert "solver.n_components" in res.stderr and "Traceback" not in res.stderr
+    res = kpca("transform", run_dir / "out", run_dir / "missing.csv", run_dir / "x.zarr")
+    assert res.returncode == 2 and "does not exist" in res.stderr
+    res = kpca("info", run_dir)
+    assert res.returncode == 2 and "no manifest.json" in res.stderr
+    res = kpca("run", run_dir / "run.yaml", "--no-progress")  # complete run exists
+    assert res.returncode == 2 and "--overwrite" in res.stderr
+
+
+def test_transform_refuses_wrong_feature_count(run_dir):
+    np.save(run_dir / "wide.npy", RNG.standard_normal((5, 7)))
+    res = kpca("transform", run_dir / "out", run_dir / "wide.npy", run_dir / "w.zarr")
+    assert res.returncode == 2
+    assert "7 feature columns but the model was fitted on 4" in res.stderr
