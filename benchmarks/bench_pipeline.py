@@ -1,0 +1,168 @@
+"""Out-of-core pipeline benchmark: the whole `kpca run` job, measured from outside.
+
+Runs the real command line (`python -m flows.cli run CONFIG`) on generated data
+and samples the whole process tree (client, scheduler, worker processes) every
+0.25 s: peak memory is the highest sum of proportional set sizes (PSS: shared
+pages counted once), I/O is the sum of the processes' storage-level bytes read
+and written (/proc/<pid>/io read_bytes/write_bytes) plus the bytes moved through
+read()/write() calls (rchar/wchar, which include page-cache hits).
+
+    python benchmarks/bench_pipeline.py exact                # n = 100k, d = 32, K recomputed
+    python benchmarks/bench_pipeline.py store                # n = 100k, d = 1024, K in zarr
+    python benchmarks/bench_pipeline.py nystroem             # n = 2M, d = 64
+    python benchmarks/bench_pipeline.py exact --n 20000      # smaller, quicker
+
+Data: Gaussian blobs (16 centres) in d dimensions written as one NPY file,
+rbf kernel with gamma = 'scale' (median heuristic), 16 components, float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+HERE = Path(__file__).resolve().parent
+CASES = {
+    "exact": {"n": 100_000, "d": 32, "solver": "randomized", "materialize": "never"},
+    "store": {"n": 100_000, "d": 1024, "solver": "randomized", "materialize": "always"},
+    "nystroem": {"n": 2_000_000, "d": 64, "solver": "nystroem", "materialize": "never"},
+}
+
+
+def make_data(path: Path, n: int, d: int, seed: int = 0) -> None:
+    """Blobs written in slabs through a memmap (never the whole array in memory)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((16, d)) * 2.0
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(n, d))
+    step = 100_000
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        out[a:b] = centres[rng.integers(0, 16, b - a)] + rng.standard_normal((b - a, d))
+    out.flush()
+    del out
+
+
+class TreeSampler(threading.Thread):
+    """Peak PSS and cumulative I/O of a process and all its descendants."""
+
+    def __init__(self, pid: int, interval: float = 0.25):
+        super().__init__(daemon=True)
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.peak = 0
+        self.io: dict[int, tuple[int, int, int, int]] = {}
+        self.stop = threading.Event()
+
+    def sample(self) -> None:
+        try:
+            procs = [self.root] + self.root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        total = 0
+        for p in procs:
+            try:
+                mem = p.memory_full_info()
+                total += getattr(mem, "pss", mem.rss)
+                io = p.io_counters()
+                self.io[p.pid] = (io.read_bytes, io.write_bytes, io.read_chars, io.write_chars)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        self.peak = max(self.peak, total)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(self.interval)
+
+    def totals(self) -> dict[str, int]:
+        cols = list(zip(*self.io.values())) or [(0,)] * 4
+        return {"read_bytes": sum(cols[0]), "write_bytes": sum(cols[1]),
+                "read_chars": sum(cols[2]), "write_chars": sum(cols[3])}
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--n", type=int)
+    ap.add_argument("--d", type=int)
+    ap.add_argument("--workdir", help="where data and outputs go (default: a temp dir)")
+    ap.add_argument("--memory-limit", default="auto", help="per worker, e.g. 1.5GiB")
+    ap.add_argument("--keep", action="store_true", help="keep data and outputs")
+    args = ap.parse_args()
+    case = dict(CASES[args.case])
+    n = args.n or case["n"]
+    d = args.d or case["d"]
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="kpca-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    data = root / f"blobs-{n}x{d}.npy"
+    if not data.exists():
+        t = time.perf_counter()
+        make_data(data, n, d)
+        print(f"data: {data} ({data.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t:.0f} s")
+    out = root / f"out-{args.case}-{n}"
+    cfg = root / f"{args.case}.yaml"
+    cfg.write_text(
+        f"input:\n  path: {data}\n"
+        "kernel:\n  name: rbf\n  gamma: scale\n"
+        f"solver:\n  n_components: 16\n  eigen_solver: {case['solver']}\n  dtype: float32\n"
+        f"  random_state: 0\n"
+        f"kernel_store:\n  materialize: {case['materialize']}\n"
+        f"output:\n  path: {out}\n  overwrite: true\n  parquet: false\n"
+        f"cluster:\n  n_workers: {psutil.cpu_count()}\n  memory_limit: {args.memory_limit}\n")
+    cmd = [sys.executable, "-m", "flows.cli", "run", str(cfg), "--no-progress"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    log = proc.stdout.read()
+    proc.wait()
+    sampler.stop.set()
+    sampler.join()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print(log)
+        raise SystemExit(f"run failed with exit code {proc.returncode}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    io = sampler.totals()
+    result = {
+        "case": args.case, "n": n, "d": d, "date": datetime.date.today().isoformat(),
+        "machine": f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "wall_seconds": wall, "peak_memory_gib": sampler.peak / 2**30,
+        "stage_seconds": manifest["timings"], "model": {k: manifest["model"].get(k) for k in
+                                                         ("solver", "n_passes", "max_residual")},
+        "kernel_store": manifest.get("kernel_store"),
+        "io": io, "output_bytes": du(out), "kernel_store_bytes": du(out / "work" / "kernel.zarr"),
+        "data_bytes": data.stat().st_size,
+    }
+    print(json.dumps(result, indent=1))
+    print(f"\n| case | n | d | wall | peak memory | written (disk) | read (disk / incl. cache) |"
+          f"\n|---|---|---|---|---|---|---|\n| {args.case} | {n:,} | {d} | {wall:.0f} s | "
+          f"{result['peak_memory_gib']:.2f} GiB | {io['write_bytes'] / 1e9:.1f} GB | "
+          f"{io['read_bytes'] / 1e9:.1f} / {io['read_chars'] / 1e9:.1f} GB |")
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / f"pipeline-{args.case}-{n}-{result['date']}.json").write_text(
+        json.dumps(result, indent=1))
+    if not args.keep and not args.workdir:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+
+if __name__ == "__main__":
+    main()
