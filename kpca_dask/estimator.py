@@ -164,8 +164,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         are found. "covariance" forms it in one pass (``n m^2`` flops);
         "randomized" runs block Krylov on it, one pass of ``4 n m l`` flops
         per product. "auto" picks the cheaper by a measured cost model
-        (covariance below about 2000 landmarks for 16 components, and whenever
-        ``n_components=None``).
+        (covariance below about 1700 landmarks for 64 features and 16
+        components, and whenever ``n_components=None``).
 
     Attributes
     ----------
@@ -538,7 +538,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         l = (k or 0) + self.n_oversamples
         method = self.nystroem_method
         if method == "auto":
-            method = choose_method(n, basis.m, self.n_features_in_, k, l)
+            method = choose_method(basis.m, self.n_features_in_, k, l)
         if k is None and method == "randomized":
             raise InvalidParameterError(
                 "nystroem_method='randomized' needs an explicit n_components (None means "

@@ -50,6 +50,7 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg
+from threadpoolctl import threadpool_limits
 
 from .._threads import blas_threads_for_dask
 from ..kernels import Kernel
@@ -301,19 +302,21 @@ def select_landmarks(
     S = gather_rows(X, sidx)
     info: dict[str, Any] = {"method": method, "sample_size": s}
     col_means = None
-    if method == "kmeans++":
-        piv = kmeanspp_landmarks(S, m, rng)
-    else:
-        stop = 1e-12 if np.dtype(dtype) == np.float64 else 1e-6
-        piv, extra = rpcholesky_landmarks(S, m, kernel, rng, stop_rtol=stop)
-        col_means = extra.pop("_column_means")
-        info.update(extra)
-    order = np.argsort(piv, kind="stable")
-    piv = piv[order]
-    if col_means is not None:
-        col_means = col_means[order]
-    else:
-        col_means = _sample_column_means(S, S[piv], kernel)
+    # One BLAS thread on the driver: see kpca_dask.solvers.nystroem.driver_blas.
+    with threadpool_limits(limits=1, user_api="blas"):
+        if method == "kmeans++":
+            piv = kmeanspp_landmarks(S, m, rng)
+        else:
+            stop = 1e-12 if np.dtype(dtype) == np.float64 else 1e-6
+            piv, extra = rpcholesky_landmarks(S, m, kernel, rng, stop_rtol=stop)
+            col_means = extra.pop("_column_means")
+            info.update(extra)
+        order = np.argsort(piv, kind="stable")
+        piv = piv[order]
+        if col_means is not None:
+            col_means = col_means[order]
+        else:
+            col_means = _sample_column_means(S, S[piv], kernel)
     info["n_landmarks"] = int(piv.size)
     if piv.size < m:
         logger.info("landmarks: %s chose %d of %d landmarks: the kernel matrix of the "

@@ -59,6 +59,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from scipy.linalg.blas import dsyrk, ssyrk
+from threadpoolctl import threadpool_limits
 
 from .._threads import blas_threads_for_dask
 from ..kernels import Kernel
@@ -86,6 +87,19 @@ STRIP_BYTES = {"randomized": 4 << 20, "covariance": 16 << 20}
 
 #: Partial sums added per tree-reduction task.
 SPLIT_EVERY = 8
+
+
+def driver_blas():
+    """One BLAS thread for the driver's dense algebra (W, Sigma, the Krylov basis).
+
+    Maintenance note: measured here, OpenBLAS on two threads is several times
+    slower than on one as soon as another process keeps one core busy (a
+    2048 x 2048 ``eigh``: 1.95 s on one thread, 9.8 s on two at load 1.2;
+    small matrices fare worse), and it gains under 2x when the machine is
+    idle. The dominant cost, the passes over X, runs in Dask tasks with their
+    own thread budget and is unaffected.
+    """
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _strip_rows(m: int, itemsize: int, method: str) -> int:
@@ -157,9 +171,10 @@ def nystroem_basis(landmarks: np.ndarray, kernel: Kernel, dtype: Any,
     """
     dtype = np.dtype(dtype)
     Z = np.ascontiguousarray(landmarks, dtype=np.float64)
-    W = np.asarray(kernel(Z, Z, dtype=dtype), dtype=np.float64)
-    W = (W + W.T) / 2
-    S, U = scipy.linalg.eigh(W, check_finite=False)
+    with driver_blas():
+        W = np.asarray(kernel(Z, Z, dtype=dtype), dtype=np.float64)
+        W = (W + W.T) / 2
+        S, U = scipy.linalg.eigh(W, check_finite=False)
     S, U = S[::-1], U[:, ::-1]
     tol = default_w_rtol(dtype) if rtol is None else rtol
     top = float(S[0]) if S.size else 0.0
@@ -214,8 +229,7 @@ def _block_stats(xb, consts, method, first, kernel, dtype_str):
         else:
             acc += Ks.T @ (Ks @ M)
     if method == "covariance":
-        acc = np.triu(acc).astype(np.float64)
-        acc += np.triu(acc, 1).T
+        acc = acc.astype(np.float64)  # upper triangle only: symmetrised once, after the sum
     diag = float(kernel.diag(xb, np.float64).sum()) if first else 0.0
     return acc, colsum, diag, r
 
@@ -322,7 +336,8 @@ class FeatureCovariance:
 
     def covariance(self) -> np.ndarray:
         """The whole ``Sigma`` (m' x m'): one pass with an m x m reduction."""
-        R = self._pass(None)
+        R = self._pass(None)  # upper triangle of C'^T C' (the lower one is zero)
+        R += np.triu(R, 1).T
         R -= self.n_rows * np.outer(self.delta, self.delta)
         S = self.basis.T.T @ R @ self.basis.T
         return (S + S.T) / 2
@@ -400,6 +415,13 @@ def nystroem_eigh(
     """
     if method not in NYSTROEM_METHODS:
         raise ValueError(f"Unknown Nyström method {method!r}; use one of {NYSTROEM_METHODS}.")
+    with driver_blas():
+        return _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
+                              randomized_method, tol, max_passes, random_state)
+
+
+def _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
+                   randomized_method, tol, max_passes, random_state) -> NystroemFit:
     op = FeatureCovariance(X, basis)
     mp = basis.rank
     k = mp if n_components is None else min(int(n_components), mp)
@@ -456,28 +478,30 @@ def nystroem_eigh(
     )
 
 
-def estimated_seconds(n: int, m: int, d: int, l: int, method: str, passes: int = 6) -> float:
-    """Rough cost model used by ``nystroem_method="auto"`` (single-core seconds).
+def estimated_cost(m: int, d: int, l: int, method: str, passes: int = 6) -> float:
+    """Cost per row of X used by ``nystroem_method="auto"``, in units of about 0.01 ns
+    (one float32 flop of the covariance update on this machine's two cores).
 
-    Per row and landmark, measured here (float32, d = 64): a kernel entry
-    costs about ``2 (d + 2) + 100`` flop-equivalents (its share of the GEMM
-    plus clip and exp); the covariance method adds ``m`` (symmetric rank-k
-    update), each randomized pass ``4 l``. The randomized method makes about
-    ``passes`` passes (Krylov iterations plus the certification pass).
+    Measured here (float32, d = 64, m = 2048, l = 40, two Dask threads; see
+    docs/nystroem.md): a randomized pass costs 3.0 ns per row and landmark,
+    of which 1.4 ns is the kernel evaluation (GEMM with the landmarks, clip,
+    exp), and the covariance pass 22 ns. Hence per row and landmark: kernel
+    ``kappa = 60 + 1.2 (d + 2)``, covariance ``kappa + m``, randomized
+    ``passes * (kappa + 4 l)`` with about 6 passes (Krylov iterations to
+    float32 tolerance plus the certification pass).
     """
-    kern = 2.0 * (d + 2) + 100.0
+    kappa = 60.0 + 1.2 * (d + 2)
     if method == "covariance":
-        per = kern + m
-    else:
-        per = passes * (kern + 4.0 * l)
-    return n * m * per / 1.0e11
+        return m * (kappa + m)
+    return m * passes * (kappa + 4.0 * l)
 
 
-def choose_method(n: int, m: int, d: int, k: int | None, l: int) -> str:
-    """"auto": the covariance method when it is cheaper by the cost model, when all
-    components are wanted, or when the feature space is small next to the block."""
+def choose_method(m: int, d: int, k: int | None, l: int) -> str:
+    """"auto": the covariance method when the cost model says it is cheaper (m below
+    about 1700 for d = 64 and 16 components), when all components are wanted, or
+    when the feature space is small next to the Krylov block."""
     if k is None or m <= 2 * l:
         return "covariance"
-    cov = estimated_seconds(n, m, d, l, "covariance")
-    rnd = estimated_seconds(n, m, d, l, "randomized")
-    return "covariance" if cov <= rnd else "randomized"
+    if estimated_cost(m, d, l, "covariance") <= estimated_cost(m, d, l, "randomized"):
+        return "covariance"
+    return "randomized"
