@@ -39,6 +39,39 @@ SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
                "account_key", "sas_token", "credentials", "session_token"}
 
 
+def _secret_keys(options: Any, prefix: str = "") -> list[str]:
+    """Keys (dotted, at any depth: client_kwargs, config_kwargs...) that carry credentials."""
+    found = []
+    if isinstance(options, dict):
+        for k, v in options.items():
+            name = f"{prefix}{k}"
+            if str(k).lower() in SECRET_KEYS | {"sig"} or any(
+                    w in str(k).lower() for w in ("secret", "password", "passwd", "token", "signature",
+                                                  "credential", "private_key")):
+                found.append(name)
+            found += _secret_keys(v, name + ".")
+    elif isinstance(options, (list, tuple)):
+        for i, v in enumerate(options):
+            found += _secret_keys(v, f"{prefix}{i}.")
+    return found
+
+
+def _check_url(v: str, what: str) -> str:
+    if not v.strip():
+        raise ValueError(f"{what} path is empty")
+    if "://" in v:
+        netloc = v.split("://", 1)[1].split("/", 1)[0]
+        if "@" in netloc:
+            raise ValueError("URLs with embedded credentials (user:password@host) are refused; "
+                             "use the environment for credentials.")
+        query = v.split("?", 1)[1] if "?" in v else ""
+        keys = [q.split("=", 1)[0] for q in query.replace(";", "&").split("&") if q]
+        if _secret_keys(dict.fromkeys(keys)):
+            raise ValueError("URLs with credentials in the query string are refused; use the "
+                             "environment for credentials.")
+    return v
+
+
 class ConfigError(ValueError):
     """A configuration file or object is invalid (message lists every problem)."""
 
@@ -73,7 +106,7 @@ class InputConfig(_Model):
     @field_validator("storage_options")
     @classmethod
     def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
-        bad = sorted(k for k in v if k.lower() in SECRET_KEYS)
+        bad = sorted(_secret_keys(v))
         if bad:
             raise ValueError(
                 f"storage_options must not hold credentials ({bad}); set them in the "
@@ -83,11 +116,20 @@ class InputConfig(_Model):
     @field_validator("path")
     @classmethod
     def _no_embedded_credentials(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("input path is empty")
-        if "://" in v and "@" in v.split("://", 1)[1].split("/", 1)[0]:
-            raise ValueError("URLs with embedded credentials (user:password@host) are refused; "
-                             "use the environment for credentials.")
+        return _check_url(v, "input")
+
+    @field_validator("zarr_array")
+    @classmethod
+    def _inside_the_store(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        import posixpath
+
+        norm = posixpath.normpath(v.replace("\\", "/"))
+        if not v.strip() or v.startswith(("/", "\\")) or norm == ".." or norm.startswith("../") \
+                or "://" in v:
+            raise ValueError(f"zarr_array {v!r} must be a relative path inside the input store "
+                             "(no '..', no leading '/', no URL)")
         return v
 
 
@@ -127,6 +169,10 @@ class SolverConfig(_Model):
                                                       "solver (default by dtype).")
     max_iter: int = Field(20, ge=1, description="Cap on randomized passes.")
     random_state: int | None = Field(0, description="Seed (test matrix, landmarks, split).")
+    max_residual: float | None = Field(
+        1e-2, gt=0, description="Largest certified residual ||Kc v - lambda v|| / lambda a "
+                                "published model may have (typical: 1e-4 float32, 1e-7 float64); "
+                                "a fit above it is refused, not published. null disables.")
     n_landmarks: int | None = Field(None, ge=1, description="Nyström landmarks m "
                                                             "(default chosen by the solver).")
     landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
@@ -164,11 +210,7 @@ class OutputConfig(_Model):
     @field_validator("path")
     @classmethod
     def _sane_output(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("output path is empty")
-        if "://" in v and "@" in v.split("://", 1)[1].split("/", 1)[0]:
-            raise ValueError("URLs with embedded credentials are refused.")
-        return v
+        return _check_url(v, "output")
 
 
 class TLSConfig(_Model):
@@ -228,6 +270,8 @@ class PipelineConfig(_Model):
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:
+    """One line for one problem ("invalid configuration in run.yaml: kernel.gamma: ..."),
+    else a header line and one line per problem."""
     lines = [f"invalid configuration in {source}:"]
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -237,6 +281,8 @@ def _format_errors(exc: ValidationError, source: str) -> str:
         elif err["type"] == "missing":
             msg = "required field is missing"
         lines.append(f"  - {where}: {msg}")
+    if len(lines) == 2:
+        return f"{lines[0]} {lines[1].removeprefix('  - ')}"
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ new run touches anything (a reader never trusts a folder being rewritten);
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -21,7 +22,7 @@ from .store import Location, array_checksum, atomic_write_json, read_json
 
 __all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
            "RunCorruptError", "begin_run", "write_spectrum", "write_manifest", "verify_run",
-           "CHECKSUMMED"]
+           "file_checksums", "CHECKSUMMED", "CHECKSUMMED_FILES"]
 
 logger = logging.getLogger("pipeline")
 
@@ -30,6 +31,11 @@ MANIFEST = "manifest.json"
 #: arrays of the run group covered by manifest checksums (when present)
 CHECKSUMMED = ("embedding", "spectrum/eigenvalues", "spectrum/explained_variance_ratio",
                "spectrum/residuals", "labels", "ids", "split")
+#: folders of the run whose files are covered by manifest checksums (when present)
+CHECKSUMMED_FILES = ("embedding.parquet", "report")
+#: what a manifest of this schema version must hold; a manifest without them is incomplete
+REQUIRED_FIELDS = ("schema_version", "status", "created", "config", "input", "model", "timings",
+                   "checksums")
 _PACKAGES = ("kpca-dask", "dask", "distributed", "numpy", "scipy", "zarr", "scikit-learn",
              "prefect", "pandas", "pyarrow")
 
@@ -92,6 +98,29 @@ def write_spectrum(out: Location, model: Any) -> None:
         s.create_array(name, shape=arr.shape, dtype="f8", chunks=arr.shape)[...] = arr
 
 
+def _file_sha256(loc: Location, path: str) -> str:
+    h = hashlib.sha256()
+    with loc.fs.open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def file_checksums(out: Location) -> dict[str, str]:
+    """SHA-256 of every file under the CHECKSUMMED_FILES folders, by relative path."""
+    fs, root = out.fs, out.fs_path.rstrip("/")
+    sums = {}
+    for folder in CHECKSUMMED_FILES:
+        base = f"{root}/{folder}"
+        if not fs.exists(base):
+            continue
+        files = fs.find(base) if fs.isdir(base) else [base]
+        for f in sorted(files):
+            rel = str(f)[len(root) + 1:] if str(f).startswith(root) else str(f)
+            sums[rel] = _file_sha256(out, f)
+    return sums
+
+
 def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
                    timings: dict, extra: dict | None = None) -> dict:
     """Checksum the published arrays and write the manifest (last, atomically)."""
@@ -112,6 +141,7 @@ def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
         "model": {**model, "checksums": model_attrs["checksums"]},
         "timings": timings,
         "checksums": checksums,
+        "file_checksums": file_checksums(out),
         **(extra or {}),
     }
     atomic_write_json(out.child(MANIFEST), manifest)
@@ -120,11 +150,17 @@ def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
 
 
 def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
-    """The manifest of a complete, intact run -- or RunError saying what is wrong."""
+    """The manifest of a complete, intact run -- or RunError saying what is wrong.
+
+    Refused, each with its own message: no folder, no manifest (the run did not
+    finish), a manifest that is not valid JSON or lacks required fields
+    (incomplete), an unknown schema version, a status other than complete, and
+    (``check_arrays``) an array, file or model whose checksum does not match.
+    """
     out = out if isinstance(out, Location) else Location(str(out))
     m = out.child(MANIFEST)
     if not out.exists():
-        raise RunIncompleteError(f"{out} does not exist.")
+        raise RunIncompleteError(f"{out} does not exist; check the path of the run folder.")
     if not m.exists():
         raise RunIncompleteError(
             f"{out} has no manifest.json: the run did not finish (or is still running); "
@@ -132,7 +168,12 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
     try:
         manifest = read_json(m)
     except Exception as exc:
-        raise RunIncompleteError(f"{m} is unreadable ({exc}); re-run the pipeline.") from exc
+        raise RunIncompleteError(
+            f"{m} is not valid JSON ({type(exc).__name__}: {exc}): the manifest is incomplete "
+            "or damaged; the run is not a result. Re-run the pipeline.") from exc
+    if not isinstance(manifest, dict):
+        raise RunIncompleteError(f"{m} does not hold a JSON object; the run is not a result. "
+                                 "Re-run the pipeline.")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise RunCorruptError(
             f"{out} has manifest schema_version {manifest.get('schema_version')!r}; this "
@@ -140,20 +181,39 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
     if manifest.get("status") != "complete":
         raise RunIncompleteError(f"{out}: manifest status is {manifest.get('status')!r}, not "
                                  "'complete'; the run is not a result.")
+    missing = [k for k in REQUIRED_FIELDS if k not in manifest]
+    if not missing and not isinstance((manifest["model"] or {}).get("checksums"), dict):
+        missing = ["model.checksums"]
+    if missing:
+        raise RunIncompleteError(
+            f"{out}: the manifest is incomplete (missing {', '.join(missing)}); the run is not "
+            "a result. Re-run the pipeline.")
     if check_arrays:
         g = out.open_group("r")
-        for name, expected in manifest.get("checksums", {}).items():
+        for name, expected in manifest["checksums"].items():
             if name not in g:
-                raise RunCorruptError(f"{out}: array {name!r} listed in the manifest is missing.")
+                raise RunCorruptError(f"{out}: array {name!r} listed in the manifest is missing; "
+                                      "do not use this run, re-run the pipeline.")
             if array_checksum(g[name]) != expected:
                 raise RunCorruptError(
                     f"{out}: checksum mismatch for {name!r}: the array changed after the run "
                     "was published. Do not use this run; re-run the pipeline.")
+        for rel, expected in (manifest.get("file_checksums") or {}).items():
+            f = out.child(*rel.split("/"))
+            if not f.exists():
+                raise RunCorruptError(f"{out}: file {rel!r} listed in the manifest is missing; "
+                                      "do not use this run, re-run the pipeline.")
+            if _file_sha256(out, f.fs_path) != expected:
+                raise RunCorruptError(
+                    f"{out}: checksum mismatch for file {rel!r}: it changed after the run was "
+                    "published. Do not use this run; re-run the pipeline.")
         try:
             attrs, _ = read_model_group(out.child("model").url if not out.is_local
                                         else str(out.child("model").local_path))
         except Exception as exc:
             raise RunCorruptError(f"{out}: the model cannot be verified ({exc}).") from exc
         if attrs.get("checksums") != manifest["model"].get("checksums"):
-            raise RunCorruptError(f"{out}: the model was replaced after the run was published.")
+            raise RunCorruptError(f"{out}: the model was replaced after the run was published "
+                                  "(its checksums differ from the manifest's); re-run the "
+                                  "pipeline.")
     return manifest

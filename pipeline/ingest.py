@@ -139,7 +139,7 @@ def _read_npy(cfg, loc, chunks) -> SourceData:
             with loc.fs.open(loc.fs_path, "rb") as f:
                 arr = np.load(f, allow_pickle=False)
     except ValueError as exc:
-        if "allow_pickle" in str(exc):
+        if "allow_pickle" in str(exc) or "Python objects" in str(exc):
             raise InputError(f"{cfg.path}: object arrays are refused (loading them would "
                              "unpickle data); save numeric data.") from exc
         raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
@@ -201,10 +201,14 @@ def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
         else:
             df = dd.read_parquet(cfg.path, storage_options=opts or None)
     except Exception as exc:  # pandas/pyarrow raise many types for bad files
-        raise InputError(f"cannot read {cfg.path} as {fmt}: {type(exc).__name__}: {exc}") from exc
+        if type(exc).__name__ == "EmptyDataError":
+            raise InputError(f"{cfg.path} is empty (no header, no rows); point input.path at a "
+                             "file with data.") from exc
+        raise InputError(_explain_table_error(cfg.path, exc, fmt)) from exc
     available = list(df.columns)
     if not available:
-        raise InputError(f"{cfg.path} has no columns (empty file?).")
+        raise InputError(f"{cfg.path} has no columns (empty file?); point input.path at a file "
+                         "with data.")
     for what, col in (("label_column", cfg.label_column), ("id_column", cfg.id_column)):
         if col is not None and col not in available:
             raise InputError(f"input.{what} {col!r} is not a column of {cfg.path}; available: "
@@ -226,6 +230,9 @@ def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
         if skipped:
             logger.warning("ingest: ignoring non-numeric columns %s (list input.columns to "
                            "choose features explicitly)", skipped[:10])
+        if not features and fmt == "csv" and _no_rows(df):
+            raise InputError(f"{cfg.path} is empty: it has a header ({available[:5]}) but no "
+                             "data rows; point input.path at a file with data.")
         if not features:
             raise InputError(f"{cfg.path} has no numeric feature columns (columns: "
                              f"{available[:20]}); set input.columns.")
@@ -257,15 +264,34 @@ def _is_numeric(dtype) -> bool:
         return False
 
 
-def _explain_table_error(path: str, exc: Exception) -> str:
+def _no_rows(df) -> bool:
+    try:
+        return len(df.head(1, npartitions=-1, compute=True)) == 0
+    except Exception:
+        return False
+
+
+def _explain_table_error(path: str, exc: Exception, fmt: str = "csv") -> str:
     msg = str(exc)
+    if "Original Message:" in msg:  # dask's wrapper around the pandas error: keep the cause
+        msg = msg.split("Original Message:", 1)[1]
+    if "Mismatched dtypes" in msg:  # dask's sample said numeric, a later row holds text
+        import re
+
+        cols = re.findall(r"^\|\s*(\S+)\s*\|\s*(?:object|str|string)\s*\|", msg, re.M)
+        why = re.search(r"could not convert [^\n]*?'[^']*'", msg)
+        return (f"{path}: column(s) {cols or '?'} hold text where numbers are expected"
+                f"{f' ({why.group(0)})' if why else ''}; clean the file, or leave those columns "
+                "out of input.columns.")
+    msg = " ".join(msg.split())
     if "Expected" in msg and "fields" in msg:
         return (f"{path} is ragged: {msg.strip()}. Every row needs the same number of "
                 "fields; fix the file (quoting? stray delimiters?).")
     if "could not convert" in msg or "Unable to parse" in msg:
         return (f"{path}: a feature column holds text where numbers are expected ({msg.strip()}); "
                 "set input.columns to numeric columns only.")
-    return f"cannot read {path}: {type(exc).__name__}: {msg}"
+    return (f"cannot read {path} as {fmt} ({type(exc).__name__}: {msg}); check that the file "
+            "is intact and input.format is right.")
 
 
 def _encode_labels(col, cfg: InputConfig) -> tuple[da.Array, list[str]]:
@@ -384,7 +410,13 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
     digests = {k: _digest_blocks(a) for k, a in arrays.items()}
     counts = X.map_blocks(lambda x: np.array([np.count_nonzero(~np.isfinite(x))]), drop_axis=1,
                           chunks=((1,) * len(X.chunks[0]),), dtype=np.int64)
-    _, digest_values, nonfinite = compute(stored, digests, counts, label="ingest")
+    try:
+        _, digest_values, nonfinite = compute(stored, digests, counts, label="ingest")
+    except (RuntimeError, ValueError, EOFError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        store.remove()
+        raise InputError(_damaged_message(cfg.path, exc)) from exc
     if int(nonfinite.sum()):
         store.remove()
         offs = np.concatenate([[0], np.cumsum(X.chunks[0])])
@@ -406,6 +438,14 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
     logger.info("ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)", n, d,
                 res.seconds, fingerprint)
     return res
+
+
+def _damaged_message(path: str, exc: BaseException) -> str:
+    if "Expected" in str(exc) or "could not convert" in str(exc) or "Unable to parse" in str(exc):
+        return _explain_table_error(path, exc)  # type: ignore[arg-type]
+    msg = " ".join(str(exc).split())[:300]
+    return (f"reading {path} failed part way ({type(exc).__name__}: {msg}): the input is "
+            "damaged (a corrupt chunk or a truncated file?); restore it from a good copy.")
 
 
 def _fingerprint_from_digests(arrays, digest_values, extra) -> str:

@@ -29,11 +29,12 @@ from .evaluate import make_split
 from .export import begin_run, write_manifest, write_spectrum
 from .ingest import IngestResult, SourceData, ingest, load_ingested
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
+from .lock import RunLock, check_unlocked
 from .project import write_embedding, write_parquet
 from .solve import make_estimator, solve
 from .store import Location
 
-__all__ = ["RunSummary", "run_pipeline", "stage_locations", "evaluation_wanted",
+__all__ = ["RunSummary", "run_pipeline", "run_lock", "stage_locations", "evaluation_wanted",
            "stage_begin", "stage_ingest", "stage_split", "stage_kernel", "stage_centre",
            "stage_solve", "stage_project", "stage_evaluate", "stage_export"]
 
@@ -99,8 +100,21 @@ def _store_array(g, name: str, arr: da.Array, rows) -> None:
 
 # ---------------------------------------------------------------------- stages
 def stage_begin(cfg: PipelineConfig) -> None:
-    """Refuse to clobber a complete run (unless overwrite); un-publish the old manifest."""
-    begin_run(stage_locations(cfg)["out"], overwrite=cfg.output.overwrite)
+    """Refuse to clobber a complete run (unless overwrite) or to write where another run
+    holds the lock; un-publish the old manifest."""
+    out = stage_locations(cfg)["out"]
+    check_unlocked(out)
+    begin_run(out, overwrite=cfg.output.overwrite)
+
+
+def run_lock(cfg: PipelineConfig) -> RunLock:
+    """The output's run lock (a context manager): hold it around all the stages of a run.
+
+    A second run to the same output is refused while it is held; the lock of a
+    run that died on this host is broken automatically; one held from another
+    host needs ``kpca unlock <out>`` (see pipeline/lock.py).
+    """
+    return RunLock(stage_locations(cfg)["out"])
 
 
 def stage_ingest(cfg: PipelineConfig) -> dict[str, Any]:
@@ -254,7 +268,12 @@ def _summary(evaluation: dict) -> dict:
 
 
 def run_pipeline(cfg: PipelineConfig) -> RunSummary:
-    """Every stage in order, on the current Dask scheduler/client."""
+    """Every stage in order, on the current Dask scheduler/client, holding the output's lock."""
+    with run_lock(cfg):
+        return _run_stages(cfg)
+
+
+def _run_stages(cfg: PipelineConfig) -> RunSummary:
     timings: dict[str, float] = {}
     t_run = time.perf_counter()
 

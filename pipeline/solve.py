@@ -4,19 +4,54 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
 from kpca_dask import KernelPCA
+from kpca_dask.exceptions import DroppedComponentsWarning
 
 from .config import PipelineConfig
 from .store import Location
 
-__all__ = ["make_estimator", "solve"]
+__all__ = ["make_estimator", "solve", "SolveError", "check_fit"]
 
 logger = logging.getLogger("pipeline")
+
+
+class SolveError(ValueError):
+    """The fit is not good enough to publish; the message says why and what to change."""
+
+
+def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
+    """Refuse a fit that is not what was asked for, or not accurate, before it is saved.
+
+    - fewer components than ``solver.n_components`` (the estimator drops
+      non-positive eigenvalues with a warning; a run must not publish k-1
+      columns to a downstream job that expects k);
+    - a certified residual above ``solver.max_residual``.
+    """
+    k_req, k = int(cfg.solver.n_components), int(est.n_components_)
+    if k < k_req:
+        if cfg.kernel.name == "sigmoid":
+            why = (f"the sigmoid kernel is not positive semi-definite and only {k} eigenvalues "
+                   "of the centred kernel matrix are clearly positive")
+        else:
+            why = (f"the centred kernel matrix has only {k} clearly positive eigenvalues "
+                   "(duplicate rows or rank-deficient data)")
+        raise SolveError(f"solver.n_components={k_req} but {why}; set solver.n_components to "
+                         f"{k} or less.")
+    lim = cfg.solver.max_residual
+    res = getattr(est, "residuals_", None)
+    if lim is not None and res is not None and len(res) and float(np.max(res)) > lim:
+        raise SolveError(
+            f"the {est.eigen_solver_} solver's certified residual {float(np.max(res)):.2g} "
+            f"exceeds solver.max_residual={lim:g}: the eigenpairs are not accurate (a "
+            "rank-deficient kernel, e.g. many duplicate rows?); use eigen_solver: dense "
+            "(n up to ~20k), raise solver.n_oversamples or solver.max_iter, or ask for fewer "
+            "components.")
 
 
 def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> KernelPCA:
@@ -50,8 +85,12 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
         fit_kw["kernel_blocks"] = block_reader
     if centring is not None:
         fit_kw["centring"] = centring
-    est.fit(X_train, **fit_kw)
+    with warnings.catch_warnings():
+        # fewer components than asked is an error here (check_fit), not a warning
+        warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
+        est.fit(X_train, **fit_kw)
     fit_s = time.perf_counter() - t0
+    check_fit(est, cfg)
     est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)
     info = {"solver": est.eigen_solver_, "n_components": int(est.n_components_),
             "n_passes": int(getattr(est, "n_passes_", 0)),

@@ -30,12 +30,35 @@ __all__ = ["load_model", "transform_to_store"]
 logger = logging.getLogger("pipeline")
 
 
+def _run_folder_of(loc: Location) -> Location | None:
+    """The run folder ``loc`` is the ``model/`` of, if it is one (its group says so)."""
+    if not loc.is_local:
+        parent_url = loc.url.rstrip("/").rsplit("/", 1)[0]
+        parent = Location(parent_url, loc.storage_options)
+    else:
+        parent = Location(str(loc.local_path.parent))
+    if loc.url.rstrip("/").rsplit("/", 1)[-1] != "model":
+        return None
+    try:
+        kind = dict(parent.open_group("r").attrs).get("kind")
+    except Exception:
+        return None
+    return parent if kind == "kpca-dask-run" else None
+
+
 def load_model(path: str) -> Any:
-    """A model from a run folder (manifest verified) or a model folder."""
+    """A model from a run folder (manifest verified) or a model folder.
+
+    The ``model/`` folder of a run is accepted only if its run verifies: a model
+    left by a run that did not finish (or was tampered with) is refused like the
+    run itself.
+    """
     loc = Location(path)
-    if loc.child("manifest.json").exists() or loc.child("model").exists():
-        verify_run(loc)
-        path = loc.child("model").url
+    run = loc if (loc.child("manifest.json").exists() or loc.child("model").exists()) \
+        else _run_folder_of(loc)
+    if run is not None:
+        verify_run(run)
+        path = run.child("model").url
     return kpca_dask.load(path)
 
 
