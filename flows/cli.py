@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,9 +36,21 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipeline.ingest import InputError
     from pipeline.kernel import KernelStoreError
 
+    from .runtime import PrefectUnavailableError
+
     return (ConfigError, InputError, RunError, KpcaError, ClusterError, KernelStoreError,
             ValidationError, FileExistsError, FileNotFoundError, PermissionError,
-            IsADirectoryError, NotADirectoryError, ValueError)
+            IsADirectoryError, NotADirectoryError, ValueError, PrefectUnavailableError)
+
+
+class _NoTracebackForUserErrors(logging.Filter):
+    """Prefect logs a failed task's traceback; a user error needs only its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and isinstance(exc, _user_errors()):
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 # ------------------------------------------------------------------- commands
@@ -56,20 +69,35 @@ def _print_summary(summary, out: str) -> None:
         shown = {k: v for k, v in ev.items() if isinstance(v, float)}
         print("  evaluation " + ", ".join(f"{k} {v:.3f}" for k, v in list(shown.items())[:6]))
     print("  timings    " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings"].items()))
+    states = getattr(summary, "states", None)
+    if states:
+        ran = [s for s, st in states.items() if st != "Cached"]
+        print(f"  prefect    {len(states) - len(ran)} of {len(states)} stages cached; "
+              + (f"ran {', '.join(ran)}" if ran else "nothing recomputed"))
     print(f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
           + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
           + (", report/report.md" if Path(out, "report", "report.md").exists() else ""))
     print(f"  inspect    kpca info {out}")
 
 
-def _run_config(cfg, *, progress: bool | None) -> Any:
-    from pipeline.cluster import dask_client
+def _run_config(cfg, *, progress: bool | None, use_prefect: bool = True) -> Any:
+    """The ``kpca_pipeline`` flow (or, with --no-prefect, the plain stages); either one
+    connects to cfg.cluster itself."""
     from pipeline.progress import show_progress
 
     from .pipeline_flow import run_flow_or_plain
 
-    with show_progress(progress), dask_client(cfg.cluster):
-        return run_flow_or_plain(cfg)
+    if use_prefect:
+        from .pipeline_flow import begin
+        from .runtime import check_prefect_api
+
+        if check_prefect_api() == "ephemeral":  # checked before anything is written
+            # the temporary server lives for this command only: no telemetry from it
+            os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        if not cfg.output.overwrite:
+            begin(cfg)  # refuse a complete run now, not after starting a Prefect server
+    with show_progress(progress):
+        return run_flow_or_plain(cfg, use_prefect=use_prefect)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -80,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg.output.path = args.output
     if args.overwrite:
         cfg.output.overwrite = True
-    summary = _run_config(cfg, progress=args.progress)
+    summary = _run_config(cfg, progress=args.progress, use_prefect=args.prefect)
     _print_summary(summary, cfg.output.path)
     return 0
 
@@ -104,7 +132,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "output": {"path": str(out), "overwrite": True},
         "evaluate": {"enabled": True},
     })
-    summary = _run_config(cfg, progress=args.progress)
+    summary = _run_config(cfg, progress=args.progress, use_prefect=args.prefect)
     _print_summary(summary, str(out))
     return 0
 
@@ -183,17 +211,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show progress bars (default: when stderr is a terminal)")
         sp.add_argument("--no-progress", dest="progress", action="store_false")
 
+    def prefect_flags(sp):
+        sp.add_argument("--no-prefect", dest="prefect", action="store_false", default=True,
+                        help="run the stages without Prefect (no run record, no task cache, "
+                             "no temporary API server; default: the kpca_pipeline flow, "
+                             "against PREFECT_API_URL or an ephemeral local API)")
+
     d = sub.add_parser("demo", help="run the whole job on a built-in labelled dataset")
     d.add_argument("--output", default="kpca-demo-output", help="artifact folder "
                    "(default: ./kpca-demo-output)")
     progress_flags(d)
+    prefect_flags(d)
     d.set_defaults(func=cmd_demo)
 
     r = sub.add_parser("run", help="run the job a YAML config describes")
     r.add_argument("config", help="YAML config (see docs/config.md)")
     r.add_argument("--output", help="override output.path")
-    r.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    r.add_argument("--overwrite", action="store_true", help="replace a complete run there "
+                   "(with the flow: only the stages whose inputs changed run again)")
     progress_flags(r)
+    prefect_flags(r)
     r.set_defaults(func=cmd_run)
 
     t = sub.add_parser("transform", help="embed new data with a saved model or run folder")
@@ -225,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
     import distributed  # noqa: F401  (configures its loggers on import; quieten them after)
+
+    if getattr(args, "prefect", False):
+        import prefect.main  # noqa: F401  (configures Prefect's loggers; quieten them after)
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_NoTracebackForUserErrors())
 
     for noisy in ("distributed", "prefect", "httpx", "asyncio", "tornado"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose >= 2 else logging.WARNING)

@@ -1,0 +1,47 @@
+"""The ``kpca_transform`` flow: embed a new batch with a saved model, on a Dask cluster.
+
+Parameters are the pipeline's own config sections (the Prefect UI renders
+them as forms): ``input`` describes the batch exactly as a run's input does,
+``chunks`` how it is read, ``cluster`` where it runs. ``model`` is a run
+folder (its manifest and checksums are verified first) or a model folder.
+The output is a zarr group (``embedding``, plus ``ids``/``labels`` when the
+input has them) or, for a path ending in ``.parquet``, a Parquet dataset.
+
+The task is not cached: a transform is asked for on demand, for a batch
+that may have changed in place. It retries transient failures only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from pipeline.cluster import dask_client
+from pipeline.config import ChunkConfig, ClusterConfig, InputConfig
+from pipeline.store import Location
+
+from . import tasks
+from .artifacts import publish_transform_artifacts
+from .runtime import dashboard_line, forward_library_logs
+
+__all__ = ["kpca_transform"]
+
+
+@flow(name="kpca-transform", validate_parameters=True,
+      description="Embed a new batch of rows with a saved kernel PCA model.")
+def kpca_transform(model: str, input: InputConfig, output: str,
+                   chunks: ChunkConfig | None = None, cluster: ClusterConfig | None = None,
+                   overwrite: bool = False) -> dict[str, Any]:
+    """Embed ``input`` with ``model`` into ``output``; returns rows, components, seconds."""
+    log = get_run_logger()
+    if Location(output).exists() and not overwrite:
+        raise FileExistsError(f"{output} exists; pass overwrite=true to replace it.")
+    with forward_library_logs(), dask_client(cluster or ClusterConfig()) as client:
+        log.info(dashboard_line(client))
+        res = tasks.transform(model=model, input=input, output=output,
+                              chunks=chunks or ChunkConfig())
+    log.info("embedded %d rows of %s into %d components -> %s", res["rows"], input.path,
+             res["components"], output)
+    res["artifacts"] = publish_transform_artifacts(model, input.path, res)
+    return res

@@ -1,0 +1,142 @@
+"""Cache keys and retry policy of the flow tasks, as plain functions (no server, no cluster)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.caching import (CONFIG_FIELDS, RUN_CONTROL, config_slice, encode_result_object,
+                           identity, jsonable, result_serializer, stage_key)
+from flows.tasks import is_transient
+from pipeline.config import PipelineConfig, load_config
+
+UPSTREAM = {
+    "ing": {"path": "/o/work/ingest.zarr", "n_rows": 600, "n_features": 4,
+            "fingerprint": "blake2b:aa", "seconds": 1.5, "reused": False},
+    "split": {"held_out": False, "n_train": 600, "n_test": 0, "split_id": "all",
+              "checksums": {"ids": "sha256:ii"}},
+    "kernel": {"materialized": True, "path": "/o/work/kernel.zarr", "kernel": {"gamma": 0.2},
+               "computed": 6, "skipped": 0, "seconds": 0.3},
+    "centre": {"path": "/o/work/centre.zarr", "reused": False, "digest": "sha256:cc"},
+    "solved": {"solver": "randomized", "model_checksums": {"V": "sha256:vv"},
+               "fit_seconds": 1.0, "seconds": 1.1},
+    "projected": {"rows": 600, "components": 3, "checksums": {"embedding": "sha256:ee"}},
+    "evaluation": None,
+}
+#: the parameters of each stage task besides ``cfg``
+PARAMS = {"ingest": (), "split": ("ing",), "kernel": ("ing", "split"),
+          "centre": ("ing", "split", "kernel"), "solve": ("ing", "split", "kernel", "centre"),
+          "project": ("ing", "split", "solved"),
+          "evaluate": ("ing", "split", "solved", "projected"),
+          "export": ("ing", "split", "kernel", "solved", "projected", "evaluation")}
+
+
+def config(**sections) -> PipelineConfig:
+    base = {"input": {"path": "/nowhere/in.csv"}, "kernel": {"gamma": 0.2},
+            "output": {"path": "/nowhere/out"}}
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return load_config(base)
+
+
+def keys(cfg: PipelineConfig, upstream: dict | None = None) -> dict[str, str]:
+    up = upstream or UPSTREAM
+    return {stage: stage_key(stage, {"cfg": cfg, **{p: up[p] for p in params},
+                                     **({"timings": {"x": 1.0}} if stage == "export" else {})})
+            for stage, params in PARAMS.items()}
+
+
+def changed(a: dict[str, str], b: dict[str, str]) -> set[str]:
+    return {s for s in a if a[s] != b[s]}
+
+
+def test_keys_are_deterministic():
+    """Same config and inputs, same keys (no run id, no object identity)."""
+    assert keys(config()) == keys(config())
+
+
+def test_gamma_changes_kernel_and_downstream_keys_only():
+    """A new kernel.gamma misses from the kernel on; ingest and split still hit."""
+    assert changed(keys(config()), keys(config(kernel={"gamma": 0.5}))) == {
+        "kernel", "centre", "solve", "export"}
+    # project and evaluate do not read the kernel config: their keys change through the
+    # new model's checksums, which the solve task returns (content, not configuration;
+    # here the upstream descriptors are held fixed)
+
+
+def test_content_not_run_statistics_drive_downstream_keys():
+    """Timings, reuse flags and block counters never enter a key; fingerprints do."""
+    cfg = config()
+    noisy = json.loads(json.dumps(UPSTREAM))
+    noisy["ing"].update(seconds=99.0, reused=True)
+    noisy["kernel"].update(computed=0, skipped=6, seconds=0.01)
+    noisy["solved"].update(fit_seconds=7.0, seconds=7.5)
+    assert keys(cfg, noisy) == keys(cfg)
+    other = json.loads(json.dumps(UPSTREAM))
+    other["ing"]["fingerprint"] = "blake2b:bb"
+    assert changed(keys(cfg), keys(cfg, other)) == set(PARAMS) - {"ingest"}
+    other = json.loads(json.dumps(UPSTREAM))
+    other["solved"]["model_checksums"] = {"V": "sha256:ww"}
+    assert changed(keys(cfg), keys(cfg, other)) == {"project", "evaluate", "export"}
+
+
+@pytest.mark.parametrize("section, values, expected", [
+    ("cluster", {"address": "tcp://10.0.0.1:8786"}, set()),
+    ("output", {"overwrite": True}, set()),
+    ("evaluate", {"C": 2.0}, {"evaluate", "export"}),
+    ("evaluate", {"test_fraction": 0.3}, {"split", "evaluate", "export"}),
+    ("solver", {"max_iter": 7}, {"solve", "export"}),
+    ("output", {"parquet": False}, {"project", "export"}),
+    ("chunks", {"target_chunk_mb": 8}, {"ingest", "export"}),
+    ("input", {"nonfinite": "drop"}, {"ingest", "export"}),
+])
+def test_each_config_field_invalidates_what_reads_it(section, values, expected):
+    """Run control changes no key; every other field changes its readers' keys."""
+    assert changed(keys(config()), keys(config(**{section: values}))) == expected
+
+
+def test_config_slices_name_real_fields_and_cover_the_manifest():
+    """Every listed field exists; export reads every field except run control."""
+    cfg = config()
+    for stage, fields in CONFIG_FIELDS.items():
+        config_slice(cfg, fields)  # raises KeyError on a misspelt field
+    covered = set(CONFIG_FIELDS["export"]) | set(RUN_CONTROL)
+    for section, field in PipelineConfig.model_fields.items():
+        for name in field.annotation.model_fields:
+            assert section in covered or f"{section}.{name}" in covered, f"{section}.{name}"
+
+
+def test_results_round_trip_as_plain_json():
+    """Task results are stored as JSON: no pickle, no class hooks; errors as descriptions."""
+    import numpy as np
+
+    ser = result_serializer()
+    assert ser.type == "json" and ser.object_decoder is None
+    value = {"a": np.float64(0.5), "b": (1, 2), "c": None}
+    assert ser.loads(ser.dumps(value)) == jsonable(value) == {"a": 0.5, "b": [1, 2], "c": None}
+    err = ser.loads(ser.dumps(ValueError("bad gamma")))
+    assert err == {"error": "builtins.ValueError", "message": "bad gamma"}
+    assert encode_result_object(OSError("x"))["error"] == "builtins.OSError"
+    assert identity({"seconds": 1, "x": [{"reused": True, "y": 2}]}) == {"x": [{"y": 2}]}
+
+
+def test_only_transient_failures_are_retried():
+    """I/O, network and lost workers: retry. Bad input, config or artifacts: fail at once."""
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    from kpca_dask.exceptions import InvalidParameterError, ModelFormatError
+    from pipeline.config import ConfigError
+    from pipeline.export import RunExistsError
+    from pipeline.ingest import InputError
+    from pipeline.kernel import KernelStoreError
+
+    for exc in (OSError("reset"), ConnectionResetError(), TimeoutError(), CommClosedError(),
+                KilledWorker("task", "worker", 3)):
+        assert is_transient(exc), exc
+    for exc in (ValueError(), InputError("nan"), ConfigError("bad"), InvalidParameterError(),
+                ModelFormatError(), RunExistsError("exists"), FileNotFoundError("missing"),
+                PermissionError(), KernelStoreError("corrupt"), TypeError(), MemoryError(),
+                RuntimeError("bug")):
+        assert not is_transient(exc), exc
