@@ -7,6 +7,8 @@ import logging
 import os
 from collections.abc import Iterator
 
+from distributed.diagnostics.plugin import WorkerPlugin
+
 from .config import ClusterConfig
 
 __all__ = ["dask_client", "ClusterError"]
@@ -28,6 +30,31 @@ def _security(cfg: ClusterConfig):
             raise ClusterError(f"TLS file {f} does not exist (cluster.tls)")
     return Security(tls_ca_file=cfg.tls.ca_file, tls_client_cert=cfg.tls.client_cert,
                     tls_client_key=cfg.tls.client_key, require_encryption=True)
+
+
+#: worker log records a local cluster's user never needs: a failed task's dump (the error
+#: reaches the client, where the CLI prints it as one line) and the heartbeat that fails
+#: while the cluster shuts down after an error
+_QUIET = ("Compute Failed", "Failed to communicate with scheduler during heartbeat")
+
+
+def _not_a_task_error(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_QUIET)
+
+
+class QuietTaskErrors(WorkerPlugin):
+    """Worker plugin: drop the workers' "Compute Failed" records (a dump of the task and its
+    traceback) and shutdown heartbeat noise, so that an error ends in one line. Used for
+    local clusters only, whose workers write to the user's terminal; a remote cluster's
+    logs are left as they are."""
+
+    name = "kpca-quiet-task-errors"
+
+    def setup(self, worker) -> None:
+        logging.getLogger("distributed.worker").addFilter(_not_a_task_error)
+
+    def teardown(self, worker) -> None:
+        logging.getLogger("distributed.worker").removeFilter(_not_a_task_error)
 
 
 @contextlib.contextmanager
@@ -73,6 +100,8 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
                       dashboard_address=cfg.dashboard_address,
                       memory_limit=cfg.memory_limit, silence_logs=logging.WARNING) as cluster:
         with Client(cluster, set_as_default=True) as client:
+            if not logging.getLogger("distributed").isEnabledFor(logging.DEBUG):
+                client.register_plugin(QuietTaskErrors())
             logger.info("local Dask cluster: %d workers x %d threads; dashboard: %s", n_workers,
                         cfg.threads_per_worker,
                         client.dashboard_link if cfg.dashboard_address else "disabled")

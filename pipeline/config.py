@@ -298,7 +298,11 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
         try:
             data = yaml.safe_load(p.read_text())
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"config file {p} is not valid YAML ({what}{where}); fix its "
+                              "syntax (see deploy/examples/run.yaml).") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
     try:

@@ -150,8 +150,32 @@ def _read_npy(cfg, loc, chunks) -> SourceData:
         raise InputError(f"{cfg.path} holds an array of shape {arr.shape}; need 2-D "
                          "(n_samples, n_features).")
     rows = _rows_per_chunk(arr.shape[1], chunks.target_chunk_mb)
-    X = da.from_array(arr, chunks=(rows, -1), name=f"npy-{loc.url}-{arr.shape}")
+    # A local file is read by the workers, chunk by chunk, through its own memmap: handing
+    # the memmap itself to dask would pickle the whole array into the graph (every byte
+    # through the scheduler, and a worker killed for memory when the file is large).
+    source = NpyFile(str(loc.local_path), arr.shape, arr.dtype) if loc.is_local else arr
+    X = da.from_array(source, chunks=(rows, -1), name=f"npy-{loc.url}-{arr.shape}",
+                      asarray=False, inline_array=True)
     return SourceData(X=X.astype(np.float64), columns=[f"x{i}" for i in range(arr.shape[1])])
+
+
+class NpyFile:
+    """A local NPY file as an array-like that dask can slice: each read opens a read-only
+    memmap (no pickle), so only the path travels with the tasks."""
+
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype):
+        self.path, self.shape, self.dtype = path, tuple(shape), np.dtype(dtype)
+        self.ndim = len(self.shape)
+
+    def __getitem__(self, key) -> np.ndarray:
+        arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        if arr.shape != self.shape or arr.dtype != self.dtype:
+            raise InputError(f"{self.path} changed while it was being read (now {arr.shape} "
+                             f"{arr.dtype}); re-run when the file is complete.")
+        return np.array(arr[key])
+
+    def __dask_tokenize__(self):
+        return ("NpyFile", self.path, self.shape, self.dtype.str)
 
 
 def _read_zarr(cfg, loc, chunks) -> SourceData:
@@ -164,8 +188,10 @@ def _read_zarr(cfg, loc, chunks) -> SourceData:
         node = zarr.open(loc.zarr_store(), mode="r",
                          **({} if loc.is_local else {"storage_options": cfg.storage_options}))
     except Exception as exc:
+        msg = " ".join(str(exc).split())[:300]
         raise InputError(f"{cfg.path} is not a readable zarr store ({type(exc).__name__}: "
-                         f"{exc}).") from exc
+                         f"{msg}); restore it from a good copy or point input.path at an "
+                         "intact store.") from exc
     if isinstance(node, zarr.Group):
         name = cfg.zarr_array or "X"
         if name not in node:
@@ -338,6 +364,7 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
     files, sizes, modification times) and config, it is reused as is.
     """
     t0 = time.perf_counter()
+    _check_exists(cfg)
     signature = _source_signature(cfg, chunks)
     if not force and store.exists():
         try:
@@ -375,7 +402,8 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
             bad |= masks[1]
         if bad.any() and cfg.nonfinite == "error":
             first = int(np.flatnonzero(bad)[0])
-            raise InputError(f"{cfg.path} contains NaN or infinity in {int(bad.sum())} rows "
+            raise InputError(f"{cfg.path} contains NaN or infinity in "
+                             f"{_count(int(bad.sum()), 'row')} "
                              f"(first: row {first}); clean the data or set input.nonfinite: drop.")
         dropped = int(bad.sum())
         if dropped:
@@ -422,7 +450,8 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
         offs = np.concatenate([[0], np.cumsum(X.chunks[0])])
         b = int(np.flatnonzero(nonfinite)[0])
         raise InputError(
-            f"{cfg.path} contains NaN or infinity ({int(nonfinite.sum())} values; the first in "
+            f"{cfg.path} contains NaN or infinity ({_count(int(nonfinite.sum()), 'value')}; "
+            "the first in "
             f"rows {offs[b]}-{offs[b + 1] - 1}); clean the data or set input.nonfinite: drop.")
     fingerprint = _fingerprint_from_digests(arrays, digest_values,
                                             {"columns": src.columns, "classes": src.classes})
@@ -438,6 +467,10 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
     logger.info("ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)", n, d,
                 res.seconds, fingerprint)
     return res
+
+
+def _count(k: int, noun: str) -> str:
+    return f"{k} {noun}{'' if k == 1 else 's'}"
 
 
 def _damaged_message(path: str, exc: BaseException) -> str:

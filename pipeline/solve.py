@@ -34,6 +34,12 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
     - a certified residual above ``solver.max_residual``.
     """
     k_req, k = int(cfg.solver.n_components), int(est.n_components_)
+    trace = float(getattr(est, "kernel_trace_", 0.0) or 0.0)
+    if trace > 0 and float(np.max(est.eigenvalues_)) <= 1e-10 * trace:
+        raise SolveError(
+            "the centred kernel matrix is zero to rounding: the data are constant in feature "
+            "space (every row identical, or kernel.gamma so large or small that the kernel is "
+            "constant); check the input and kernel.gamma.")
     if k < k_req:
         if cfg.kernel.name == "sigmoid":
             why = (f"the sigmoid kernel is not positive semi-definite and only {k} eigenvalues "
