@@ -4,6 +4,7 @@
     kpca run CONFIG [--output DIR]     the job a YAML config describes
     kpca transform MODEL INPUT OUTPUT  embed new data with a saved model (or run folder)
     kpca info ARTIFACT_DIR             what a run produced, after verifying it
+    kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
 
 Errors in the input, the config or the artifacts print one line naming the
 problem and the fix, and exit with status 2; nothing is published.
@@ -199,6 +200,31 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_unlock(args: argparse.Namespace) -> int:
+    from pipeline.lock import break_lock
+
+    holder = break_lock(args.output_dir)
+    if holder is None:
+        print(f"kpca: {args.output_dir} was not locked")
+    else:
+        print(f"kpca: removed the lock of {args.output_dir} ({holder.describe()})")
+    return 0
+
+
+_DISK_FULL = {"ENOSPC", "EDQUOT", "EFBIG"}
+
+
+def _disk_full(exc: BaseException) -> str | None:
+    """One line for a full disk / exceeded quota / file size limit, else None."""
+    import errno
+
+    if isinstance(exc, OSError) and errno.errorcode.get(exc.errno or -1) in _DISK_FULL:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return (f"out of disk space{where} ({exc.strerror or exc}); free space or set "
+                "output.path to a bigger disk, then re-run the same command to resume.")
+    return None
+
+
 # ------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kpca", description="Distributed, out-of-core kernel PCA.")
@@ -251,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print the manifest")
     i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
     i.set_defaults(func=cmd_info)
+
+    u = sub.add_parser("unlock", help="break the lock a dead run left on an output folder")
+    u.add_argument("output_dir")
+    u.set_defaults(func=cmd_unlock)
     return p
 
 
@@ -280,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         for line in msg[1:]:
             print(f"  {line}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        line = _disk_full(exc)
+        if line is None:
+            raise
+        print(f"kpca {args.command}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"kpca {args.command}: interrupted after {time.perf_counter() - t0:.0f} s; "
