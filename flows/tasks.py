@@ -11,9 +11,12 @@ Every stage task:
   (:mod:`flows.caching`), with results persisted as plain JSON;
 * retries only transient failures (:func:`is_transient`: I/O and network
   errors, lost Dask workers), never invalid input or configuration;
-* un-publishes the run's manifest before it writes anything
-  (:func:`claim_output`), so a reader never trusts a folder being rewritten,
-  while a fully cached re-run leaves the published run untouched.
+* un-publishes the run's manifest before it writes a published artifact
+  (:func:`claim_output`; split, solve, project, evaluate, export), so a reader
+  never trusts a folder being rewritten, while a re-run that only rebuilds
+  intermediate stores under ``work/`` with the same content (ingest of a
+  touched but unchanged file, a deleted kernel store) or is fully cached
+  leaves the published run in place.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def _stage_options(stage: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- publishing
 def claim_output(cfg: PipelineConfig) -> None:
-    """Un-publish the run before a stage writes into it.
+    """Un-publish the run before a stage writes one of its published artifacts.
 
     The flow checked ``output.overwrite`` before any task ran (``stage_begin``
     semantics); a task only gets here when it is about to write, so a re-run
@@ -112,7 +115,6 @@ FLOW_ONLY_KEYS = frozenset({"model_checksums"})
 @task(**_stage_options("ingest"))
 def ingest(cfg: PipelineConfig) -> dict[str, Any]:
     """Input -> ``work/ingest.zarr`` in row chunks, validated, with a content fingerprint."""
-    claim_output(cfg)
     return jsonable(stages.stage_ingest(cfg))
 
 
@@ -129,7 +131,6 @@ def split(cfg: PipelineConfig, ing: dict[str, Any]) -> dict[str, Any]:
 @task(**_stage_options("kernel"))
 def kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]) -> dict[str, Any]:
     """Plan the exact path; materialise the upper kernel blocks when that pays (resumable)."""
-    claim_output(cfg)
     return jsonable(stages.stage_kernel(cfg, ing, split))
 
 
@@ -137,7 +138,6 @@ def kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]) -> d
 def centre(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any],
            kernel: dict[str, Any]) -> dict[str, Any]:
     """Row means and grand mean of the stored kernel (fused into solve otherwise)."""
-    claim_output(cfg)
     res = stages.stage_centre(cfg, ing, split, kernel)
     if not res.get("fused_into_solve"):
         res["digest"] = centre_digest(*load_centring(stages.stage_locations(cfg)["centre"]))
