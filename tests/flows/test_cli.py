@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pandas as pd
@@ -14,9 +16,14 @@ RNG = np.random.default_rng(5)
 X = RNG.standard_normal((600, 4))
 
 
+PREFECT_HOME = tempfile.mkdtemp(prefix="kpca-cli-prefect-")
+
+
 def kpca(*args, cwd=None):
+    # The CLI runs the Prefect flow on an ephemeral API; keep its database out of ~/.prefect.
+    env = {**os.environ, "PREFECT_HOME": os.environ.get("PREFECT_HOME", PREFECT_HOME)}
     return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.fixture(scope="module")
