@@ -17,6 +17,7 @@ from .exceptions import (
     KpcaError,
     ModelFormatError,
     NotFittedError,
+    PreimageConvergenceWarning,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,6 +50,7 @@ __all__ = [
     "ModelFormatError",
     "ConvergenceWarning",
     "DroppedComponentsWarning",
+    "PreimageConvergenceWarning",
 ]
 
 __version__ = "0.1.0"

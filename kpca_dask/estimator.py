@@ -23,8 +23,19 @@ from .kernels import Kernel, make_kernel
 from .solvers import EigResult, dense_eigh, drop_nonpositive, randomized_eigh
 from .solvers.dense import centre_inplace
 from .solvers.landmarks import LANDMARK_METHODS, select_landmarks
-from .solvers.nystroem import choose_method, nystroem_basis, nystroem_eigh
+from .solvers.nystroem import choose_method, driver_blas, nystroem_basis, nystroem_eigh
 from .solvers.randomized import _generator
+from .preimage import (
+    DEFAULT_PREIMAGE_SAMPLE_SIZE,
+    PREIMAGE_METHODS,
+    exact_expansion,
+    fit_learned_preimage,
+    linear_preimage_basis,
+    nystroem_expansion,
+    preimage_block,
+    sample_indices,
+    warn_not_converged,
+)
 
 __all__ = ["KernelPCA"]
 
@@ -166,6 +177,40 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         per product. "auto" picks the cheaper by a measured cost model
         (covariance below about 1700 landmarks for 64 features and 16
         components, and whenever ``n_components=None``).
+    fit_inverse_transform : bool, default=False
+        Also learn the pre-image map, so that :meth:`inverse_transform` maps
+        embeddings back to input space (denoising: ``inverse_transform(
+        transform(X))``). Costs one ``s x s`` solve at fit, ``s =
+        preimage_sample_size_`` (never an n x n one).
+    alpha : float, default=1.0
+        Ridge term of the learned pre-image (kernel ridge regression from the
+        embedding back to the input rows; scikit-learn's ``alpha``).
+    preimage : {"auto", "learned", "fixed_point", "exact"}, default="auto"
+        How :meth:`inverse_transform` finds pre-images (see
+        :mod:`kpca_dask.preimage`). "learned": kernel ridge regression
+        (Bakır, Weston and Schölkopf 2004), the same map as scikit-learn's
+        (same kernel and gamma on the embedding space, no explicit mean).
+        "fixed_point" (rbf only): the fixed-point iteration of Mika et al.
+        (1999) on the model's expansion, started from the learned pre-image;
+        rows that do not converge keep the learned one, with a
+        :class:`~kpca_dask.exceptions.PreimageConvergenceWarning`. "exact"
+        (linear kernel only): the pre-image exists, ``mean + z @
+        preimage_components_``, i.e. linear PCA's reconstruction. "auto" is
+        "exact" for the linear kernel and "learned" otherwise.
+    preimage_sample_size : int or "auto", default="auto"
+        Rows the learned pre-image is trained on (s). All training rows when
+        ``s >= n_samples`` (then the learned map is scikit-learn's); otherwise
+        ``s`` distinct rows drawn uniformly with ``random_state``. "auto":
+        the landmarks for Nyström models, ``min(n_samples, 2048)`` rows for
+        exact ones. Fit memory grows as ``8 s^2`` bytes, time as ``s^3 / 3``
+        flops; each pre-image costs ``s (n_components + n_features)``.
+    preimage_tol : float, default=1e-5
+        Fixed point: a row has converged when an update moves it by at most
+        ``preimage_tol`` times the data scale (root mean squared distance of
+        the expansion points to their mean). Read by :meth:`inverse_transform`
+        (it can be changed after fit).
+    preimage_max_iter : int, default=100
+        Fixed point: iteration cap per row (read by :meth:`inverse_transform`).
 
     Attributes
     ----------
@@ -224,6 +269,21 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Passes over the kernel blocks the fit made (Nyström: passes over X
         computing ``k(X, Z)``, not counting reading the landmark sample).
     converged_ : bool
+    X_transformed_fit_ : ndarray of shape (s, n_components_)
+        ``fit_inverse_transform=True``: embedding of the rows the learned
+        pre-image was trained on (scikit-learn's name; there all training rows).
+    dual_coef_ : ndarray of shape (s, n_features_in_)
+        ``fit_inverse_transform=True``: ``(k(X_transformed_fit_,
+        X_transformed_fit_) + alpha I)^-1`` times those rows; the learned
+        pre-image of ``z`` is ``k(z, X_transformed_fit_) @ dual_coef_``.
+    preimage_indices_ : ndarray of shape (s,)
+        Their row indices in the training data (sorted).
+    preimage_ : str
+        The pre-image method ``inverse_transform`` uses ("auto" resolved).
+    preimage_mean_, preimage_components_ : linear kernel only
+        ``(n_features_in_,)`` and ``(n_components_, n_features_in_)``: the exact
+        pre-image is ``preimage_mean_ + z @ preimage_components_`` (for exact
+        solvers the training mean and linear PCA's components).
 
     Examples
     --------
@@ -257,6 +317,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         landmark_method: str = "rpcholesky",
         landmark_sample_size: Any = "auto",
         nystroem_method: str = "auto",
+        fit_inverse_transform: bool = False,
+        alpha: float = 1.0,
+        preimage: str = "auto",
+        preimage_sample_size: Any = "auto",
+        preimage_tol: float = 1e-5,
+        preimage_max_iter: int = 100,
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -277,6 +343,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.landmark_method = landmark_method
         self.landmark_sample_size = landmark_sample_size
         self.nystroem_method = nystroem_method
+        self.fit_inverse_transform = fit_inverse_transform
+        self.alpha = alpha
+        self.preimage = preimage
+        self.preimage_sample_size = preimage_sample_size
+        self.preimage_tol = preimage_tol
+        self.preimage_max_iter = preimage_max_iter
 
     # ------------------------------------------------------------------ params
     def _check_params(self) -> None:
@@ -303,6 +375,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 "landmark_method": V.options(*LANDMARK_METHODS),
                 "landmark_sample_size": V.int_range(1, allow=("auto",)),
                 "nystroem_method": V.options("auto", "randomized", "covariance"),
+                "fit_inverse_transform": V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_))),
+                "alpha": V.real_range(0),
+                "preimage": V.options(*PREIMAGE_METHODS),
+                "preimage_sample_size": V.int_range(1, allow=("auto",)),
+                "preimage_tol": V.real_range(0, lo_open=True),
+                "preimage_max_iter": V.int_range(1),
             },
         )
         V.resolve_dtype(self.dtype)
@@ -351,6 +429,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             return emb
         return da.from_array(emb, chunks=(Xd.chunks[0], (emb.shape[1],)))
 
+    _PREIMAGE_ATTRS = ("X_transformed_fit_", "dual_coef_", "preimage_indices_", "preimage_",
+                       "preimage_mean_", "preimage_components_")
+
     _NYSTROEM_ATTRS = ("landmarks_", "landmark_indices_", "n_landmarks_", "projection_",
                        "offset_", "mean_weights_", "landmark_method_", "nystroem_method_")
 
@@ -365,8 +446,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             V.check_n_components(self.n_components, n)
         solver = self._resolve_solver(n, exact_inputs=kernel_blocks is not None
                                       or centring is not None)
+        if self.fit_inverse_transform:
+            self._resolve_preimage(self.preimage)  # refuse a kernel mismatch before any pass
         V.check_finite(Xd)
-        for attr in self._NYSTROEM_ATTRS:  # a refit with another solver leaves none behind
+        for attr in self._NYSTROEM_ATTRS + self._PREIMAGE_ATTRS:  # a refit leaves none behind
             self.__dict__.pop(attr, None)
         self.n_features_in_ = d
         self.n_samples_fit_ = n
@@ -428,6 +511,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.converged_ = res.converged
         self.solver_info_ = res.info
         self._coef_cache = None
+        self._preimage_cache = None
+        if self.fit_inverse_transform:
+            self._fit_preimage(Xb, n)
         self.fit_seconds_ = time.perf_counter() - t0
         logger.info("KernelPCA fit done in %.2f s: %d components, %d passes, max residual %.2e",
                     self.fit_seconds_, self.n_components_, self.n_passes_,
@@ -713,6 +799,225 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         score.
         """
         return self._project(X, "score")
+
+    # -------------------------------------------------------------- pre-images
+    def _resolve_preimage(self, method: str) -> str:
+        """The pre-image method for ``method`` ("auto" resolved); refuses kernel mismatches."""
+        name = "callable" if callable(self.kernel) else self.kernel
+        if method == "auto":
+            return "exact" if name == "linear" else "learned"
+        if method == "fixed_point" and name != "rbf":
+            raise InvalidParameterError(
+                f"preimage='fixed_point' is the fixed-point iteration of Mika et al. for the "
+                f"rbf kernel; kernel={name!r} has no such update. Use preimage='learned'.")
+        if method == "exact" and name != "linear":
+            raise InvalidParameterError(
+                f"preimage='exact' exists only for the linear kernel (where phi is the "
+                f"identity); kernel={name!r} has no exact pre-image. Use preimage='learned' "
+                "(or 'fixed_point' for rbf).")
+        if method not in PREIMAGE_METHODS:
+            raise InvalidParameterError(
+                f"Unknown pre-image method {method!r}; use one of {list(PREIMAGE_METHODS)}.")
+        return method
+
+    def _preimage_expansion(self):
+        if self._is_nystroem():
+            return nystroem_expansion(self.landmarks_, self.projection_, self.mean_weights_)
+        return exact_expansion(self.X_fit_, self.eigenvectors_, self.eigenvalues_)
+
+    def _fit_preimage(self, Xb: da.Array, n: int) -> None:
+        """Train the learned pre-image on s rows (an s x s solve) and, for the linear
+        kernel, the exact pre-image's mean and components."""
+        size = self.preimage_sample_size
+        if self._is_nystroem() and size == "auto":
+            idx, rows = np.asarray(self.landmark_indices_, dtype=np.int64), self.landmarks_
+            emb = self._embed_rows(rows)
+        else:
+            s = min(n, DEFAULT_PREIMAGE_SAMPLE_SIZE) if size == "auto" else int(size)
+            # its own stream: the sample does not shift any other draw of the seed
+            seed = _generator(self.random_state).integers(2**63)
+            idx = sample_indices(n, s, np.random.default_rng([seed, 0x5EED]))
+            if self._is_nystroem():
+                with blas_threads_for_dask():
+                    rows = np.asarray(Xb[idx].compute() if idx.size < n else Xb.compute(),
+                                      dtype=np.float64)
+                emb = self._embed_rows(rows)
+            else:
+                # as scikit-learn: the training embedding V sqrt(lambda), no kernel pass
+                rows = self.X_fit_[idx]
+                emb = (self.eigenvectors_[idx] * np.sqrt(self.eigenvalues_))
+        if len(idx) > 16384:
+            logger.warning("the learned pre-image solves a %d x %d system (%.1f GB); pass a "
+                           "smaller preimage_sample_size", len(idx), len(idx),
+                           8 * len(idx) ** 2 / 1e9)
+        self.X_transformed_fit_ = np.ascontiguousarray(emb, dtype=np.float64)
+        with driver_blas():  # one BLAS thread: see solvers.nystroem.driver_blas
+            self.dual_coef_ = fit_learned_preimage(self.kernel_, self.X_transformed_fit_, rows,
+                                                   float(self.alpha))
+        self.preimage_indices_ = idx
+        self.preimage_ = self._resolve_preimage(self.preimage)
+        if not callable(self.kernel) and self.kernel == "linear":
+            self.preimage_mean_, self.preimage_components_ = linear_preimage_basis(
+                self._preimage_expansion())
+
+    def _embed_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Embedding of a few in-memory rows, in float64 (learned pre-image targets)."""
+        A_aug, consts, _ = self._coefficients()
+        return _project_block(np.asarray(rows, dtype=np.float64), self.X_fit_, A_aug, consts,
+                              self.kernel_, "<f8", "transform")
+
+    def _preimage_constants(self, method: str) -> tuple[dict[str, Any], str]:
+        cache = getattr(self, "_preimage_cache", None) or {}
+        key = (method, float(self.preimage_tol), int(self.preimage_max_iter))
+        if key not in cache:
+            consts: dict[str, Any] = {}
+            if method == "exact":
+                consts.update(mean=self.preimage_mean_, components=self.preimage_components_)
+            else:
+                consts.update(kernel=self.kernel_, embedding=self.X_transformed_fit_,
+                              dual_coef=self.dual_coef_)
+            if method == "fixed_point":
+                exp = self._preimage_expansion()
+                consts.update(expansion=exp, scale=exp.scale(), tol=float(self.preimage_tol),
+                              max_iter=int(self.preimage_max_iter))
+            exp = consts.get("expansion")
+            token = tokenize(method, self.kernel_, consts.get("embedding"),
+                             consts.get("dual_coef"), consts.get("mean"),
+                             consts.get("components"), consts.get("tol"),
+                             consts.get("max_iter"), *((exp.points, exp.b, exp.B) if exp else ()))
+            cache[key] = (consts, token)
+            self._preimage_cache = cache
+        return cache[key]
+
+    def inverse_transform(self, X: Any, *, method: str | None = None,
+                          return_status: bool = False) -> Any:
+        """Pre-images of embeddings: from ``(n, n_components_)`` back to ``(n, n_features_in_)``.
+
+        Numpy in, numpy out; dask or zarr in, lazy dask array out (one task per
+        row block of the input). Needs ``fit_inverse_transform=True``.
+
+        Parameters
+        ----------
+        X : array of shape (n_samples, n_components_)
+            Embeddings, e.g. ``transform(X_noisy)`` (denoising).
+        method : {"learned", "fixed_point", "exact"} or None, default=None
+            Overrides ``preimage_`` for this call (any fitted model has the
+            learned map; "fixed_point" needs the rbf kernel, "exact" the linear one).
+        return_status : bool, default=False
+            Also return an int8 array per row: 0 converged (always, except for
+            the fixed point), 1 reached ``preimage_max_iter``, 2 vanishing or
+            negative denominator, or diverged (rows 1 and 2 hold the learned
+            pre-image). No warning is emitted then: the caller has the counts.
+
+        Returns
+        -------
+        X_original : array of shape (n_samples, n_features_in_)
+            In the model's dtype. The fixed point warns with
+            :class:`~kpca_dask.exceptions.PreimageConvergenceWarning` when rows
+            fall back (numpy input: once, with the counts; dask input: from
+            the block tasks, which a distributed worker logs instead).
+
+        Notes
+        -----
+        Cost per row: learned ``s (n_components_ + n_features_in_)`` with ``s =
+        len(X_transformed_fit_)``; exact ``n_components_ n_features_in_``;
+        fixed point, per iteration, ``(n_components_ + n_features_in_)`` times
+        the expansion size (landmarks for Nyström, every training row for
+        exact solvers: use the learned map when that is large).
+        """
+        self._check_fitted()
+        if not hasattr(self, "dual_coef_"):
+            raise NotFittedError(
+                "The fit_inverse_transform parameter was not set to True when fitting, so "
+                "the inverse transform is not available; refit with "
+                "KernelPCA(fit_inverse_transform=True, ...).")
+        method = self.preimage_ if method is None else self._resolve_preimage(method)
+        V.validate_params("KernelPCA", self.get_params(deep=False), {
+            "preimage_tol": V.real_range(0, lo_open=True), "preimage_max_iter": V.int_range(1)})
+        if method == "exact" and getattr(self, "preimage_components_", None) is None:
+            raise InvalidParameterError("method='exact' needs the linear kernel.")
+        Zd, kind = V.as_dask_array(X, what="Z")
+        k = self.n_components_
+        if Zd.shape[1] != k:
+            raise InvalidInputError(
+                f"inverse_transform takes embeddings with {k} columns (n_components_), got "
+                f"{Zd.shape[1]}; pass the output of transform.")
+        if kind == "numpy":
+            V.check_finite(Zd, what="Z")
+        consts, token = self._preimage_constants(method)
+        d = self.n_features_in_
+        if kind == "numpy":
+            rows = max(64, min(self.chunk_size_, -(-Zd.shape[0] // 8)))
+            Zr = Zd.rechunk({0: rows, 1: -1})
+        else:
+            Zr = Zd.rechunk({1: -1})
+        warn_in_task = kind != "numpy" and not return_status
+        name = "kpca-preimage-" + tokenize(token, Zr.name, warn_in_task)
+        ckey = "kpca-preimage-consts-" + token
+        dsk: dict[Any, Any] = {ckey: consts}
+        for b in range(len(Zr.chunks[0])):
+            dsk[(name, b, 0)] = (preimage_block, (Zr.name, b, 0), ckey, method, warn_in_task)
+        graph = HighLevelGraph.from_collections(name, dsk, dependencies=[Zr])
+        both = da.Array(graph, name, chunks=(Zr.chunks[0], (d + 1,)), dtype=np.float64)
+        out = both[:, :d].astype(self._dtype)
+        status = both[:, d].astype(np.int8)
+        if kind == "numpy":
+            with blas_threads_for_dask():
+                res, st = dask.compute(out, status)
+            if not return_status:
+                warn_not_converged(st, int(self.preimage_max_iter))
+                return res
+            return res, st
+        return (out, status) if return_status else out
+
+    def _extra_arrays(self) -> dict[str, np.ndarray]:
+        """Arrays the pre-image needs (saved by :mod:`kpca_dask.persistence`)."""
+        if not hasattr(self, "dual_coef_"):
+            return {}
+        arrays = {"preimage_embedding": self.X_transformed_fit_,
+                  "preimage_dual_coef": self.dual_coef_,
+                  "preimage_indices": np.asarray(self.preimage_indices_, dtype=np.int64)}
+        if getattr(self, "preimage_components_", None) is not None:
+            arrays.update(preimage_mean=self.preimage_mean_,
+                          preimage_components=self.preimage_components_)
+        return arrays
+
+    def _extra_attrs(self) -> dict[str, Any]:
+        if not hasattr(self, "dual_coef_"):
+            return {}
+        return {"preimage": {"method": self.preimage_}}
+
+    def _restore_extra(self, extra: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Inverse of :meth:`_extra_arrays`/:meth:`_extra_attrs`; raises ModelFormatError."""
+        from .exceptions import ModelFormatError
+
+        self._preimage_cache = None
+        info = extra.get("preimage") if isinstance(extra, dict) else None
+        if not self.fit_inverse_transform:
+            return
+        if not isinstance(info, dict) or "preimage_dual_coef" not in arrays:
+            raise ModelFormatError(
+                "the model says fit_inverse_transform=True but lacks its pre-image arrays "
+                "(preimage_embedding, preimage_dual_coef); re-save it from a fitted model.")
+        method = info.get("method")
+        E, D = arrays.get("preimage_embedding"), arrays["preimage_dual_coef"]
+        idx = arrays.get("preimage_indices")
+        k, d = self.n_components_, self.n_features_in_
+        ok = (E is not None and idx is not None and E.ndim == 2 and D.ndim == 2
+              and E.shape[1] == k and D.shape == (E.shape[0], d) and idx.shape == (E.shape[0],))
+        if not ok or method not in PREIMAGE_METHODS[1:]:
+            raise ModelFormatError(
+                f"inconsistent pre-image arrays or method {method!r} for {k} components and "
+                f"{d} features.")
+        self.X_transformed_fit_, self.dual_coef_, self.preimage_indices_ = E, D, idx
+        self.preimage_ = method
+        if "preimage_components" in arrays:
+            C, mu = arrays["preimage_components"], arrays.get("preimage_mean")
+            if C.shape != (k, d) or mu is None or mu.shape != (d,):
+                raise ModelFormatError("inconsistent linear pre-image arrays.")
+            self.preimage_components_, self.preimage_mean_ = C, mu
+        if method == "exact" and "preimage_components" not in arrays:
+            raise ModelFormatError("an exact (linear) pre-image needs preimage_components.")
 
     # ------------------------------------------------------------ persistence
     def save(self, path: Any, *, overwrite: bool = False) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "KpcaWarning",
     "ConvergenceWarning",
     "DroppedComponentsWarning",
+    "PreimageConvergenceWarning",
 ]
 
 
@@ -54,3 +55,8 @@ class ConvergenceWarning(KpcaWarning):
 
 class DroppedComponentsWarning(KpcaWarning):
     """Components with non-positive eigenvalues were removed from the result."""
+
+
+class PreimageConvergenceWarning(ConvergenceWarning):
+    """Fixed-point pre-images did not converge for some rows (they fell back to the
+    learned pre-image); the message counts them."""

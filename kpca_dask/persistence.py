@@ -16,6 +16,12 @@ Layout of a saved model (``attrs["model_kind"]`` says which)::
       offset                (k,)
       landmark_means        (m,) mean_i k(x_i, z_j) (the centring vector)
       mean_weights          (m,) W^+ c (for score_samples)
+    with fit_inverse_transform=True (schema 3; attrs["extra"]["preimage"]["method"]):
+      preimage_embedding    (s, k) embedding of the rows the learned pre-image was trained on
+      preimage_dual_coef    (s, d) its dual coefficients
+      preimage_indices      (s,) int64, those rows in the training data
+      preimage_mean         (d,) linear kernel only: exact pre-image mean + z @ components
+      preimage_components   (k, d) linear kernel only
 
 The attributes record the format name, a schema version, the estimator's
 parameters, the kernel (named kernels only: a callable cannot be stored
@@ -45,9 +51,11 @@ __all__ = ["save_model", "load", "array_sha256", "FORMAT", "SCHEMA_VERSION"]
 
 FORMAT = "kpca-dask-model"
 #: 2 added Nyström models (``model_kind``); version 1 stores are exact models
-#: with the same layout and still load.
-SCHEMA_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+#: with the same layout and still load. 3 added the pre-image parameters
+#: (``fit_inverse_transform``, ``alpha``, ``preimage*``) and arrays; version 1
+#: and 2 stores have neither and load as models without a pre-image.
+SCHEMA_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
 
 #: arrays every saved model of a kind has; optional ones are listed in attrs["arrays"].
 _REQUIRED = {
