@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -57,6 +59,81 @@ class QuietTaskErrors(WorkerPlugin):
         logging.getLogger("distributed.worker").removeFilter(_not_a_task_error)
 
 
+class PauseWatchdog(threading.Thread):
+    """Fail a run whose every worker has been paused for ``timeout`` s with work pending.
+
+    Dask pauses a worker at 80% of its memory limit until its memory drops. When the
+    memory is the worker's own (an interpreter, a freed block the allocator keeps) it never
+    drops, and the computation waits forever -- the worst outcome for a job that runs
+    unattended. The watchdog cancels the client's pending work with a message naming the
+    cause and the fix; :func:`dask_client` turns it into a :class:`ClusterError`.
+    """
+
+    def __init__(self, client, timeout: float, interval: float = 1.0):
+        super().__init__(daemon=True, name="kpca-pause-watchdog")
+        self.client, self.timeout, self.interval = client, timeout, interval
+        self.tripped: str | None = None
+        self._done = threading.Event()
+
+    def _check(self) -> list | None:
+        workers = self.client.scheduler_info()["workers"]
+        pending = [k for k, st in list(self.client.futures.items()) if st.status == "pending"]
+        if workers and pending and all(w.get("status") == "paused" for w in workers.values()):
+            return [w.get("memory_limit") for w in workers.values()]
+        return None
+
+    def run(self) -> None:
+        from distributed import Future
+        from dask.utils import format_bytes
+
+        since = None
+        while not self._done.wait(self.interval):
+            try:
+                limits = self._check()
+            except Exception:  # the client is closing, the scheduler is gone: not our call
+                limits = None
+            if limits is None:
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since < self.timeout:
+                continue
+            limit = ", ".join(sorted({format_bytes(m) for m in limits if m})) or "?"
+            self.tripped = (
+                f"every worker has been paused at its memory limit ({limit}) for "
+                f"{self.timeout:g} s with work pending: the run cannot progress. Give the "
+                "workers more memory (cluster.memory_limit) or use smaller chunks "
+                "(chunks.block_rows, chunks.target_chunk_mb), then re-run the same command "
+                "to resume.")
+            logger.error("%s", self.tripped)
+            keys = [k for k, st in list(self.client.futures.items()) if st.status == "pending"]
+            with contextlib.suppress(Exception):
+                self.client.cancel([Future(k, self.client) for k in keys],
+                                   reason="kpca-pause-watchdog", msg=self.tripped)
+            return
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+@contextlib.contextmanager
+def _watched(client, cfg: ClusterConfig) -> Iterator[object]:
+    """Yield ``client`` with a :class:`PauseWatchdog` (unless ``paused_timeout`` is null)."""
+    dog = None
+    if cfg.paused_timeout is not None:
+        dog = PauseWatchdog(client, cfg.paused_timeout)
+        dog.start()
+    try:
+        yield client
+    except BaseException as exc:
+        if dog is not None and dog.tripped:
+            raise ClusterError(dog.tripped) from exc
+        raise
+    finally:
+        if dog is not None:
+            dog.stop()
+
+
 @contextlib.contextmanager
 def dask_client(cfg: ClusterConfig) -> Iterator[object]:
     """A ``distributed.Client`` for the run; closes what it started.
@@ -88,7 +165,8 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
                     f"{cfg.connect_timeout:g} s; start workers (dask worker {cfg.address}).") from exc
             logger.info("connected to %s (%d workers); dashboard: %s", cfg.address,
                         len(client.scheduler_info()["workers"]), client.dashboard_link)
-            yield client
+            with _watched(client, cfg):
+                yield client
         finally:
             client.close()
         return
@@ -105,4 +183,5 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
             logger.info("local Dask cluster: %d workers x %d threads; dashboard: %s", n_workers,
                         cfg.threads_per_worker,
                         client.dashboard_link if cfg.dashboard_address else "disabled")
-            yield client
+            with _watched(client, cfg):
+                yield client

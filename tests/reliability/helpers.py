@@ -27,6 +27,16 @@ SINGLE_THREADED = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                       "MKL_NUM_THREADS", "BLIS_NUM_THREADS")}
 
 
+def _dask_cli() -> str:
+    """The ``dask`` command of this interpreter's environment (also when it is not on PATH)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    here = Path(sys.executable).with_name("dask")
+    return str(here) if here.exists() else (shutil.which("dask") or "dask")
+
+
 def env(**extra: str) -> dict[str, str]:
     e = {**os.environ, **SINGLE_THREADED, "PYTHONPATH": str(ROOT), **extra}
     e.pop("DASK_SCHEDULER_ADDRESS", None)
@@ -203,10 +213,10 @@ def external_cluster(tmp: Path, n_workers: int = 3, *, nanny: bool = False,
         return p
 
     try:
-        sched = start(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+        sched = start([_dask_cli(), "scheduler", "--host", "127.0.0.1", "--port", str(port),
                        "--protocol", proto, "--no-dashboard", *tls_args],
                       "scheduler")
-        workers = [start(["dask", "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
+        workers = [start([_dask_cli(), "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
                           "--memory-limit", memory_limit, "--no-dashboard",
                           "--local-directory", str(tmp / f"w{i}"),
                           "--nanny" if nanny else "--no-nanny", *tls_args], f"worker{i}")

@@ -22,3 +22,25 @@ def test_npy_input_graph_holds_the_path_not_the_array(tmp_path):
     assert len(cloudpickle.dumps(graph)) < 20_000
     assert len(src.X.chunks[0]) == 7
     np.testing.assert_array_equal(src.X[12345:12350].compute(), X[12345:12350])
+
+
+def test_workers_paused_for_good_fail_the_run_with_the_fix():
+    """A worker paused at its memory limit whose memory never drops would wait forever; the
+    pause watchdog cancels the work and names the cause. The pause threshold is set below
+    the worker's own footprint (real worker process, paused by distributed's own monitor)."""
+    import dask
+    import dask.array as da
+    import pytest
+
+    from pipeline.cluster import ClusterError, dask_client
+    from pipeline.config import ClusterConfig
+
+    cfg = ClusterConfig(n_workers=1, threads_per_worker=1, memory_limit="1GiB",
+                        dashboard_address=None, paused_timeout=3)
+    with dask.config.set({"distributed.worker.memory.pause": 0.01,
+                          "distributed.worker.memory.terminate": False,
+                          "distributed.worker.memory.monitor-interval": "50ms"}):
+        with pytest.raises(ClusterError, match=r"every worker has been paused at its memory "
+                           r"limit \(1\.00 GiB\) for 3 s.*cluster\.memory_limit"):
+            with dask_client(cfg) as client:
+                client.compute(da.ones((100, 100), chunks=10).sum()).result(timeout=120)
