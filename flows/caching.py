@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import denoise as denoise_stage
 from pipeline import run as stages
 from pipeline.centre import load_centring
 from pipeline.config import InputConfig, PipelineConfig
@@ -76,6 +77,9 @@ _KERNEL_FIELDS = ("kernel", "solver.n_components", "solver.eigen_solver", "solve
                   "solver.n_oversamples", "solver.random_state", "solver.n_landmarks",
                   "solver.landmark_method", "chunks.block_rows", "kernel_store")
 
+#: Denoise fields the solve stage fits the pre-image map with (pipeline.denoise.estimator_params).
+_PREIMAGE_FIELDS = ("denoise.enabled", "denoise.alpha", "denoise.preimage", "denoise.sample_size")
+
 #: Config fields each stage reads (dotted paths into the validated config).
 #: ``output.path`` is in every key because descriptors hold paths under it.
 CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
@@ -84,14 +88,16 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
               "evaluate.stratify", "output.path"),
     "kernel": _KERNEL_FIELDS + ("output.path",),
     "centre": _KERNEL_FIELDS + ("output.path",),
-    "solve": ("kernel", "solver", "chunks.block_rows", "kernel_store", "output.path"),
+    "solve": ("kernel", "solver", "chunks.block_rows", "kernel_store", "output.path")
+    + _PREIMAGE_FIELDS,
     "project": ("output.path", "output.parquet"),
+    "denoise": ("denoise", "output.path"),
     "evaluate": ("evaluate", "output.path"),
     # The manifest records the whole config, except run control that does not
     # change any result (RUN_CONTROL): `kpca run --overwrite` or another cluster
     # address must not re-publish an unchanged run.
     "export": ("input", "kernel", "solver", "chunks", "kernel_store", "output.path",
-               "output.parquet", "evaluate"),
+               "output.parquet", "evaluate", "denoise"),
 }
 
 #: Config fields that steer a run but never change its artifacts.
@@ -101,8 +107,8 @@ RUN_CONTROL = ("output.overwrite", "cluster")
 STAGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "ingest": stages.stage_ingest, "split": stages.stage_split, "kernel": stages.stage_kernel,
     "centre": stages.stage_centre, "solve": stages.stage_solve,
-    "project": stages.stage_project, "evaluate": stages.stage_evaluate,
-    "export": stages.stage_export,
+    "project": stages.stage_project, "denoise": denoise_stage.stage_denoise,
+    "evaluate": stages.stage_evaluate, "export": stages.stage_export,
 }
 
 
@@ -288,6 +294,16 @@ def _check_project(cfg: PipelineConfig, inputs: dict, res: dict) -> str | None:
     return None
 
 
+def _check_denoise(cfg: PipelineConfig, inputs: dict, res: dict) -> str | None:
+    g = stages.stage_locations(cfg)["out"].open_group("r")
+    written = [a for a in g.attrs.get(denoise_stage.WRITTEN_ATTR, []) if a in g]
+    if written != list(res.get("arrays", [])):
+        return "another run's denoised rows are in the run folder"
+    if res.get("enabled") and checksums(g, tuple(written)) != res.get("checksums"):
+        return "the denoised rows changed"
+    return None
+
+
 def _check_evaluate(cfg: PipelineConfig, inputs: dict, res: dict | None) -> str | None:
     if res is None or res.get("status") == "skipped":
         return None  # nothing was written
@@ -313,7 +329,7 @@ def _check_export(cfg: PipelineConfig, inputs: dict, res: dict) -> str | None:
 CHECKS: dict[str, Callable[[PipelineConfig, dict, Any], str | None]] = {
     "ingest": _check_ingest, "split": _check_split, "kernel": _check_kernel,
     "centre": _check_centre, "solve": _check_solve, "project": _check_project,
-    "evaluate": _check_evaluate, "export": _check_export,
+    "denoise": _check_denoise, "evaluate": _check_evaluate, "export": _check_export,
 }
 
 

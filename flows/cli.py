@@ -146,6 +146,22 @@ def cmd_transform(args: argparse.Namespace) -> int:
     inp = InputConfig(path=args.input, format=args.format,
                       columns=args.columns.split(",") if args.columns else None,
                       id_column=args.id_column, label_column=args.label_column)
+    if args.inverse:
+        from pipeline.denoise import denoise_to_store
+
+        with show_progress(args.progress):
+            res = denoise_to_store(args.model, inp, args.output,
+                                   chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+                                   method=None if args.preimage == "auto" else args.preimage,
+                                   overwrite=args.overwrite)
+        late = res["fixed_point_not_converged"]
+        print(f"kpca: denoised {res['rows']} rows ({res['n_features']} features) -> "
+              f"{res['output']} ({res['seconds']:.1f} s)"
+              + (f"; the fixed point fell back to the learned pre-image for {late} rows"
+                 if late else ""))
+        return 0
+    if args.preimage != "auto":
+        raise ValueError("--preimage applies to --inverse only.")
     with show_progress(args.progress):
         res = transform_to_store(args.model, inp, args.output,
                                  chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
@@ -225,6 +241,22 @@ def _disk_full(exc: BaseException) -> str | None:
     return None
 
 
+def _environment_error(exc: BaseException) -> str | None:
+    """One line for a failure of the machine or cluster rather than of the code: a full
+    disk, or workers that kept dying on one task (out of memory, as a rule). None: a bug."""
+    line = _disk_full(exc)
+    if line is None and type(exc).__name__ == "KilledWorker":
+        from dask.utils import key_split
+
+        task = key_split(exc.args[0]) if exc.args else "?"
+        tries = exc.args[2] + 1 if len(exc.args) > 2 else "several"
+        line = (f"{tries} workers died running a {task!r} task (out of memory, as a rule); "
+                "give the workers more memory (cluster.memory_limit) or use smaller chunks "
+                "(chunks.block_rows, chunks.target_chunk_mb), then re-run the same command to "
+                "resume.")
+    return line
+
+
 # ------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kpca", description="Distributed, out-of-core kernel PCA.")
@@ -269,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--label-column")
     t.add_argument("--chunk-mb", type=float, default=64.0)
     t.add_argument("--overwrite", action="store_true")
+    t.add_argument("--inverse", action="store_true",
+                   help="denoise: write the pre-images of the rows' embedding (zarr array "
+                        "'denoised'); needs a model fitted with denoise.enabled / "
+                        "fit_inverse_transform=True")
+    t.add_argument("--preimage", choices=["auto", "learned", "fixed_point", "exact"],
+                   default="auto", help="with --inverse: the pre-image method (default: the "
+                                        "model's)")
     progress_flags(t)
     t.set_defaults(func=cmd_transform)
 
@@ -294,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     import distributed  # noqa: F401  (configures its loggers on import; quieten them after)
 
     if getattr(args, "prefect", False):
+        # Prefect reads its settings once, on import. A first ephemeral server on a
+        # fresh PREFECT_HOME migrates its database before answering, which on a
+        # loaded machine takes longer than Prefect's 20 s default; wait longer.
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         import prefect.main  # noqa: F401  (configures Prefect's loggers; quieten them after)
 
         for handler in logging.getLogger().handlers:
@@ -311,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in msg[1:]:
             print(f"  {line}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as exc:
-        line = _disk_full(exc)
+    except Exception as exc:
+        line = _environment_error(exc)
         if line is None:
             raise
         print(f"kpca {args.command}: error: {line}", file=sys.stderr)

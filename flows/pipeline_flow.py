@@ -41,7 +41,8 @@ from .runtime import check_prefect_api, dashboard_line, forward_library_logs
 __all__ = ["STAGES", "kpca_pipeline", "FlowRunSummary", "run_flow", "run_flow_or_plain",
            "begin"]
 
-STAGES = ("ingest", "split", "kernel", "centre", "solve", "project", "evaluate", "export")
+STAGES = ("ingest", "split", "kernel", "centre", "solve", "project", "denoise", "evaluate",
+          "export")
 
 
 def begin(cfg: PipelineConfig) -> str:
@@ -94,11 +95,12 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
         centre = run("centre", cfg=cfg, ing=ing, split=split, kernel=kernel)
         solved = run("solve", cfg=cfg, ing=ing, split=split, kernel=kernel, centre=centre)
         projected = run("project", cfg=cfg, ing=ing, split=split, solved=solved)
+        denoised = run("denoise", cfg=cfg, ing=ing, split=split, solved=solved)
         evaluation = run("evaluate", cfg=cfg, ing=ing, split=split, solved=solved,
                          projected=projected)
         timings["total"] = time.perf_counter() - t_run
         run("export", cfg=cfg, ing=ing, split=split, kernel=kernel, solved=solved,
-            projected=projected, evaluation=evaluation, timings=dict(timings))
+            projected=projected, evaluation=evaluation, timings=dict(timings), denoised=denoised)
         manifest = verify_run(out)  # what a reader checks: complete, checksums match
     ran = [s for s in STAGES if states[s] != "Cached"]
     log.info("run verified at %s: %s", out,

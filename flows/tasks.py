@@ -12,7 +12,7 @@ Every stage task:
 * retries only transient failures (:func:`is_transient`: I/O and network
   errors, lost Dask workers), never invalid input or configuration;
 * un-publishes the run's manifest before it writes a published artifact
-  (:func:`claim_output`; split, solve, project, evaluate, export), so a reader
+  (:func:`claim_output`; split, solve, project, denoise, evaluate, export), so a reader
   never trusts a folder being rewritten, while a re-run that only rebuilds
   intermediate stores under ``work/`` with the same content (ingest of a
   touched but unchanged file, a deleted kernel store) or is fully cached
@@ -36,7 +36,8 @@ from .caching import (_PROJECT_ARRAYS, _SPLIT_ARRAYS, centre_digest, checksums, 
                       jsonable, result_serializer, stage_cache_key)
 
 __all__ = ["is_transient", "retry_transient", "RETRY_OPTIONS", "claim_output", "ingest",
-           "split", "kernel", "centre", "solve", "project", "evaluate", "export", "transform",
+           "split", "kernel", "centre", "solve", "project", "denoise", "evaluate", "export",
+           "transform",
            "STAGE_TASKS", "FLOW_ONLY_KEYS"]
 
 
@@ -167,6 +168,18 @@ def project(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any],
     return jsonable(res)
 
 
+@task(**_stage_options("denoise"))
+def denoise(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any],
+            solved: dict[str, Any]) -> dict[str, Any]:
+    """Pre-images of the embedding (``denoise.enabled``), written next to it."""
+    claim_output(cfg)
+    res = stages.stage_denoise(cfg, ing, split, solved)
+    if res.get("enabled"):
+        res["checksums"] = checksums(stages.stage_locations(cfg)["out"].open_group("r"),
+                                     tuple(res["arrays"]))
+    return jsonable(res)
+
+
 @task(**_stage_options("evaluate"))
 def evaluate(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any],
              solved: dict[str, Any], projected: dict[str, Any]) -> dict[str, Any] | None:
@@ -187,18 +200,22 @@ def evaluate(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any],
 @task(**_stage_options("export"))
 def export(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any],
            kernel: dict[str, Any], solved: dict[str, Any], projected: dict[str, Any],
-           evaluation: dict[str, Any] | None, timings: dict[str, float]) -> dict[str, Any]:
+           evaluation: dict[str, Any] | None, timings: dict[str, float],
+           denoised: dict[str, Any] | None = None) -> dict[str, Any]:
     """Checksums and the manifest, written last and atomically: the run is now a result.
 
     ``timings`` are this run's and are not part of the cache key.
     """
     claim_output(cfg)
     model = {k: v for k, v in solved.items() if k not in FLOW_ONLY_KEYS}
-    return jsonable(stages.stage_export(cfg, ing, kernel, model, timings, evaluation))
+    if denoised:
+        denoised = {k: v for k, v in denoised.items() if k != "checksums"}
+    return jsonable(stages.stage_export(cfg, ing, kernel, model, timings, evaluation, denoised))
 
 
 STAGE_TASKS = {"ingest": ingest, "split": split, "kernel": kernel, "centre": centre,
-               "solve": solve, "project": project, "evaluate": evaluate, "export": export}
+               "solve": solve, "project": project, "denoise": denoise, "evaluate": evaluate,
+               "export": export}
 
 
 # ----------------------------------------------------------------- transform

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .denoise import DenoiseConfig
 from .evaluate import EvaluateConfig
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "OutputConfig",
     "TLSConfig",
     "ClusterConfig",
+    "DenoiseConfig",
+    "EvaluateConfig",
     "PipelineConfig",
     "ConfigError",
     "load_config",
@@ -236,6 +239,10 @@ class ClusterConfig(_Model):
                                    "null disables it).")
     tls: TLSConfig | None = Field(None, description="TLS files for a tls:// scheduler.")
     connect_timeout: float = Field(30.0, gt=0, description="Seconds to wait for the scheduler.")
+    paused_timeout: float | None = Field(
+        300.0, gt=0, description="Fail the run when every worker has been paused at its "
+        "memory limit for this many seconds with work pending (a paused worker whose memory "
+        "never drops would wait forever); null waits forever.")
 
     @model_validator(mode="after")
     def _tls_matches_scheme(self):
@@ -259,6 +266,7 @@ class PipelineConfig(_Model):
     output: OutputConfig = Field(default_factory=OutputConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    denoise: DenoiseConfig = Field(default_factory=DenoiseConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:

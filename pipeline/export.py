@@ -122,11 +122,13 @@ def file_checksums(out: Location) -> dict[str, str]:
 
 
 def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
-                   timings: dict, extra: dict | None = None) -> dict:
-    """Checksum the published arrays and write the manifest (last, atomically)."""
+                   timings: dict, arrays: tuple[str, ...] = (), extra: dict | None = None
+                   ) -> dict:
+    """Checksum the published arrays (CHECKSUMMED plus ``arrays``, e.g. the denoised rows)
+    and write the manifest (last, atomically)."""
     g = out.open_group("r")
     checksums = {}
-    for name in CHECKSUMMED:
+    for name in CHECKSUMMED + tuple(arrays):
         if name in g:
             checksums[name] = array_checksum(g[name])
     model_attrs, _ = read_model_group(out.child("model").url if not out.is_local

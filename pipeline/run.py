@@ -36,7 +36,8 @@ from .store import Location
 
 __all__ = ["RunSummary", "run_pipeline", "run_lock", "stage_locations", "evaluation_wanted",
            "stage_begin", "stage_ingest", "stage_split", "stage_kernel", "stage_centre",
-           "stage_solve", "stage_project", "stage_evaluate", "stage_export"]
+           "stage_solve", "stage_project", "stage_denoise", "stage_evaluate",
+           "stage_export"]
 
 logger = logging.getLogger("pipeline")
 
@@ -244,6 +245,13 @@ def stage_project(cfg: PipelineConfig, ing: dict, split: dict, solved: dict) -> 
     return info
 
 
+def stage_denoise(cfg: PipelineConfig, ing: dict, split: dict, solved: dict) -> dict[str, Any]:
+    """Pre-images of the embedding (``denoise.enabled``), next to it; see pipeline.denoise."""
+    from .denoise import stage_denoise as _stage
+
+    return _stage(cfg, ing, split, solved)
+
+
 def stage_evaluate(cfg: PipelineConfig, split: dict) -> dict[str, Any] | None:
     """Classifier on the embedding vs linear PCA, and the report (labelled input only)."""
     if not split.get("held_out"):
@@ -254,12 +262,16 @@ def stage_evaluate(cfg: PipelineConfig, split: dict) -> dict[str, Any] | None:
 
 
 def stage_export(cfg: PipelineConfig, ing: dict, kernel: dict, solved: dict,
-                 timings: dict[str, float], evaluation: dict | None) -> dict[str, Any]:
+                 timings: dict[str, float], evaluation: dict | None,
+                 denoised: dict | None = None) -> dict[str, Any]:
     """Checksums and the manifest, written last and atomically: the run is now a result."""
+    denoised = denoised if denoised and denoised.get("enabled") else None
     return write_manifest(
         stage_locations(cfg)["out"], config=cfg.to_json_dict(), ingest=ing,
         model={**solved, "path": "model"}, timings=timings,
-        extra={"kernel_store": kernel, "evaluation": _summary(evaluation) if evaluation else None})
+        arrays=tuple(denoised["arrays"]) if denoised else (),
+        extra={"kernel_store": kernel, "evaluation": _summary(evaluation) if evaluation else None,
+               "denoise": denoised})
 
 
 def _summary(evaluation: dict) -> dict:
@@ -290,7 +302,8 @@ def _run_stages(cfg: PipelineConfig) -> RunSummary:
     centre = timed("centre", stage_centre, cfg, ing, split, kernel)
     solved = timed("solve", stage_solve, cfg, ing, split, kernel, centre)
     timed("project", stage_project, cfg, ing, split, solved)
+    denoised = timed("denoise", stage_denoise, cfg, ing, split, solved)
     evaluation = timed("evaluate", stage_evaluate, cfg, split)
     timings["total"] = time.perf_counter() - t_run
-    manifest = stage_export(cfg, ing, kernel, solved, timings, evaluation)
+    manifest = stage_export(cfg, ing, kernel, solved, timings, evaluation, denoised)
     return RunSummary(out=str(stage_locations(cfg)["out"]), manifest=manifest, timings=timings)

@@ -14,6 +14,7 @@ from kpca_dask import KernelPCA
 from kpca_dask.exceptions import DroppedComponentsWarning
 
 from .config import PipelineConfig
+from .denoise import estimator_params
 from .store import Location
 
 __all__ = ["make_estimator", "solve", "SolveError", "check_fit"]
@@ -68,15 +69,11 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
         coef0=k.coef0, eigen_solver=s.eigen_solver, n_oversamples=s.n_oversamples,
         n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter,
         random_state=s.random_state, dtype=s.dtype, chunk_size=block_rows)
+    if s.n_landmarks is not None:
+        params["n_landmarks"] = s.n_landmarks
+    params["landmark_method"] = s.landmark_method
+    params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
     est = KernelPCA()
-    accepted = est.get_params(deep=False)
-    for name, value in (("n_landmarks", s.n_landmarks), ("landmark_method", s.landmark_method)):
-        if name in accepted:
-            params[name] = value
-        elif s.eigen_solver == "nystroem":
-            raise ValueError("this kpca_dask has no Nyström solver")
-    if params.get("n_landmarks") is None:
-        params.pop("n_landmarks", None)
     return est.set_params(**params)
 
 

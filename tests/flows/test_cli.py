@@ -37,6 +37,7 @@ def run_dir(tmp_path_factory):
         "solver:\n  n_components: 3\n  eigen_solver: randomized\n  dtype: float64\n"
         "chunks:\n  target_chunk_mb: 0.005\n"
         f"output:\n  path: {tmp / 'out'}\n"
+        "denoise:\n  enabled: true\n  alpha: 0.05\n"
         "cluster:\n  n_workers: 2\n")
     res = kpca("run", tmp / "run.yaml", "--no-progress")
     assert res.returncode == 0, res.stderr
@@ -51,6 +52,46 @@ def test_run_publishes_a_verified_run(run_dir):
     assert res.returncode == 0, res.stderr
     for word in ("verified", "600 rows x 4 features", "randomized solver", "residuals"):
         assert word in res.stdout
+    # denoise.enabled: the pre-images of every row sit next to the embedding, checksummed
+    import json
+
+    import kpca_dask
+
+    manifest = json.loads(m)
+    assert manifest["denoise"]["rows"] == 600 and manifest["denoise"]["method"] == "learned"
+    assert "denoised" in manifest["checksums"]
+    model = kpca_dask.load(run_dir / "out" / "model")
+    den = zarr.open_group(str(run_dir / "out"), mode="r")["denoised"][...]
+    ref = model.inverse_transform(model.eigenvectors_ * np.sqrt(model.eigenvalues_))
+    np.testing.assert_allclose(den, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_transform_inverse_writes_denoised_rows(run_dir):
+    import kpca_dask
+
+    new = RNG.standard_normal((40, 4))
+    np.save(run_dir / "noisy.npy", new)
+    out = run_dir / "den.zarr"
+    res = kpca("transform", run_dir / "out", run_dir / "noisy.npy", out, "--inverse",
+               "--preimage", "fixed_point", "--overwrite")
+    assert res.returncode == 0, res.stderr
+    assert "denoised 40 rows (4 features)" in res.stdout
+    model = kpca_dask.load(run_dir / "out" / "model")
+    want = model.inverse_transform(model.transform(new), method="fixed_point")
+    g = zarr.open_group(str(out), mode="r")
+    assert g.attrs["method"] == "fixed_point"
+    np.testing.assert_allclose(g["denoised"][...], want, rtol=1e-10, atol=1e-10)
+
+
+def test_transform_inverse_needs_a_preimage(run_dir):
+    from kpca_dask import KernelPCA
+
+    KernelPCA(2, kernel="rbf", gamma=0.2).fit(X).save(run_dir / "plain-model")
+    np.save(run_dir / "rows.npy", X[:10])
+    res = kpca("transform", run_dir / "plain-model", run_dir / "rows.npy",
+               run_dir / "d2.zarr", "--inverse")
+    assert res.returncode == 2
+    assert "has no pre-image" in res.stderr and "Traceback" not in res.stderr
 
 
 @pytest.mark.parametrize("suffix", ["new.zarr", "new.parquet"])

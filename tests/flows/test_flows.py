@@ -36,7 +36,8 @@ N = 600
 CENTRES = np.array([[0, 0, 0, 0], [3, 3, 0, 0], [0, 3, 3, 0]], dtype=float)
 LABELS = RNG.integers(0, 3, size=N)
 X = CENTRES[LABELS] + RNG.normal(scale=0.8, size=(N, 4))
-STAGES = ("ingest", "split", "kernel", "centre", "solve", "project", "evaluate", "export")
+STAGES = ("ingest", "split", "kernel", "centre", "solve", "project", "denoise", "evaluate",
+          "export")
 
 
 # ------------------------------------------------------------------- fixtures
@@ -237,7 +238,7 @@ def test_changing_gamma_recomputes_only_what_depends_on_it(first_run):
     result, states = run_flow(changed)
     assert states == {"ingest": "Cached", "split": "Cached", "kernel": "Completed",
                       "centre": "Completed", "solve": "Completed", "project": "Completed",
-                      "evaluate": "Completed", "export": "Completed"}
+                      "denoise": "Completed", "evaluate": "Completed", "export": "Completed"}
     assert {f: t for f, t in file_times(out).items()
             if f.startswith("work/ingest.zarr/")} == ingest_before
     assert file_times(out / "work" / "kernel.zarr") != kernel_before
@@ -254,6 +255,33 @@ def test_changing_gamma_recomputes_only_what_depends_on_it(first_run):
     assert verify_run(out)["model"]["kernel"]["gamma"] == 0.2
     assert zarr.open_group(str(out / "work" / "kernel.zarr"), mode="r").attrs["kernel"][
         "gamma"] == 0.2
+
+
+@pytest.mark.distributed
+def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
+    """denoise.enabled: the kernel store and centring are reused, the model is refitted with
+    its pre-image, the denoised rows are published (checksummed); off again removes them."""
+    from pipeline.export import verify_run
+
+    cfg = first_run[0]
+    out = Path(cfg.output.path)
+    on = cfg.model_copy(deep=True)
+    on.denoise.enabled, on.denoise.alpha = True, 0.1
+    result, states = run_flow(on)
+    assert {s: states[s] for s in ("ingest", "split", "kernel", "centre")} == dict.fromkeys(
+        ("ingest", "split", "kernel", "centre"), "Cached")
+    assert states["solve"] == states["denoise"] == states["export"] == "Completed"
+    m = verify_run(out)
+    assert "denoised" in m["checksums"] and m["denoise"]["rows"] == N
+    assert m["denoise"]["method"] == "learned" and m["denoise"]["alpha"] == 0.1
+    assert zarr.open_group(str(out), mode="r")["denoised"].shape == (N, 4)
+    _, states = run_flow(on)
+    assert states == {s: "Cached" for s in STAGES}
+
+    _, states = run_flow(cfg)  # off again
+    assert states["solve"] == "Completed"  # its record's model was replaced by the denoising one
+    assert "denoised" not in zarr.open_group(str(out), mode="r")
+    assert verify_run(out)["denoise"] is None
 
 
 @pytest.mark.distributed

@@ -22,14 +22,15 @@ UPSTREAM = {
     "solved": {"solver": "randomized", "model_checksums": {"V": "sha256:vv"},
                "fit_seconds": 1.0, "seconds": 1.1},
     "projected": {"rows": 600, "components": 3, "checksums": {"embedding": "sha256:ee"}},
+    "denoised": {"enabled": False},
     "evaluation": None,
 }
 #: the parameters of each stage task besides ``cfg``
 PARAMS = {"ingest": (), "split": ("ing",), "kernel": ("ing", "split"),
           "centre": ("ing", "split", "kernel"), "solve": ("ing", "split", "kernel", "centre"),
-          "project": ("ing", "split", "solved"),
+          "project": ("ing", "split", "solved"), "denoise": ("ing", "split", "solved"),
           "evaluate": ("ing", "split", "solved", "projected"),
-          "export": ("ing", "split", "kernel", "solved", "projected", "evaluation")}
+          "export": ("ing", "split", "kernel", "solved", "projected", "evaluation", "denoised")}
 
 
 def config(**sections) -> PipelineConfig:
@@ -78,7 +79,7 @@ def test_content_not_run_statistics_drive_downstream_keys():
     assert changed(keys(cfg), keys(cfg, other)) == set(PARAMS) - {"ingest"}
     other = json.loads(json.dumps(UPSTREAM))
     other["solved"]["model_checksums"] = {"V": "sha256:ww"}
-    assert changed(keys(cfg), keys(cfg, other)) == {"project", "evaluate", "export"}
+    assert changed(keys(cfg), keys(cfg, other)) == {"project", "denoise", "evaluate", "export"}
 
 
 @pytest.mark.parametrize("section, values, expected", [
@@ -87,6 +88,9 @@ def test_content_not_run_statistics_drive_downstream_keys():
     ("evaluate", {"C": 2.0}, {"evaluate", "export"}),
     ("evaluate", {"test_fraction": 0.3}, {"split", "evaluate", "export"}),
     ("solver", {"max_iter": 7}, {"solve", "export"}),
+    ("denoise", {"enabled": True}, {"solve", "denoise", "export"}),
+    ("denoise", {"alpha": 0.1}, {"solve", "denoise", "export"}),
+    ("denoise", {"rows": "train", "max_rows": 10}, {"denoise", "export"}),
     ("output", {"parquet": False}, {"project", "export"}),
     ("chunks", {"target_chunk_mb": 8}, {"ingest", "export"}),
     ("input", {"nonfinite": "drop"}, {"ingest", "export"}),

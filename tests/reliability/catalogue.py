@@ -528,15 +528,6 @@ def _no_workers(ctx):
         "address": cluster.scheduler_address, "connect_timeout": 2})]
 
 
-def _small_workers(ctx):
-    """A local cluster whose one worker is too small for an input chunk (100 MB): its nanny
-    kills it at 95% of its 200 MiB, again for every retry."""
-    cfg = ctx.config(ctx.npy(blobs(50_000, 250)), chunks={"target_chunk_mb": 100},
-                     cluster={"address": "", "n_workers": 1, "memory_limit": "200MiB",
-                              "dashboard_address": None})
-    return ["run", cfg]
-
-
 CLUSTER = [
     Case("cl-unreachable", "cluster", "unreachable scheduler address",
          lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={
@@ -545,10 +536,6 @@ CLUSTER = [
           "check cluster.address")),
     Case("cl-no-workers", "cluster", "scheduler without workers", _no_workers,
          ("has no workers after 2 s", "start workers")),
-    Case("cl-small-workers", "cluster", "workers too small for a chunk: killed at their "
-         "memory limit on every try", _small_workers,
-         ("workers died running a 'npy' task (out of memory, as a rule)",
-          "cluster.memory_limit", "smaller chunks")),
     Case("cl-tls-files", "cluster", "TLS certificate files missing",
          lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={
              "address": "tls://127.0.0.1:8786", "tls": {

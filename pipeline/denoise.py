@@ -1,0 +1,320 @@
+"""Denoise stage: pre-images of the embedding, written next to it as ``<out>/denoised``.
+
+Kernel PCA denoising (Mika, Schölkopf, Smola et al. 1999): embed a row, keep
+its projection on the leading components, map it back to input space. The
+solve stage fits the pre-image with the model when ``denoise.enabled`` is true
+(:func:`estimator_params` gives the estimator parameters it adds); this stage
+loads the model from the run's ``model/`` folder, embeds the selected ingested
+rows and writes their pre-images (``kpca_dask.KernelPCA.inverse_transform``).
+
+How rows are embedded (as the project stage does): exact models take the
+training rows' embedding from the model (``V sqrt(lambda)``, no n x n pass)
+and ``transform`` the held-out rows; Nyström models ``transform`` every row
+(``O(n m)``, streaming). The pre-images are computed lazily, block by block,
+and stored with the ingested row chunks; nothing of size n x n is formed.
+Cost per row: learned ``s (k + d)``, exact (linear kernel) ``k d``, fixed point
+``(k + d)`` per iteration times the model's expansion size (its landmarks,
+or every training row of an exact model).
+
+Layout (docs/artifacts.md)::
+
+    <out>/denoised        (n_rows, n_features) in the model's dtype; attrs: columns,
+                          method, rows; row i is ingested row i when rows="all"
+    <out>/denoised_rows   (n_rows,) int64 ingested row index of each denoised row,
+                          present only when a subset is denoised
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, Literal
+
+import dask.array as da
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .progress import compute
+from .store import Location
+
+__all__ = ["DenoiseConfig", "DenoiseError", "estimator_params", "select_rows",
+           "denoise_rows", "stage_denoise", "denoise_to_store"]
+
+logger = logging.getLogger("pipeline")
+
+#: Names an output array may not take: the other artifacts of a run.
+RESERVED_NAMES = {"embedding", "spectrum", "labels", "ids", "split", "model", "report", "work",
+                  "manifest", "embedding.parquet"}
+
+
+class DenoiseError(ValueError):
+    """Denoising cannot run as configured; the message says what to change."""
+
+
+class DenoiseConfig(BaseModel):
+    """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(
+        False, description="Write denoised rows (pre-images of their embedding). The solve "
+                            "stage then also fits the pre-image map (fit_inverse_transform).")
+    preimage: Literal["auto", "learned", "fixed_point", "exact"] = Field(
+        "auto", description="'learned': kernel ridge regression from the embedding back to the "
+                            "inputs (scikit-learn's map); 'fixed_point': Mika et al.'s iteration "
+                            "(rbf only), started from the learned one; 'exact': linear kernel "
+                            "only (linear PCA's reconstruction); 'auto': exact for the linear "
+                            "kernel, learned otherwise.")
+    alpha: float = Field(1.0, ge=0, description="Ridge term of the learned pre-image "
+                                                "(scikit-learn's alpha).")
+    sample_size: int | Literal["auto"] = Field(
+        "auto", description="Training rows the learned pre-image is fitted on (one "
+                            "sample_size^2 solve): 'auto' is the landmarks for Nyström, "
+                            "min(n_train, 2048) rows for exact solvers; all rows if larger "
+                            "than the training set.")
+    tol: float = Field(1e-5, gt=0, description="Fixed point: converged when a step moves a row "
+                                               "by at most tol times the data scale.")
+    max_iter: int = Field(100, ge=1, description="Fixed point: iteration cap; rows that do not "
+                                                 "converge keep the learned pre-image.")
+    rows: Literal["all", "held_out", "train"] = Field(
+        "all", description="Which ingested rows to denoise: every row, only the held-out "
+                           "(evaluation) rows, or only the training rows.")
+    max_rows: int | None = Field(
+        None, ge=1, description="Denoise at most this many of the selected rows (the first "
+                                "ones, in row order); null for all of them.")
+    output_name: str = Field(
+        "denoised", description="Array name under the run folder; the row index of a subset "
+                                "goes to '<output_name>_rows'.")
+
+    @field_validator("sample_size")
+    @classmethod
+    def _positive_sample(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("sample_size must be >= 1 (or 'auto')")
+        return v
+
+    @field_validator("output_name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", v) or v in RESERVED_NAMES \
+                or v.startswith(".."):
+            raise ValueError(f"output_name {v!r} must be a plain array name (letters, digits, "
+                             f"_ . -) other than {sorted(RESERVED_NAMES)}")
+        return v
+
+
+def estimator_params(cfg: DenoiseConfig) -> dict[str, Any]:
+    """KernelPCA parameters the solve stage adds so the model can denoise ({} if disabled)."""
+    if not cfg.enabled:
+        return {}
+    return {"fit_inverse_transform": True, "alpha": cfg.alpha, "preimage": cfg.preimage,
+            "preimage_sample_size": cfg.sample_size, "preimage_tol": cfg.tol,
+            "preimage_max_iter": cfg.max_iter}
+
+
+def select_rows(cfg: DenoiseConfig, n_rows: int, split: np.ndarray | None) -> np.ndarray | None:
+    """Ingested row indices to denoise (sorted int64), or None for every row."""
+    if cfg.rows == "all":
+        idx = None
+    elif split is None:
+        raise DenoiseError(f"denoise.rows={cfg.rows!r} needs held-out rows, but this run has no "
+                           "split (it holds rows out only for evaluation of labelled input); "
+                           "use denoise.rows: all.")
+    else:
+        mask = split.astype(bool)
+        idx = np.flatnonzero(~mask if cfg.rows == "held_out" else mask).astype(np.int64)
+    if cfg.max_rows is not None and (idx is None and n_rows > cfg.max_rows
+                                     or idx is not None and idx.size > cfg.max_rows):
+        idx = np.arange(cfg.max_rows, dtype=np.int64) if idx is None else idx[: cfg.max_rows]
+    return idx
+
+
+def _check_model(model: Any, cfg: DenoiseConfig, where: str) -> str | None:
+    """Refuse a model without a pre-image, or one fitted for another denoise config;
+    returns the ``method`` to pass to inverse_transform."""
+    if not hasattr(model, "dual_coef_"):
+        raise DenoiseError(
+            f"the model at {where} has no pre-image (it was fitted with "
+            "fit_inverse_transform=False); with denoise.enabled: true the solve stage fits "
+            "one -- re-run the solve stage.")
+    fitted = model.get_params(deep=False)
+    for ours, theirs in (("alpha", "alpha"), ("sample_size", "preimage_sample_size")):
+        if fitted[theirs] != getattr(cfg, ours):
+            raise DenoiseError(
+                f"the model at {where} fitted its pre-image with {theirs}={fitted[theirs]!r} "
+                f"but denoise.{ours}={getattr(cfg, ours)!r}; re-run the solve stage with this "
+                "config.")
+    model.set_params(preimage_tol=cfg.tol, preimage_max_iter=cfg.max_iter)
+    return None if cfg.preimage == "auto" else cfg.preimage
+
+
+def _embedding_of_rows(model: Any, X: da.Array, split: np.ndarray | None,
+                       idx: np.ndarray | None, training_data: bool = True) -> da.Array:
+    """Embedding of rows ``idx`` of X (all when None), row-chunked like X.
+
+    ``training_data``: X is the data the model was fitted on (its rows with
+    ``split == 1``, or all rows without a split); False for new data.
+    """
+    rows = X.chunks[0]
+    n = int(X.shape[0])
+    sel = np.arange(n) if idx is None else idx
+    exact = getattr(model, "eigen_solver_", None) in ("dense", "randomized")
+    if not exact or not training_data:
+        Xs = X if idx is None else X[idx]
+        return model.transform(Xs.rechunk({0: rows[0]})).rechunk({0: rows[0], 1: -1})
+    train = model.eigenvectors_ * np.sqrt(model.eigenvalues_)
+    is_train = np.ones(n, dtype=bool) if split is None else split.astype(bool)
+    pos = np.cumsum(is_train) - 1  # training row r is row pos[r] of the model's embedding
+    Z = np.empty((sel.size, train.shape[1]), dtype=np.float64)
+    t = is_train[sel]
+    Z[t] = train[pos[sel[t]]]
+    if (~t).any():
+        (Z[~t],) = compute(model.transform(X[sel[~t]]), label="embed held-out rows")
+    return da.from_array(Z, chunks=(rows[0], -1))
+
+
+def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
+                 split: np.ndarray | None = None, where: str = "the model",
+                 training_data: bool = True
+                 ) -> tuple[da.Array, da.Array, np.ndarray | None]:
+    """Lazy pre-images of the selected rows: ``(denoised, status, row_index or None)``.
+
+    ``training_data``: X holds the rows the model was fitted on (with ``split``
+    marking them), so an exact model's training embedding is reused; False
+    (new data) transforms every row.
+    """
+    idx = select_rows(cfg, int(X.shape[0]), split)  # a config problem first
+    method = _check_model(model, cfg, where)
+    if X.shape[1] != model.n_features_in_:
+        raise DenoiseError(f"the data have {X.shape[1]} features but the model was fitted on "
+                           f"{model.n_features_in_}.")
+    Z = _embedding_of_rows(model, X, split, idx, training_data)
+    den, status = model.inverse_transform(Z, method=method, return_status=True)
+    return den, status, idx
+
+
+def _write(g, name: str, arr: da.Array, chunk_rows: int):
+    if name in g:
+        del g[name]
+    return g.create_array(name, shape=arr.shape, dtype=arr.dtype,
+                          chunks=(chunk_rows,) + tuple(arr.shape[1:]))
+
+
+def _drop_previous(g) -> None:
+    """Delete the arrays an earlier denoise stage wrote (listed in the run group's attrs)."""
+    for name in g.attrs.get(WRITTEN_ATTR, []):
+        if name in g:
+            del g[name]
+    if WRITTEN_ATTR in g.attrs:
+        del g.attrs[WRITTEN_ATTR]
+
+
+#: run-group attribute listing the arrays the denoise stage wrote (for clean re-runs)
+WRITTEN_ATTR = "denoised_arrays"
+
+
+def stage_denoise(cfg: Any, ing: dict[str, Any], split: dict[str, Any],
+                  solved: dict[str, Any]) -> dict[str, Any]:
+    """Denoised rows of the run (``cfg.denoise``): ``<out>/<denoise.output_name>``.
+
+    ``cfg`` is the run's PipelineConfig. Idempotent: the arrays are replaced,
+    and a run with denoising disabled removes a stale one. Returns a small
+    JSON-able descriptor (rows, method, fixed-point fallbacks, mean squared
+    change per value).
+    """
+    import kpca_dask
+
+    from .run import _ingested, _read_split, stage_locations
+
+    dcfg = cfg.denoise
+    out = stage_locations(cfg)["out"]
+    g = out.open_group("a")
+    _drop_previous(g)  # a re-run (disabled, or to another name) leaves no stale rows behind
+    if not dcfg.enabled:
+        return {"enabled": False}
+    t0 = time.perf_counter()
+    res, src = _ingested(ing)
+    model = kpca_dask.load(solved["path"])
+    mask = _read_split(cfg, split)
+    den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=solved["path"])
+    X_sel = src.X if idx is None else src.X[idx]
+    sq_change = ((den.astype(np.float64) - X_sel.rechunk({0: den.chunks[0]})) ** 2).sum()
+    chunk_rows = int(src.X.chunks[0][0])
+    z = _write(g, dcfg.output_name, den, chunk_rows)
+    z.attrs.update({"columns": list(res.columns), "method": model.preimage_ if dcfg.preimage
+                    == "auto" else dcfg.preimage, "rows": dcfg.rows})
+    index_name = f"{dcfg.output_name}_rows"
+    stores = [da.store(den, z, lock=False, compute=False)]
+    written = [dcfg.output_name]
+    if idx is not None:
+        zi = _write(g, index_name, da.from_array(idx, chunks=chunk_rows), chunk_rows)
+        zi[...] = idx
+        written.append(index_name)
+    g.attrs[WRITTEN_ATTR] = written
+    _, st, total = compute(stores[0], status, sq_change, label="denoise")
+    n_sel = int(den.shape[0])
+    counts = np.bincount(np.asarray(st, dtype=np.int64), minlength=3)
+    info = {
+        "enabled": True, "array": dcfg.output_name,
+        "index_array": index_name if idx is not None else None, "arrays": written,
+        "rows": n_sel, "n_features": int(den.shape[1]), "selection": dcfg.rows,
+        "method": z.attrs["method"], "alpha": dcfg.alpha,
+        "sample_size": int(model.dual_coef_.shape[0]),
+        "fixed_point_not_converged": {"max_iter": int(counts[1]), "diverged": int(counts[2])},
+        "mean_squared_change": float(total) / max(1, n_sel * int(den.shape[1])),
+        "seconds": time.perf_counter() - t0,
+    }
+    if counts[1] or counts[2]:
+        logger.warning("denoise: the fixed point did not converge for %d of %d rows (they hold "
+                       "the learned pre-image)", int(counts[1] + counts[2]), n_sel)
+    logger.info("denoise: %d rows -> %s/%s (%s) in %.1f s", n_sel, out, dcfg.output_name,
+                info["method"], info["seconds"])
+    return info
+
+
+def denoise_to_store(model_path: str, input_cfg: Any, output: str, *, chunks: Any = None,
+                     method: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """``kpca transform --inverse``: denoised rows of new data with a saved model (zarr).
+
+    Writes a zarr group at ``output`` with ``denoised`` (n x d) and ``ids``/``labels``
+    when the input has them; the model comes from a verified run or a model folder.
+    """
+    from .ingest import read_input
+    from .transform import load_model
+
+    t0 = time.perf_counter()
+    if output.rstrip("/").endswith(".parquet"):
+        raise DenoiseError("denoised rows are written as zarr; give an output path that does "
+                           "not end in .parquet.")
+    model = load_model(model_path)
+    src = read_input(input_cfg, chunks)
+    dcfg = DenoiseConfig(enabled=True, preimage=method or "auto",
+                         alpha=model.get_params()["alpha"],
+                         sample_size=model.get_params()["preimage_sample_size"],
+                         tol=model.get_params()["preimage_tol"],
+                         max_iter=model.get_params()["preimage_max_iter"])
+    den, status, _ = denoise_rows(model, src.X, dcfg, where=model_path, training_data=False)
+    out = Location(output)
+    if out.exists():
+        if not overwrite:
+            raise FileExistsError(f"{output} exists; pass --overwrite to replace it.")
+        out.remove()
+    g = out.open_group("w")
+    rows = int(src.X.chunks[0][0])
+    z = _write(g, "denoised", den, rows)
+    z.attrs["columns"] = list(src.columns)
+    stores = [da.store(den, z, lock=False, compute=False)]
+    for name, arr in (("ids", src.ids), ("labels", src.labels)):
+        if arr is not None:
+            dtype = str if arr.dtype.kind in "OUT" else arr.dtype
+            za = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows,))
+            stores.append(da.store(arr, za, lock=False, compute=False))
+    *_, st = compute(*stores, status, label="denoise")
+    counts = np.bincount(np.asarray(st, dtype=np.int64), minlength=3)
+    g.attrs.update({"kind": "kpca-dask-denoised", "model": model_path, "input": input_cfg.path,
+                    "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
+                    "status": "complete"})
+    return {"rows": int(src.X.shape[0]), "n_features": int(den.shape[1]), "output": output,
+            "fixed_point_not_converged": int(counts[1] + counts[2]),
+            "seconds": time.perf_counter() - t0}
