@@ -69,6 +69,12 @@ def _print_summary(summary, out: str) -> None:
     if ev:
         shown = {k: v for k, v in ev.items() if isinstance(v, float)}
         print("  evaluation " + ", ".join(f"{k} {v:.3f}" for k, v in list(shown.items())[:6]))
+    den = m.get("denoise") or {}
+    if den:
+        late = sum(den["fixed_point_not_converged"].values())
+        print(f"  denoised   {den['rows']} rows ({den['selection']}) -> {den['array']}, "
+              f"{den['method']} pre-image, mean squared change {den['mean_squared_change']:.3g}"
+              + (f", {late} fixed-point fallbacks" if late else ""))
     print("  timings    " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings"].items()))
     states = getattr(summary, "states", None)
     if states:
@@ -76,6 +82,7 @@ def _print_summary(summary, out: str) -> None:
         print(f"  prefect    {len(states) - len(ran)} of {len(states)} stages cached; "
               + (f"ran {', '.join(ran)}" if ran else "nothing recomputed"))
     print(f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
+          + (f", {den['array']}" if den else "")
           + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
           + (", report/report.md" if Path(out, "report", "report.md").exists() else ""))
     print(f"  inspect    kpca info {out}")
@@ -132,6 +139,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
         "output": {"path": str(out), "overwrite": True},
         "evaluate": {"enabled": True},
+        # and kernel PCA denoising of the held-out digits (docs/denoise.md)
+        "denoise": {"enabled": True, "rows": "held_out"},
     })
     summary = _run_config(cfg, progress=args.progress, use_prefect=args.prefect)
     _print_summary(summary, str(out))

@@ -127,3 +127,21 @@ def test_transform_refuses_wrong_feature_count(run_dir):
     res = kpca("transform", run_dir / "out", run_dir / "wide.npy", run_dir / "w.zarr")
     assert res.returncode == 2
     assert "7 feature columns but the model was fitted on 4" in res.stderr
+
+
+def test_demo_runs_the_whole_job(tmp_path):
+    """The README's first command: every stage on the built-in digits, as a Prefect flow."""
+    import json
+
+    out = tmp_path / "kpca-demo"
+    res = kpca("demo", "--output", out, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "run complete" in res.stdout and "denoised" in res.stdout
+    info = kpca("info", out)
+    assert info.returncode == 0, info.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    held_out = int((zarr.open_group(str(out), mode="r")["split"][...] == 0).sum())
+    assert m["denoise"]["rows"] == held_out > 0
+    assert {"denoised", "denoised_rows", "embedding"} <= set(m["checksums"])
+    assert (out / "report" / "report.md").exists()
+    assert m["evaluation"]["kpca_accuracy"] > m["evaluation"]["pca_accuracy"]
