@@ -5,7 +5,7 @@ What is shown here, with evidence rather than assumption:
 
 * the flow publishes a verified run and its artifacts (summary, spectrum table, links,
   evaluation), with the same arrays as the plain ``run_pipeline``;
-* an identical second run is entirely cached: 8 task runs in state Cached (read back from
+* an identical second run is entirely cached: one task run per stage, all Cached (read back from
   the Prefect API), no file under the output touched;
 * changing gamma re-runs kernel..export but not ingest and split, and switching back
   re-runs the kernel even though its old cache record still exists (the stores on disk
