@@ -45,7 +45,6 @@ import json
 import logging
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,7 +54,7 @@ from pipeline import run as stages
 from pipeline.centre import load_centring
 from pipeline.config import InputConfig, PipelineConfig
 from pipeline.export import file_checksums
-from pipeline.store import Location, array_checksum, read_json
+from pipeline.store import Location, array_checksum, json_default, read_json
 
 __all__ = ["CACHE_SCHEMA", "CONFIG_FIELDS", "RUN_CONTROL", "VOLATILE", "CHECKS", "jsonable",
            "identity", "config_slice", "source_state", "stage_key", "stage_cache_key",
@@ -107,29 +106,19 @@ RUN_CONTROL = ("output.overwrite", "cluster")
 STAGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "ingest": stages.stage_ingest, "split": stages.stage_split, "kernel": stages.stage_kernel,
     "centre": stages.stage_centre, "solve": stages.stage_solve,
-    "project": stages.stage_project, "denoise": denoise_stage.stage_denoise,
+    "project": stages.stage_project, "denoise": stages.stage_denoise,
     "evaluate": stages.stage_evaluate, "export": stages.stage_export,
 }
 
 
 # ------------------------------------------------------------------ key parts
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
 def jsonable(obj: Any) -> Any:
     """``obj`` as it reads back from JSON (tuples become lists, numpy scalars floats).
 
     Tasks return this form, so a result computed now and the same result read
     back from the cache give identical keys downstream.
     """
-    return json.loads(json.dumps(obj, default=_json_default))
+    return json.loads(json.dumps(obj, default=json_default))
 
 
 def identity(result: Any) -> Any:
@@ -198,7 +187,7 @@ def stage_key(stage: str, inputs: dict[str, Any]) -> str:
     }
     if stage == "ingest":
         payload["source"] = source_state(cfg.input)
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=_json_default)
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=json_default)
                             .encode()).hexdigest()
     return f"kpca-{stage}-{digest[:40]}"
 
@@ -206,8 +195,8 @@ def stage_key(stage: str, inputs: dict[str, Any]) -> str:
 # --------------------------------------------------- is a cached result still true?
 def _same(a: Any, b: Any) -> bool:
     """Equal as JSON (so NaN equals NaN, and tuples equal lists)."""
-    return (json.dumps(a, sort_keys=True, default=_json_default)
-            == json.dumps(b, sort_keys=True, default=_json_default))
+    return (json.dumps(a, sort_keys=True, default=json_default)
+            == json.dumps(b, sort_keys=True, default=json_default))
 
 
 def checksums(group: Any, names: tuple[str, ...]) -> dict[str, str]:
@@ -394,7 +383,7 @@ def encode_result_object(o: Any) -> Any:
     """
     if isinstance(o, BaseException):
         return {"error": f"{type(o).__module__}.{type(o).__qualname__}", "message": str(o)}
-    return _json_default(o)
+    return json_default(o)
 
 
 def result_serializer() -> Any:

@@ -25,6 +25,7 @@ from kpca_dask.estimator import _auto_block_rows
 
 from .centre import compute_centring, load_centring, save_centring
 from .config import PipelineConfig
+from .denoise import stage_denoise  # the denoise stage, with the others here
 from .evaluate import make_split
 from .export import begin_run, write_manifest, write_spectrum
 from .ingest import IngestResult, SourceData, ingest, load_ingested
@@ -243,13 +244,6 @@ def stage_project(cfg: PipelineConfig, ing: dict, split: dict, solved: dict) -> 
                            split=None if mask is None else da.from_array(mask, chunks=src.X.chunks[0]))
         info["parquet"] = pq["path"]
     return info
-
-
-def stage_denoise(cfg: PipelineConfig, ing: dict, split: dict, solved: dict) -> dict[str, Any]:
-    """Pre-images of the embedding (``denoise.enabled``), next to it; see pipeline.denoise."""
-    from .denoise import stage_denoise as _stage
-
-    return _stage(cfg, ing, split, solved)
 
 
 def stage_evaluate(cfg: PipelineConfig, split: dict) -> dict[str, Any] | None:

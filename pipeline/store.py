@@ -24,7 +24,7 @@ import numpy as np
 import zarr
 
 __all__ = ["Location", "atomic_write_json", "read_json", "fingerprint_arrays",
-           "array_checksum", "PathEscapeError"]
+           "array_checksum", "json_default", "PathEscapeError"]
 
 
 class PathEscapeError(ValueError):
@@ -109,7 +109,7 @@ def atomic_write_json(loc: Location, data: Any) -> None:
     Local: temporary file in the same folder, flush + fsync, ``os.replace``.
     Object stores: a single PUT, which is atomic per object there.
     """
-    text = json.dumps(data, indent=2, sort_keys=True, default=_json_default)
+    text = json.dumps(data, indent=2, sort_keys=True, default=json_default)
     if loc.is_local:
         path = loc.local_path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,8 @@ def read_json(loc: Location) -> Any:
         return json.load(f)
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """``default`` for ``json.dumps``: numpy scalars and arrays, paths."""
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):
@@ -177,7 +178,7 @@ def fingerprint_arrays(arrays: dict[str, da.Array], extra: Any = None) -> str:
         h.update(f"{k}:{a.shape}:{a.dtype.str}:{a.chunks}".encode())
         h.update(np.ascontiguousarray(d).tobytes())
     if extra is not None:
-        h.update(json.dumps(extra, sort_keys=True, default=_json_default).encode())
+        h.update(json.dumps(extra, sort_keys=True, default=json_default).encode())
     return "blake2b:" + h.hexdigest()
 
 
