@@ -60,7 +60,12 @@ class TreeSampler(threading.Thread):
         self.root = psutil.Process(pid)
         self.interval = interval
         self.peak = 0
+        self.peak_parts: dict[str, int] = {}  # role -> PSS at the moment of the total peak
+        self.role_peak: dict[str, int] = {}  # role -> its own highest PSS
         self.io: dict[int, tuple[int, int, int, int]] = {}
+        self.roles: dict[int, str] = {}
+        self.timeline: list | None = None  # (seconds, {role: PSS}) when asked for
+        self.t0 = time.perf_counter()
         self.stop = threading.Event()
 
     def sample(self) -> None:
@@ -69,15 +74,36 @@ class TreeSampler(threading.Thread):
         except psutil.NoSuchProcess:
             return
         total = 0
+        parts: dict[str, int] = {}
         for p in procs:
             try:
                 mem = p.memory_full_info()
-                total += getattr(mem, "pss", mem.rss)
+                pss = getattr(mem, "pss", mem.rss)
+                total += pss
+                role = self.roles.get(p.pid) or self._role(p)
+                self.roles[p.pid] = role
+                parts[role] = parts.get(role, 0) + pss
                 io = p.io_counters()
                 self.io[p.pid] = (io.read_bytes, io.write_bytes, io.read_chars, io.write_chars)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
-        self.peak = max(self.peak, total)
+        for role, b in parts.items():
+            self.role_peak[role] = max(self.role_peak.get(role, 0), b)
+        if self.timeline is not None:
+            self.timeline.append((time.perf_counter() - self.t0, parts))
+        if total > self.peak:
+            self.peak, self.peak_parts = total, parts
+
+    def _role(self, p: psutil.Process) -> str:
+        """client (the `kpca run` process, with the scheduler), workers, or other."""
+        if p.pid == self.root.pid:
+            return "client+scheduler"
+        cmd = " ".join(p.cmdline())
+        if "multiprocessing" in cmd or "distributed" in cmd:
+            return "workers"
+        if "prefect" in cmd or "uvicorn" in cmd:
+            return "prefect-server"
+        return "other"
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -102,6 +128,8 @@ def main() -> None:
     ap.add_argument("--workdir", help="where data and outputs go (default: a temp dir)")
     ap.add_argument("--memory-limit", default="auto", help="per worker, e.g. 1.5GiB")
     ap.add_argument("--keep", action="store_true", help="keep data and outputs")
+    ap.add_argument("--timeline", help="write the sampled memory by role over time to this "
+                    "JSON file, and the run's log next to it (where the peak comes from)")
     args = ap.parse_args()
     case = dict(CASES[args.case])
     n = args.n or case["n"]
@@ -128,6 +156,8 @@ def main() -> None:
     proc = subprocess.Popen(cmd, cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     sampler = TreeSampler(proc.pid)
+    if args.timeline:
+        sampler.timeline = []
     sampler.start()
     log = proc.stdout.read()
     proc.wait()
@@ -137,12 +167,19 @@ def main() -> None:
     if proc.returncode != 0:
         print(log)
         raise SystemExit(f"run failed with exit code {proc.returncode}")
+    if args.timeline:
+        Path(args.timeline).write_text(json.dumps(
+            [{"t": round(t, 2), **{k: round(v / 2**30, 3) for k, v in parts.items()}}
+             for t, parts in sampler.timeline]))
+        Path(args.timeline).with_suffix(".log").write_text(log)
     manifest = json.loads((out / "manifest.json").read_text())
     io = sampler.totals()
     result = {
         "case": args.case, "n": n, "d": d, "date": datetime.date.today().isoformat(),
         "machine": f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
         "wall_seconds": wall, "peak_memory_gib": sampler.peak / 2**30,
+        "peak_memory_parts_gib": {k: v / 2**30 for k, v in sampler.peak_parts.items()},
+        "peak_memory_by_role_gib": {k: v / 2**30 for k, v in sampler.role_peak.items()},
         "stage_seconds": manifest["timings"], "model": {k: manifest["model"].get(k) for k in
                                                          ("solver", "n_passes", "max_residual")},
         "kernel_store": manifest.get("kernel_store"),

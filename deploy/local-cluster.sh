@@ -121,8 +121,12 @@ pids+=($!)
 for _ in $(seq 1 120); do [ -s "$work/scheduler.json" ] && break; sleep 0.25; done
 [ -s "$work/scheduler.json" ] || { echo "the scheduler did not start" >&2; exit 1; }
 
+# the workers keep block-sized buffers for reuse instead of distributed's
+# MALLOC_TRIM_THRESHOLD_=65536 (pipeline.cluster.WORKER_MALLOC_ENV, docs/kernel-store.md)
+malloc_env="$(python -c 'from pipeline.cluster import WORKER_MALLOC_ENV as e; print(" ".join(f"{k}={v}" for k, v in e.items()))')"
 for i in $(seq 1 "$workers"); do
-  dask worker "$address" --host 127.0.0.1 --nworkers 1 --nthreads 1 \
+  # shellcheck disable=SC2086
+  env $malloc_env dask worker "$address" --host 127.0.0.1 --nworkers 1 --nthreads 1 \
     --memory-limit "$memory_limit" --name "local-worker-$i" --no-dashboard \
     --local-directory "$work/dask-worker-space" > "$work/logs/worker-$i.log" 2>&1 &
   pids+=($!)

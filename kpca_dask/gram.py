@@ -82,11 +82,17 @@ def stored_pair_products(
 
     A stored diagonal block (``zj is None``) holds its full square.
     """
-    diagonal = zj is None
-    return _accumulate(
-        lambda a, b, c, out: block[a:b, c:], block.shape[0], block.shape[1], zi,
-        zi if diagonal else zj, diagonal, np.dtype(dtype),
-    )
+    # The block is in memory already, so strips buy nothing: two GEMMs over the
+    # whole block are faster (measured, one thread, 2000 x 2000 float32, 40
+    # columns: 15.5 ms against 24.8 ms in 524-row strips) and, being bound by
+    # streaming the block, cost little more with wider Z (18.2 ms at 80 columns).
+    dtype = np.dtype(dtype)
+    blk = block if block.dtype == dtype else block.astype(dtype)
+    zi_c = np.ascontiguousarray(zi, dtype=dtype)
+    yi = blk @ (zi_c if zj is None else np.ascontiguousarray(zj, dtype=dtype))
+    yj = None if zj is None else np.ascontiguousarray((zi_c.T @ blk).T)
+    # partials travel in the compute dtype, as in pair_products
+    return yi, yj
 
 
 def _accumulate(strip_fn, ri, rj, zi, zj, diagonal, dtype):
@@ -183,6 +189,7 @@ class BlockKernelMatrix:
         self.kernel = kernel
         self.dtype = np.dtype(dtype)
         self.block_reader = block_reader
+        self._products = 0  # products computed: the stored path alternates their order
 
     @property
     def n(self) -> int:
@@ -303,12 +310,23 @@ class BlockKernelMatrix:
         offsets = np.concatenate([[0], np.cumsum(self.row_chunks)])
         Y = np.zeros((self.n, Z.shape[1]), dtype=np.float64)
         token = tokenize(self.X.name, self.kernel, self.dtype.str, Z, self.block_reader is None)
-        start = 0
+        waves, start = [], 0
         while start < nb:
             stop, tasks = start, 0
             while stop < nb and (tasks == 0 or tasks + (nb - stop) <= wave_tasks):
                 tasks += nb - stop
                 stop += 1
+            waves.append((start, stop))
+            start = stop
+        if self.block_reader is not None:
+            # A stored K read in the same order every pass defeats the page cache as
+            # soon as the store is a little larger than it: each pass evicts the
+            # blocks the next one starts with. Alternating the direction starts every
+            # pass with the blocks the previous one read last.
+            if self._products % 2:
+                waves.reverse()
+            self._products += 1
+        for start, stop in waves:
             dsk, deps, oname = self._pair_graph(Z, range(start, stop),
                                                 f"{token}-{start}")
             graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
@@ -316,7 +334,6 @@ class BlockKernelMatrix:
                             dtype=np.float64)
             (part,) = dask.compute(wave)
             Y[offsets[start]:] += part
-            start = stop
         return Y
 
     def diag(self) -> da.Array:

@@ -82,7 +82,7 @@ def array_sha256(a: np.ndarray) -> str:
     a = a.astype(a.dtype.newbyteorder("<"), copy=False)
     h = hashlib.sha256()
     h.update(f"{a.dtype.str}:{a.shape}".encode())
-    h.update(a.tobytes())
+    h.update(a.reshape(-1).view(np.uint8))  # the bytes in place: no copy of a large X_fit_
     return h.hexdigest()
 
 
@@ -190,7 +190,11 @@ def _write_group(store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any
                  overwrite: bool = False) -> None:
     root = zarr.open_group(store, mode="w" if overwrite else "w-", zarr_format=3)
     for name, arr in arrays.items():
-        chunks = arr.shape if arr.ndim == 1 else (min(arr.shape[0], 65536),) + arr.shape[1:]
+        # about 32 MB a chunk: zarr encodes a chunk at a time, so the transient copies
+        # stay small next to a large X_fit_ (n x d float64)
+        row_bytes = max(1, arr.itemsize * int(np.prod(arr.shape[1:])))
+        rows = max(1, min(arr.shape[0], (32 << 20) // row_bytes))
+        chunks = (rows,) + arr.shape[1:]
         z = root.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=chunks or None)
         z[...] = arr
     # Attributes last: a group without them is not a model.

@@ -13,7 +13,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .config import ClusterConfig
 
-__all__ = ["dask_client", "ClusterError"]
+__all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV"]
 
 logger = logging.getLogger("pipeline")
 
@@ -32,6 +32,47 @@ def _security(cfg: ClusterConfig):
             raise ClusterError(f"TLS file {f} does not exist (cluster.tls)")
     return Security(tls_ca_file=cfg.tls.ca_file, tls_client_cert=cfg.tls.client_cert,
                     tls_client_key=cfg.tls.client_key, require_encryption=True)
+
+
+#: glibc malloc settings for the workers of a local cluster (see :func:`worker_environ`)
+WORKER_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": 64 << 20, "MALLOC_MMAP_THRESHOLD_": 32 << 20}
+
+
+def worker_environ() -> dict[str, str]:
+    """Environment for worker processes: keep freed kernel-block buffers for reuse.
+
+    distributed starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes
+    glibc's mmap threshold at 128 KiB: every block-sized buffer (a stored kernel block is
+    16 MB at 2000 rows) is then a fresh ``mmap`` whose pages fault in one by one and are
+    zeroed, and is unmapped again when freed. Measured here reading and multiplying stored
+    2000 x 2000 float32 blocks on one thread: 76.5 ms per block with distributed's setting,
+    38.4 ms with these (9422 -> 483 page faults per block). The price is up to 64 MiB of
+    freed heap a worker may keep. A value set in the environment wins, except
+    distributed's own 65536, which its nannies copy into the parent's environment.
+    """
+    env = {}
+    for k, v in WORKER_MALLOC_ENV.items():
+        mine = os.environ.get(k)
+        env[k] = mine if mine not in (None, "", _DISTRIBUTED_DEFAULTS.get(k)) else str(v)
+    return env
+
+
+_DISTRIBUTED_DEFAULTS = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` updated for the block (distributed's nannies read it at spawn)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 #: worker log records a local cluster's user never needs: a failed task's dump (the error
@@ -172,8 +213,14 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
         return
     from kpca_dask._threads import cpu_count
 
+    import dask
+
     n_workers = cfg.n_workers or max(1, cpu_count() // cfg.threads_per_worker)
-    with LocalCluster(n_workers=n_workers, threads_per_worker=cfg.threads_per_worker,
+    # distributed takes a variable from os.environ before its config; set both, so that
+    # the nannies spawn (and re-spawn after a crash) workers with these values
+    env = worker_environ()
+    with _environ(env), dask.config.set(
+            {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}), LocalCluster(n_workers=n_workers, threads_per_worker=cfg.threads_per_worker,
                       processes=True, host="127.0.0.1",
                       dashboard_address=cfg.dashboard_address,
                       memory_limit=cfg.memory_limit, silence_logs=logging.WARNING) as cluster:

@@ -46,15 +46,26 @@ def test_only_upper_blocks_are_evaluated():
     assert evals < 0.7 * n * n
 
 
-def test_stored_blocks_give_the_same_product():
-    """A block reader (materialised kernel store) replaces evaluation transparently."""
+@pytest.mark.parametrize("dtype, tol", [("float64", 1e-12), ("float32", 2e-6)])
+def test_stored_blocks_give_the_same_product(dtype, tol):
+    """A block reader (materialised kernel store) replaces evaluation transparently:
+    diagonal blocks hold their full square, off-diagonal ones serve both K_IJ Z_J and
+    K_IJ^T Z_I, in the stored dtype."""
     Xd = da.from_array(X, chunks=(64, -1))
     K = BlockKernelMatrix(Xd, RBFKernel(0.2))
     offs = np.concatenate([[0], np.cumsum(K.row_chunks)])
-    store = {(i, j): K_REF[offs[i]:offs[i + 1], offs[j]:offs[j + 1]].copy()
+    store = {(i, j): K_REF[offs[i]:offs[i + 1], offs[j]:offs[j + 1]].astype(dtype)
              for i, j in K.upper_blocks()}
-    stored = BlockKernelMatrix(Xd, RBFKernel(0.2), block_reader=lambda i, j: store[(i, j)])
-    np.testing.assert_allclose(stored.matmul(Z).compute(), K_REF @ Z, rtol=1e-12, atol=1e-12)
+    stored = BlockKernelMatrix(Xd, RBFKernel(0.2), dtype=dtype,
+                               block_reader=lambda i, j: store[(i, j)])
+    Y = stored.matmul(Z).compute()
+    assert Y.dtype == np.float64
+    scale = np.abs(K_REF) @ np.abs(Z)
+    assert np.max(np.abs(Y - K_REF @ Z) / scale) < tol
+    # product() alternates the order of its waves from one call to the next
+    for _ in range(2):
+        np.testing.assert_allclose(stored.product(Z, wave_tasks=4), Y, rtol=1e-12, atol=1e-12)
+    assert stored._products == 2
 
 
 def test_matmul_accepts_dask_z_with_other_chunks():

@@ -44,3 +44,22 @@ def test_workers_paused_for_good_fail_the_run_with_the_fix():
                            r"limit \(1\.00 GiB\) for 3 s.*cluster\.memory_limit"):
             with dask_client(cfg) as client:
                 client.compute(da.ones((100, 100), chunks=10).sum()).result(timeout=120)
+
+
+def test_local_cluster_workers_keep_block_buffers_for_reuse():
+    """distributed spawns workers with MALLOC_TRIM_THRESHOLD_=65536, which makes every
+    block-sized buffer a fresh mmap (page faults, zeroing: twice the time of a stored
+    kernel pass). A local cluster's worker processes get the settings of
+    pipeline.cluster.WORKER_MALLOC_ENV instead -- checked in the real worker processes."""
+    import os
+
+    from pipeline.cluster import WORKER_MALLOC_ENV, dask_client
+    from pipeline.config import ClusterConfig
+
+    cfg = ClusterConfig(n_workers=2, threads_per_worker=1, dashboard_address=None)
+    with dask_client(cfg) as client:
+        seen = client.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC_ENV})
+        pids = client.run(os.getpid)
+    assert len(seen) == 2 and set(pids.values()) != {os.getpid()}
+    for env in seen.values():
+        assert env == {k: str(v) for k, v in WORKER_MALLOC_ENV.items()}
