@@ -205,6 +205,18 @@ def _write_group(store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any
     root.attrs.update(attrs)
 
 
+def _read_array(z: Any) -> np.ndarray:
+    """The whole zarr array, a chunk row at a time when large: zarr decodes the chunks of
+    one read concurrently, which held a third of a large X_fit_ again in chunk buffers."""
+    rows = z.chunks[0] if z.ndim else 0
+    if z.ndim == 0 or z.shape[0] <= rows or z.nbytes <= 64 << 20:
+        return np.asarray(z[...])
+    out = np.empty(z.shape, dtype=z.dtype)
+    for a in range(0, z.shape[0], rows):
+        out[a:a + rows] = z[a:a + rows]
+    return out
+
+
 def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Open a saved model: verified attributes and arrays, or ModelFormatError."""
     local = _local_path(path)
@@ -243,7 +255,7 @@ def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if not isinstance(z, zarr.Array) or z.dtype.kind not in "fiub":
             raise ModelFormatError(f"{path}: {name!r} is not a numeric array; refusing to load.")
         try:
-            a = np.asarray(z[...])
+            a = _read_array(z)
         except Exception as exc:
             raise ModelFormatError(f"{path}: array {name!r} cannot be read ({exc}).") from exc
         if checksums.get(name) != array_sha256(a):
