@@ -485,7 +485,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             r = _auto_block_rows(n)
         self.chunk_size_ = r
         Xb = Xd.rechunk({0: r, 1: -1})
-        persisted = Xb is Xd  # already in its blocks: as cheap as persisted to gather
+        persisted = False
         if Xb is not Xd and kernel_blocks is None and (
                 solver != "nystroem" or kind == "numpy" or Xb.nbytes <= NYSTROEM_PERSIST_BYTES):
             # Numpy input is in memory already (persisting keeps views of it);

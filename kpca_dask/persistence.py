@@ -195,12 +195,10 @@ def _write_group(store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any
         row_bytes = max(1, arr.itemsize * int(np.prod(arr.shape[1:])))
         rows = max(1, min(arr.shape[0], (32 << 20) // row_bytes))
         chunks = (rows,) + arr.shape[1:]
-        z = root.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=chunks or None)
-        if arr.ndim == 0 or arr.shape[0] <= rows:
-            z[...] = arr
-        else:  # a chunk at a time: zarr encodes the chunks of one write concurrently
-            for a in range(0, arr.shape[0], rows):
-                z[a:a + rows] = arr[a:a + rows]
+        z = root.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=chunks)
+        # a chunk at a time: zarr encodes the chunks of one write concurrently
+        for a in range(0, max(1, arr.shape[0]), rows):
+            z[a:a + rows] = arr[a:a + rows]
     # Attributes last: a group without them is not a model.
     root.attrs.update(attrs)
 

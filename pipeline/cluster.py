@@ -213,17 +213,13 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
         return
     from kpca_dask._threads import cpu_count
 
-    import dask
-
     n_workers = cfg.n_workers or max(1, cpu_count() // cfg.threads_per_worker)
-    # distributed takes a variable from os.environ before its config; set both, so that
-    # the nannies spawn (and re-spawn after a crash) workers with these values
-    env = worker_environ()
-    with _environ(env), dask.config.set(
-            {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}), LocalCluster(n_workers=n_workers, threads_per_worker=cfg.threads_per_worker,
-                      processes=True, host="127.0.0.1",
-                      dashboard_address=cfg.dashboard_address,
-                      memory_limit=cfg.memory_limit, silence_logs=logging.WARNING) as cluster:
+    # distributed's nannies take these from os.environ before their config, and spawn
+    # (and re-spawn after a crash) within the cluster's lifetime: set them for that long
+    with _environ(worker_environ()), LocalCluster(
+            n_workers=n_workers, threads_per_worker=cfg.threads_per_worker, processes=True,
+            host="127.0.0.1", dashboard_address=cfg.dashboard_address,
+            memory_limit=cfg.memory_limit, silence_logs=logging.WARNING) as cluster:
         with Client(cluster, set_as_default=True) as client:
             if not logging.getLogger("distributed").isEnabledFor(logging.DEBUG):
                 client.register_plugin(QuietTaskErrors())

@@ -113,8 +113,8 @@ _OPENED_MAX = 8
 
 
 def _handles(url: str, storage_options: dict, build_id: str, mode: str):
-    """``(K, done, block_rows)`` of build ``build_id`` of the store at ``url``, opened once
-    per process and mode."""
+    """``(K, done, block_rows, raw)`` of build ``build_id`` of the store at ``url``, opened
+    once per process and mode; ``raw``: whole blocks can be read as their chunk's bytes."""
     key = (url, json.dumps(storage_options, sort_keys=True, default=str), build_id, mode)
     arrays = _OPENED.get(key)
     if arrays is None:
@@ -122,7 +122,8 @@ def _handles(url: str, storage_options: dict, build_id: str, mode: str):
         if str(g.attrs.get("build_id", "")) != build_id:
             raise KernelStoreError(f"the kernel store {url} was rebuilt after this stage "
                                    "started; re-run it.")
-        arrays = (g["K"], g["done"], int(g.attrs["block_rows"]))
+        K, r = g["K"], int(g.attrs["block_rows"])
+        arrays = (K, g["done"], r, _raw_layout(K, r))
         with _OPENED_LOCK:
             while len(_OPENED) >= _OPENED_MAX:
                 _OPENED.pop(next(iter(_OPENED)))
@@ -165,23 +166,29 @@ class KernelBlockReader:
         return _handles(self.url, self.storage_options, self.build_id, "r")
 
     def __call__(self, i: int, j: int) -> np.ndarray:
-        K, done, r = self._open()
+        K, done, r, raw = self._open()
         marker = int(done[i, j])
         if not marker & int(_DONE):
             raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} was never written; "
                                    "re-run the kernel stage.")
         try:
-            blk = _read_block(K, r, i, j)
+            blk = _verified_block(K, r, raw, i, j, marker)
         except Exception as exc:
             raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} cannot be read "
                                    f"({exc}); re-run the kernel stage to rewrite it.") from exc
-        if blk is None or _crc(blk) != marker & 0xFFFFFFFF:
+        if blk is None:
             raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} fails its checksum; "
                                    "re-run the kernel stage (it rewrites corrupt blocks).")
         return blk
 
 
-def _read_block(K, r: int, i: int, j: int) -> np.ndarray | None:
+def _verified_block(K, r: int, raw: bool, i: int, j: int, marker: int) -> np.ndarray | None:
+    """Block ``(i, j)`` if it is there and matches its done marker, else None."""
+    blk = _read_block(K, r, raw, i, j)
+    return blk if blk is not None and _crc(blk) == marker & 0xFFFFFFFF else None
+
+
+def _read_block(K, r: int, raw: bool, i: int, j: int) -> np.ndarray | None:
     """Block ``(i, j)`` of the store's ``K``: its chunk's bytes, without a copy.
 
     A whole block is exactly one chunk whose bytes are the block (little-endian, C order)
@@ -193,8 +200,7 @@ def _read_block(K, r: int, i: int, j: int) -> np.ndarray | None:
     ``None``: the chunk is missing.
     """
     n0, n1 = K.shape
-    whole = (i + 1) * r <= n0 and (j + 1) * r <= n1
-    if whole and _raw_layout(K, r):
+    if raw and (i + 1) * r <= n0 and (j + 1) * r <= n1:
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.sync import sync
 
@@ -202,11 +208,11 @@ def _read_block(K, r: int, i: int, j: int) -> np.ndarray | None:
         buf = sync((K.store_path / key).get(prototype=default_buffer_prototype()))
         if buf is None:
             return None
-        raw = buf.as_numpy_array().view(np.uint8)
+        data = buf.as_numpy_array().view(np.uint8)
         dtype = np.dtype(K.dtype).newbyteorder("<")
-        if raw.nbytes != r * r * dtype.itemsize + 4:
+        if data.nbytes != r * r * dtype.itemsize + 4:
             return None
-        return raw[:-4].view(dtype).reshape(r, r)
+        return data[:-4].view(dtype).reshape(r, r)
     return np.asarray(K[i * r:(i + 1) * r, j * r:(j + 1) * r])
 
 
@@ -222,14 +228,13 @@ def _raw_layout(K, r: int) -> bool:
 
 def _ensure_block(url, storage_options, build_id, i, j, xi, xj, kernel, dtype, verify):
     """Compute and store block (i, j) unless a verified copy exists. Idempotent."""
-    K, done, r = _handles(url, storage_options, build_id, "r+")
+    K, done, r, raw = _handles(url, storage_options, build_id, "r+")
     marker = int(done[i, j])
     if marker & int(_DONE):
         if not verify:
             return "skipped", 0
         try:
-            blk = _read_block(K, r, i, j)
-            if blk is not None and _crc(blk) == marker & 0xFFFFFFFF:
+            if _verified_block(K, r, raw, i, j, marker) is not None:
                 return "skipped", 0
         except Exception:  # unreadable chunk: rewrite it below
             pass
@@ -264,7 +269,7 @@ def build_kernel_store(X: da.Array, kernel: Kernel, dtype: Any, store: Location,
         try:
             g = store.open_group("r")
             if all(g.attrs.get(k) == v for k, v in identity.items()) and "done" in g:
-                fresh = False
+                fresh, build_id = False, str(g.attrs["build_id"])
         except Exception:
             fresh = True
         if fresh:
@@ -275,9 +280,10 @@ def build_kernel_store(X: da.Array, kernel: Kernel, dtype: Any, store: Location,
         g.create_array("K", shape=(n, n), chunks=(r, r), dtype=dtype,
                        compressors=[Crc32cCodec()], fill_value=0)
         g.create_array("done", shape=(nb, nb), chunks=(1, 1), dtype="uint64", fill_value=0)
-        g.attrs.update({**identity, "build_id": uuid.uuid4().hex, "layout": "upper blocks I <= J of K, one chunk each; "
+        build_id = uuid.uuid4().hex
+        g.attrs.update({**identity, "build_id": build_id,
+                        "layout": "upper blocks I <= J of K, one chunk each; "
                         "done[I, J] = 2**32 | crc32c(block) once written"})
-    build_id = str(store.open_group("r").attrs["build_id"])
     xb = X.to_delayed()[:, 0]
     so = store.storage_options
     tasks = [dask.delayed(_ensure_block, pure=False)(store.url, so, build_id, i, j, xb[i],
