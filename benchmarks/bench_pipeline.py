@@ -3,9 +3,10 @@
 Runs the real command line (`python -m flows.cli run CONFIG`) on generated data
 and samples the whole process tree (client, scheduler, worker processes) every
 0.25 s: peak memory is the highest sum of proportional set sizes (PSS: shared
-pages counted once), I/O is the sum of the processes' storage-level bytes read
-and written (/proc/<pid>/io read_bytes/write_bytes) plus the bytes moved through
-read()/write() calls (rchar/wchar, which include page-cache hits).
+pages counted once), I/O is the sum of the processes' own storage-level bytes read
+and written (/proc/<pid>/io read_bytes/write_bytes, less what reaped children
+added) plus the bytes moved through read()/write() calls (rchar/wchar, which
+include page-cache hits).
 
     python benchmarks/bench_pipeline.py exact                # n = 100k, d = 32, K recomputed
     python benchmarks/bench_pipeline.py store                # n = 100k, d = 1024, K in zarr
@@ -62,7 +63,10 @@ class TreeSampler(threading.Thread):
         self.peak = 0
         self.peak_parts: dict[str, int] = {}  # role -> PSS at the moment of the total peak
         self.role_peak: dict[str, int] = {}  # role -> its own highest PSS
-        self.io: dict[int, tuple[int, int, int, int]] = {}
+        self.io: dict[int, tuple[int, ...]] = {}  # pid -> its latest /proc/<pid>/io counters
+        self.own: dict[int, tuple[int, ...]] = {}  # pid -> those minus its reaped children's
+        self.parent: dict[int, int] = {}
+        self.gone: set[int] = set()
         self.roles: dict[int, str] = {}
         self.timeline: list | None = None  # (seconds, {role: PSS}) when asked for
         self.t0 = time.perf_counter()
@@ -85,14 +89,26 @@ class TreeSampler(threading.Thread):
                 parts[role] = parts.get(role, 0) + pss
                 io = p.io_counters()
                 self.io[p.pid] = (io.read_bytes, io.write_bytes, io.read_chars, io.write_chars)
+                self.parent.setdefault(p.pid, p.ppid())
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
+        self._own_io({p.pid for p in procs})
         for role, b in parts.items():
             self.role_peak[role] = max(self.role_peak.get(role, 0), b)
         if self.timeline is not None:
             self.timeline.append((time.perf_counter() - self.t0, parts))
         if total > self.peak:
             self.peak, self.peak_parts = total, parts
+
+    def _own_io(self, alive: set[int]) -> None:
+        """Each process's own I/O. Linux adds a child's counters to its parent's when
+        the parent reaps it (worker -> nanny -> `kpca run`), so summing the latest
+        counters of every process counted the workers' I/O twice; a reaped child's
+        last sample is subtracted from its parent's counters instead."""
+        self.gone |= set(self.io) - alive
+        for pid in alive & set(self.io):
+            reaped = [self.io[c] for c, par in self.parent.items() if par == pid and c in self.gone]
+            self.own[pid] = tuple(v - sum(r[i] for r in reaped) for i, v in enumerate(self.io[pid]))
 
     def _role(self, p: psutil.Process) -> str:
         """client (the `kpca run` process, with the scheduler), workers, or other."""
@@ -111,7 +127,7 @@ class TreeSampler(threading.Thread):
             self.stop.wait(self.interval)
 
     def totals(self) -> dict[str, int]:
-        cols = list(zip(*self.io.values())) or [(0,)] * 4
+        cols = list(zip(*self.own.values())) or [(0,)] * 4
         return {"read_bytes": sum(cols[0]), "write_bytes": sum(cols[1]),
                 "read_chars": sum(cols[2]), "write_chars": sum(cols[3])}
 

@@ -27,12 +27,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pipeline import run as stages
-from pipeline.centre import load_centring
 from pipeline.config import ChunkConfig, InputConfig, PipelineConfig
 from pipeline.export import begin_run
 from pipeline.transform import transform_to_store
 
-from .caching import (_PROJECT_ARRAYS, _SPLIT_ARRAYS, centre_digest, checksums, files_under,
+from .caching import (_PROJECT_ARRAYS, _SPLIT_ARRAYS, checksums, files_under,
                       jsonable, result_serializer, stage_cache_key)
 
 __all__ = ["is_transient", "retry_transient", "RETRY_OPTIONS", "claim_output", "ingest",
@@ -138,11 +137,8 @@ def kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]) -> d
 @task(**_stage_options("centre"))
 def centre(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any],
            kernel: dict[str, Any]) -> dict[str, Any]:
-    """Row means and grand mean of the stored kernel (fused into solve otherwise)."""
-    res = stages.stage_centre(cfg, ing, split, kernel)
-    if not res.get("fused_into_solve"):
-        res["digest"] = centre_digest(*load_centring(stages.stage_locations(cfg)["centre"]))
-    return jsonable(res)
+    """Row means and grand mean of the kernel matrix: fused into the solve's first pass."""
+    return jsonable(stages.stage_centre(cfg, ing, split, kernel))
 
 
 @task(**_stage_options("solve"))

@@ -67,13 +67,15 @@ NYSTROEM_PERSIST_BYTES = 256 << 20
 _KERNEL_NAMES = ("linear", "poly", "polynomial", "rbf", "laplacian", "sigmoid", "cosine")
 
 
-def _gather_rows(X: da.Array, group_bytes: int = 256 << 20) -> np.ndarray:
+def _gather_rows(X: da.Array, group_bytes: int = 64 << 20) -> np.ndarray:
     """``X`` as one float64 numpy array, filled a few row chunks at a time.
 
     ``dask.compute(X)`` holds every chunk on the workers and the driver until it
     concatenates them: for X of 0.82 GB (n = 100k, d = 1024) that was 1.9 GiB on the
     workers and 2.2 GiB on the driver at once. Here the driver holds the result
-    and about ``group_bytes`` of chunks in flight.
+    and about ``group_bytes`` of chunks in flight (at least one chunk). With 256 MB
+    groups the workers still rose by 0.45 GiB at n = 100k, d = 1024: the peak of the
+    whole run.
     """
     import dask
 

@@ -78,16 +78,14 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
 
 
 def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
-          block_rows: int | str = "auto", block_reader: Any = None,
-          centring: tuple[np.ndarray, float] | None = None) -> tuple[KernelPCA, dict[str, Any]]:
+          block_rows: int | str = "auto", block_reader: Any = None
+          ) -> tuple[KernelPCA, dict[str, Any]]:
     """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON)."""
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
     fit_kw: dict[str, Any] = {}
     if block_reader is not None:
         fit_kw["kernel_blocks"] = block_reader
-    if centring is not None:
-        fit_kw["centring"] = centring
     with warnings.catch_warnings():
         # fewer components than asked is an error here (check_fit), not a warning
         warnings.filterwarnings("ignore", category=DroppedComponentsWarning)

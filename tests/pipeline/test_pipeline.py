@@ -170,9 +170,24 @@ def test_kernel_reader_reads_verified_blocks_and_refuses_a_rebuilt_store(tmp_pat
     K = RBFKernel(0.1)(X[:128], X[128:256], dtype=np.float32)
     # whole blocks are read raw (the chunk's bytes in place), edge blocks through zarr
     from pipeline.kernel import _raw_layout
-    assert _raw_layout(reader._open()[0], 128)
+    assert _raw_layout(reader._open().K, 128)
     np.testing.assert_array_equal(reader(0, 1), K)
     np.testing.assert_array_equal(reader(0, 1), K)  # from the handles opened once
+    # the build writes whole blocks' chunk files itself: zarr reads them (checking their
+    # CRC-32C) as its own, and no temporary file is left behind
+    np.testing.assert_array_equal(zarr.open_group(store.url, mode="r")["K"][0:128, 128:256], K)
+    assert not list((tmp_path / "k.zarr").rglob("*.partial"))
+    # the marker is cached per process while the chunk file stays the same: a chunk
+    # replaced afterwards is checked against the marker on disk, not the cached one
+    g = zarr.open_group(store.url, mode="r+")
+    g["K"][0:128, 128:256] = K + 1
+    with pytest.raises(KernelStoreError, match="checksum"):
+        reader(0, 1)
+    from pipeline.kernel import _DONE, _crc
+    g["done"][0, 1] = _DONE | np.uint64(_crc(K + 1))  # as a resumed build rewrites a block
+    np.testing.assert_array_equal(reader(0, 1), K + 1)
+    g["K"][0:128, 128:256] = K
+    g["done"][0, 1] = _DONE | np.uint64(_crc(K))
     nb = -(-X.shape[0] // 128)
     assert X.shape[0] % 128  # the last block row is an edge block
     np.testing.assert_array_equal(reader(0, nb - 1),
