@@ -13,7 +13,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .config import ClusterConfig
 
-__all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV"]
+__all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV",
+           "release_worker_memory"]
 
 logger = logging.getLogger("pipeline")
 
@@ -58,6 +59,37 @@ def worker_environ() -> dict[str, str]:
 
 
 _DISTRIBUTED_DEFAULTS = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
+def _malloc_trim() -> int:
+    """glibc's ``malloc_trim(0)``: give freed heap pages back to the OS (0 elsewhere)."""
+    import ctypes
+
+    try:
+        return int(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):  # not glibc
+        return 0
+
+
+def release_worker_memory() -> None:
+    """Return the workers' freed heap to the OS between stages (distributed's documented
+    remedy for "memory not released back to the OS": ``client.run(malloc_trim)``).
+
+    glibc only trims the top of a heap on its own; the holes the kernel build's
+    block-sized buffers leave stay resident. Measured at n = 100k, d = 1024: the two
+    workers held 1.0 GiB through the solve after the build; see docs/kernel-store.md
+    for what this call changed. A no-op without a distributed client.
+    """
+    try:
+        from distributed import default_client
+
+        client = default_client()
+    except (ImportError, ValueError):
+        return
+    try:
+        client.run(_malloc_trim)
+    except Exception as exc:  # never fail a run over housekeeping
+        logger.debug("malloc_trim on the workers failed: %s", exc)
 
 
 @contextlib.contextmanager

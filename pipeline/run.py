@@ -24,6 +24,7 @@ import numpy as np
 from kpca_dask.estimator import _auto_block_rows
 
 from .centre import save_centring
+from .cluster import release_worker_memory
 from .config import PipelineConfig
 from .denoise import stage_denoise  # the denoise stage, with the others here
 from .evaluate import make_split
@@ -202,6 +203,7 @@ def stage_solve(cfg: PipelineConfig, ing: dict, split: dict, kernel: dict,
                 centre: dict) -> dict[str, Any]:
     """Fit on the training rows; the model goes to ``<out>/model``."""
     loc = stage_locations(cfg)
+    release_worker_memory()  # what the kernel build's buffers left on the workers' heaps
     X_train, r = _training_rows(cfg, ing, split)
     reader = None
     solve_cfg = cfg
