@@ -6,7 +6,8 @@ and samples the whole process tree (client, scheduler, worker processes) every
 pages counted once), I/O is the sum of the processes' own storage-level bytes read
 and written (/proc/<pid>/io read_bytes/write_bytes, less what reaped children
 added) plus the bytes moved through read()/write() calls (rchar/wchar, which
-include page-cache hits).
+include page-cache hits and the sockets between Dask processes, but not reads
+of memory-mapped files such as stored kernel blocks).
 
     python benchmarks/bench_pipeline.py exact                # n = 100k, d = 32, K recomputed
     python benchmarks/bench_pipeline.py store                # n = 100k, d = 1024, K in zarr
