@@ -14,7 +14,7 @@ import numpy as np
 
 from .store import Location
 
-__all__ = ["save_centring", "load_centring"]
+__all__ = ["save_centring"]
 
 
 def save_centring(store: Location, row_means: np.ndarray, grand_mean: float) -> None:
@@ -23,12 +23,3 @@ def save_centring(store: Location, row_means: np.ndarray, grand_mean: float) -> 
                        chunks=(min(len(row_means), 1 << 20),))
     z[...] = row_means
     g.attrs.update({"grand_mean": float(grand_mean), "status": "complete"})
-
-
-def load_centring(store: Location) -> tuple[np.ndarray, float] | None:
-    if not store.exists():
-        return None
-    g = store.open_group("r")
-    if g.attrs.get("status") != "complete":
-        return None
-    return np.asarray(g["row_means"][...]), float(g.attrs["grand_mean"])

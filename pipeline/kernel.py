@@ -193,7 +193,7 @@ class KernelBlockReader:
         if not marker & int(_DONE):
             raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} was never written; "
                                    "re-run the kernel stage.")
-        if blk is None or _crc(blk) != marker & 0xFFFFFFFF:
+        if not _matches(blk, marker):
             raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} fails its checksum; "
                                    "re-run the kernel stage (it rewrites corrupt blocks).")
         if sig is not None:
@@ -204,10 +204,25 @@ class KernelBlockReader:
         return blk
 
 
+def _matches(blk: np.ndarray | None, marker: int) -> bool:
+    """Whether a block was read and its CRC-32C is the one its done marker records."""
+    return blk is not None and _crc(blk) == marker & 0xFFFFFFFF
+
+
 def _verified_block(h: _Handles, i: int, j: int, marker: int) -> np.ndarray | None:
     """Block ``(i, j)`` if it is there and matches its done marker, else None."""
     blk, _ = _read_block(h, i, j)
-    return blk if blk is not None and _crc(blk) == marker & 0xFFFFFFFF else None
+    return blk if _matches(blk, marker) else None
+
+
+def _whole(h: _Handles, i: int, j: int) -> bool:
+    """Whether block ``(i, j)`` fills its chunk (every block but the last row/column's)."""
+    return (i + 1) * h.r <= h.K.shape[0] and (j + 1) * h.r <= h.K.shape[1]
+
+
+def _chunk_path(h: _Handles, i: int, j: int) -> str:
+    """The local file of block ``(i, j)``'s chunk (``h.chunk_dir`` must be set)."""
+    return os.path.join(h.chunk_dir, *h.K.metadata.encode_chunk_key((i, j)).split("/"))
 
 
 def _read_block(h: _Handles, i: int, j: int) -> tuple[np.ndarray | None, tuple | None]:
@@ -228,15 +243,13 @@ def _read_block(h: _Handles, i: int, j: int) -> tuple[np.ndarray | None, tuple |
     place while a task maps it would kill that worker (SIGBUS).
     """
     K, r = h.K, h.r
-    n0, n1 = K.shape
-    if not (h.raw and (i + 1) * r <= n0 and (j + 1) * r <= n1):
+    if not (h.raw and _whole(h, i, j)):
         return np.asarray(K[i * r:(i + 1) * r, j * r:(j + 1) * r]), None
     dtype = np.dtype(K.dtype).newbyteorder("<")
     size = r * r * dtype.itemsize + 4
-    key = K.metadata.encode_chunk_key((i, j))
     if h.chunk_dir is not None:
         try:
-            fd = os.open(os.path.join(h.chunk_dir, *key.split("/")), os.O_RDONLY)
+            fd = os.open(_chunk_path(h, i, j), os.O_RDONLY)
         except FileNotFoundError:
             return None, None
         try:
@@ -252,6 +265,7 @@ def _read_block(h: _Handles, i: int, j: int) -> tuple[np.ndarray | None, tuple |
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
+    key = K.metadata.encode_chunk_key((i, j))
     buf = sync((K.store_path / key).get(prototype=default_buffer_prototype()))
     if buf is None:
         return None, None
@@ -317,11 +331,10 @@ def _write_raw(h: _Handles, i: int, j: int, blk: np.ndarray, crc: int) -> bool:
     renamed over the chunk, so a reader never sees half a chunk and a mapped chunk is
     never truncated. zarr reads these chunks back (and checks their CRC) as its own.
     """
-    r = h.r
-    if h.chunk_dir is None or (i + 1) * r > h.K.shape[0] or (j + 1) * r > h.K.shape[1]:
+    if h.chunk_dir is None or not _whole(h, i, j):
         return False
     data = np.ascontiguousarray(blk, dtype=np.dtype(h.K.dtype).newbyteorder("<"))
-    path = os.path.join(h.chunk_dir, *h.K.metadata.encode_chunk_key((i, j)).split("/"))
+    path = _chunk_path(h, i, j)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.partial"
     try:
