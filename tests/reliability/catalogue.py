@@ -608,6 +608,22 @@ TRANSFORM = [
 ]
 
 CASES = ESTIMATOR + CONFIG + INPUT + FIT + OUTPUT + CLUSTER + TRANSFORM
+
+# More cases live in sibling modules (``cases_<topic>.py``, each with a ``CASES`` list built
+# from ``Case``/``Ctx`` above). Run as ``python -m``, this file is ``__main__``: the real
+# module (imported below) loads them, so they are not loaded twice.
+EXTENSIONS = ("cases_safety", "cases_integrity", "cases_solver")
+if __name__ != "__main__":
+    import importlib
+
+    for _name in EXTENSIONS:
+        try:
+            _mod = importlib.import_module(f"{__package__}.{_name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__package__}.{_name}":
+                raise
+            continue
+        CASES = CASES + _mod.CASES
 BY_KEY = {c.key: c for c in CASES}
 assert len(BY_KEY) == len(CASES)
 
@@ -748,4 +764,6 @@ if __name__ == "__main__":  # pragma: no cover
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
     socket.setdefaulttimeout(None)
-    _main()
+    from tests.reliability import catalogue
+
+    catalogue._main()
