@@ -11,6 +11,7 @@ __all__ = [
     "KpcaError",
     "InvalidParameterError",
     "InvalidInputError",
+    "ConstantKernelError",
     "NotFittedError",
     "ModelFormatError",
     "KpcaWarning",
@@ -30,6 +31,11 @@ class InvalidParameterError(KpcaError, ValueError):
 
 class InvalidInputError(KpcaError, ValueError):
     """The data passed to fit/transform cannot be used (shape, dtype, NaN...)."""
+
+
+class ConstantKernelError(InvalidInputError):
+    """The centred kernel matrix has no positive eigenvalue: the data are constant in
+    feature space (identical rows, or a kernel parameter that makes the kernel constant)."""
 
 
 class NotFittedError(KpcaError, ValueError, AttributeError):

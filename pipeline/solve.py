@@ -11,7 +11,7 @@ import dask.array as da
 import numpy as np
 
 from kpca_dask import KernelPCA
-from kpca_dask.exceptions import DroppedComponentsWarning
+from kpca_dask.exceptions import ConstantKernelError, DroppedComponentsWarning
 
 from .config import PipelineConfig
 from .denoise import estimator_params
@@ -26,6 +26,15 @@ class SolveError(ValueError):
     """The fit is not good enough to publish; the message says why and what to change."""
 
 
+# One message for a constant centred kernel, whichever code path notices it: the solver
+# (no positive eigenvalue at all, kpca_dask's ConstantKernelError) or check_fit (eigenvalues
+# that are rounding noise). Which one fires depends on the CPU's rounding, not on the data.
+CONSTANT_KERNEL = (
+    "the centred kernel matrix is zero to rounding: the data are constant in feature "
+    "space (every row identical, or kernel.gamma so large or small that the kernel is "
+    "constant); check the input and kernel.gamma.")
+
+
 def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
     """Refuse a fit that is not what was asked for, or not accurate, before it is saved.
 
@@ -36,11 +45,11 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
     """
     k_req, k = int(cfg.solver.n_components), int(est.n_components_)
     trace = float(getattr(est, "kernel_trace_", 0.0) or 0.0)
-    if trace > 0 and float(np.max(est.eigenvalues_)) <= 1e-10 * trace:
-        raise SolveError(
-            "the centred kernel matrix is zero to rounding: the data are constant in feature "
-            "space (every row identical, or kernel.gamma so large or small that the kernel is "
-            "constant); check the input and kernel.gamma.")
+    # rounding noise of the kernel's dtype: float32 leaves ~1e-9 * trace of noise eigenvalues
+    # on a constant kernel, float64 ~1e-16; a real signal is far above either bound
+    noise = max(1e-10, 100 * float(np.finfo(np.dtype(cfg.solver.dtype)).eps))
+    if trace > 0 and float(np.max(est.eigenvalues_)) <= noise * trace:
+        raise SolveError(CONSTANT_KERNEL)
     if k < k_req:
         if cfg.kernel.name == "sigmoid":
             why = (f"the sigmoid kernel is not positive semi-definite and only {k} eigenvalues "
@@ -89,7 +98,10 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
     with warnings.catch_warnings():
         # fewer components than asked is an error here (check_fit), not a warning
         warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
-        est.fit(X_train, **fit_kw)
+        try:
+            est.fit(X_train, **fit_kw)
+        except ConstantKernelError as e:
+            raise SolveError(CONSTANT_KERNEL) from e
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
     est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..exceptions import DroppedComponentsWarning, InvalidInputError
+from ..exceptions import ConstantKernelError, DroppedComponentsWarning, InvalidInputError
 
 __all__ = ["EigResult", "deterministic_signs", "drop_nonpositive"]
 
@@ -82,7 +82,7 @@ def drop_nonpositive(
     top = float(eigenvalues.max()) if eigenvalues.size else 0.0
     keep = eigenvalues > max(top, 0.0) * rtol
     if top <= 0 or not keep.any():
-        raise InvalidInputError(
+        raise ConstantKernelError(
             "The centred kernel matrix has no positive eigenvalue: the data are constant in "
             "feature space (all rows identical, or gamma so large or small that the kernel "
             "is (nearly) constant). Check the data and the kernel parameters."

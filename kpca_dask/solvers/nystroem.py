@@ -180,9 +180,9 @@ def nystroem_basis(landmarks: np.ndarray, kernel: Kernel, dtype: Any,
     top = float(S[0]) if S.size else 0.0
     keep = S > max(top, 0.0) * tol
     if not top > 0 or not keep.any():
-        from ..exceptions import InvalidInputError
+        from ..exceptions import ConstantKernelError
 
-        raise InvalidInputError(
+        raise ConstantKernelError(
             "The kernel matrix of the landmarks has no positive eigenvalue: the kernel is "
             "(nearly) zero on the data. Check the kernel parameters."
         )
