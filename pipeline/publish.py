@@ -1,0 +1,206 @@
+"""What a run may touch in its output folder, and publishing as a transaction.
+
+Before a run takes the output's lock, :func:`check_output_folder` refuses an
+output folder that holds files of the user's under the names a run writes
+(``model/``, ``embedding.parquet/``, ``manifest.json``...) or symbolic links
+under those names: a run never replaces what it did not write. Other files in
+the folder are left alone.
+
+A run replaces a published run as a transaction. When a complete run is
+un-published (its manifest removed before the first write, ``begin_run``),
+:func:`snapshot_published` first keeps it in ``<out>/.kpca-prev/`` -- hard
+links to its files, so it costs no copy, and every writer of a run replaces
+files by rename (zarr's local store, ``atomic_write_json``, ``save_model``),
+which leaves the linked old files intact. The new run is written and its
+manifest published; then :func:`retire_previous` removes the kept run. If the
+run fails or is refused instead, :func:`restore_previous` moves the kept run
+back, manifest last, and the previous result verifies again as before. A run
+killed outright leaves the kept run in ``.kpca-prev``; the next run of the
+same output restores or retires it the same way.
+
+Only local outputs are snapshotted; on object stores a failed run leaves the
+output un-published (as before), and the message says so.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from kpca_dask._removal import MARKER_FILE, has_marker, write_marker
+
+from .store import Location, _marked, read_json
+
+__all__ = ["RUN_NAMES", "PREV", "check_output_folder", "check_not_overlapping",
+           "snapshot_published", "restore_previous", "retire_previous"]
+
+logger = logging.getLogger("pipeline")
+
+#: top-level names a run writes (and may replace) in its output folder
+RUN_NAMES = frozenset({"manifest.json", "zarr.json", "model", "embedding", "embedding.parquet",
+                       "spectrum", "labels", "ids", "split", "report", "work", "denoised",
+                       ".kpca-run.lock"})
+#: where the previous published run is kept while a new one is written
+PREV = ".kpca-prev"
+MANIFEST = "manifest.json"
+
+
+def _run_error(msg: str) -> Exception:
+    from .export import RunError
+
+    return RunError(msg)
+
+
+def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> None:
+    """Refuse (RunError, one line) an output folder where a run would replace what is not
+    its own: under a name a run writes, a symbolic link, or -- in a folder that is not a
+    kpca-dask run -- anything at all."""
+    if not out.is_local:
+        return
+    p = out.local_path
+    if not os.path.lexists(p):
+        return
+    if stat.S_ISLNK(os.lstat(p).st_mode) and not os.path.isdir(p):
+        raise _run_error(f"output path {p} is a symbolic link to no folder; choose another "
+                         "output.path.")
+    if not p.is_dir():
+        raise _run_error(f"output path {p} is a file, not a folder; choose another "
+                         "output.path.")
+    names = RUN_NAMES | set(extra_names)
+    ours = _marked(p)
+    for e in sorted(os.scandir(p), key=lambda e: e.name):
+        if e.name not in names and not e.name.startswith(".kpca-"):
+            continue  # the user's own file beside the run: never touched
+        if e.is_symlink():
+            raise _run_error(
+                f"output {p} holds {e.name}, a symbolic link: kpca never writes through or "
+                "removes links; remove the link or choose another output.path.")
+        if not ours and not e.name.startswith(".kpca-"):  # the lock: judged by its content
+            raise _run_error(
+                f"output {p} is not a kpca-dask run folder but holds {e.name!r}, which a run "
+                "would replace; choose an empty or new output.path (your files are left as "
+                "they are).")
+
+
+def _local_input(path: str) -> Path | None:
+    if "://" in path and not path.startswith("file://"):
+        return None
+    path = path.removeprefix("file://")
+    for i, ch in enumerate(path):  # a glob: the folder before the first wildcard
+        if ch in "*?[":
+            path = os.path.dirname(path[:i]) or "."
+            break
+    return Path(os.path.realpath(path))
+
+
+def check_not_overlapping(out: Location, inputs: list[str], what: str = "output.path") -> None:
+    """Refuse an output that is, holds or lies inside one of the inputs."""
+    if not out.is_local:
+        for q in inputs:
+            a, b = out.url.rstrip("/"), str(q).rstrip("/")
+            if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                raise _run_error(f"{what} {out} overlaps the input {q}; write the output "
+                                 "somewhere else (the input is never overwritten).")
+        return
+    o = Path(os.path.realpath(out.local_path))
+    for q in inputs:
+        qp = _local_input(str(q))
+        if qp is None:
+            continue
+        if o == qp or qp in o.parents or o in qp.parents:
+            raise _run_error(f"{what} {out} overlaps the input {q}; write the output somewhere "
+                             "else (the input is never overwritten).")
+
+
+def _complete(manifest: Path) -> bool:
+    try:
+        return read_json(Location(str(manifest))).get("status") == "complete"
+    except Exception:
+        return False
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst`` as a copy of ``src`` made of hard links (a copy where linking fails)."""
+    st = os.lstat(src)
+    if stat.S_ISLNK(st.st_mode):
+        raise _run_error(f"{src} is a symbolic link inside the published run; remove it and "
+                         "re-run (kpca never follows links).")
+    if stat.S_ISDIR(st.st_mode):
+        os.mkdir(dst)
+        for e in os.scandir(src):
+            _link_tree(Path(e.path), dst / e.name)
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def snapshot_published(out: Location) -> bool:
+    """Keep the complete run published at ``out`` in ``out/.kpca-prev`` (hard links) before
+    it is un-published. Returns whether a snapshot was made."""
+    if not out.is_local:
+        return False
+    p = out.local_path
+    if not _complete(p / MANIFEST):
+        return False
+    snap = p / PREV
+    if os.path.lexists(snap):
+        Location(str(snap)).remove(root=out)
+    write_marker(snap, "previous-run")
+    try:
+        for e in sorted(os.scandir(p), key=lambda e: e.name):
+            if e.name in (MANIFEST, "work", ".kpca-run.lock", PREV) or e.name.startswith(".kpca-"):
+                continue
+            if e.name not in RUN_NAMES and not (_marked(Path(e.path)) or
+                                                os.path.isfile(Path(e.path, "zarr.json"))):
+                continue  # a user's file beside the run: not part of it
+            _link_tree(Path(e.path), snap / e.name)
+        _link_tree(p / MANIFEST, snap / MANIFEST)  # last: a snapshot without it is not one
+    except BaseException:
+        Location(str(snap)).remove(root=out)
+        raise
+    logger.info("publish: the previous run of %s is kept in %s until the new one is "
+                "published", p, PREV)
+    return True
+
+
+def restore_previous(out: Location) -> bool:
+    """Put the kept previous run back (after a failed or refused run). Returns whether it
+    was restored."""
+    if not out.is_local:
+        return False
+    p = out.local_path
+    snap = p / PREV
+    if not has_marker(snap, "previous-run") or not _complete(snap / MANIFEST):
+        return False
+    if _complete(p / MANIFEST):
+        return False  # the output is published (this run, or nothing was un-published)
+    for e in sorted(os.scandir(snap), key=lambda e: e.name):
+        if e.name in (MARKER_FILE, MANIFEST):
+            continue
+        target = p / e.name
+        if os.path.lexists(target):
+            Location(str(target)).remove(root=out)
+        os.rename(e.path, target)
+    os.rename(snap / MANIFEST, p / MANIFEST)  # the commit: the previous run is published again
+    Location(str(snap)).remove(root=out)
+    logger.warning("publish: the run failed; the previous run at %s is published again", p)
+    return True
+
+
+def retire_previous(out: Location) -> bool:
+    """Remove the kept previous run once the new one is published."""
+    if not out.is_local:
+        return False
+    p = out.local_path
+    snap = p / PREV
+    if not os.path.lexists(snap) or not _complete(p / MANIFEST):
+        return False
+    return Location(str(snap)).remove(root=out)
