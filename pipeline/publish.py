@@ -97,23 +97,21 @@ def _local_input(path: str) -> Path | None:
     return Path(os.path.realpath(path))
 
 
-def check_not_overlapping(out: Location, inputs: list[str], what: str = "output.path") -> None:
-    """Refuse an output that is, holds or lies inside one of the inputs."""
-    if not out.is_local:
-        for q in inputs:
-            a, b = out.url.rstrip("/"), str(q).rstrip("/")
-            if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
-                raise _run_error(f"{what} {out} overlaps the input {q}; write the output "
-                                 "somewhere else (the input is never overwritten).")
-        return
-    o = Path(os.path.realpath(out.local_path))
-    for q in inputs:
-        qp = _local_input(str(q))
-        if qp is None:
-            continue
-        if o == qp or qp in o.parents or o in qp.parents:
-            raise _run_error(f"{what} {out} overlaps the input {q}; write the output somewhere "
-                             "else (the input is never overwritten).")
+def check_not_overlapping(out: Location, inputs: list, what: str = "output.path") -> None:
+    """Refuse an output that is, holds or lies inside one of the inputs (paths, or
+    ``(path, "the model's run")`` pairs naming what they are)."""
+    named = [q if isinstance(q, tuple) else (str(q), "the input") for q in inputs]
+    for q, label in named:
+        if out.is_local:
+            o = Path(os.path.realpath(out.local_path))
+            qp = _local_input(q)
+            hit = qp is not None and (o == qp or qp in o.parents or o in qp.parents)
+        else:
+            a, b = out.url.rstrip("/"), q.rstrip("/")
+            hit = a == b or a.startswith(b + "/") or b.startswith(a + "/")
+        if hit:
+            raise _run_error(f"{what} {out} is, holds or lies inside {label} {q}; write the "
+                             f"output somewhere else ({label} is never overwritten).")
 
 
 def _complete(manifest: Path) -> bool:
@@ -204,3 +202,185 @@ def retire_previous(out: Location) -> bool:
     if not os.path.lexists(snap) or not _complete(p / MANIFEST):
         return False
     return Location(str(snap)).remove(root=out)
+
+
+# ----------------------------------------------------------------- transform outputs
+TRANSFORM_KINDS = ("kpca-dask-transform", "kpca-dask-denoised")
+
+
+class TransformOutputError(ValueError):
+    """A transform's output path is unsafe or not ours to replace; the message says why."""
+
+
+def _model_root(model_path: str) -> str:
+    """The folder a transform's model lives in: its run folder when it is a run (or a run's
+    ``model/``), else the model folder itself."""
+    loc = Location(model_path)
+    if loc.is_local:
+        p = loc.local_path
+        if p.name == "model" and _marked(p.parent) and \
+                (zarr_kind(p.parent) or "").startswith("kpca-dask-run"):
+            return str(p.parent)
+        return str(p)
+    url = model_path.rstrip("/")
+    return url.rsplit("/", 1)[0] if url.endswith("/model") else url
+
+
+def zarr_kind(p: Path) -> str | None:
+    from .store import zarr_attrs
+
+    a = zarr_attrs(p)
+    return None if a is None else a.get("kind")
+
+
+def _is_transform_output(p: Path) -> bool:
+    """A transform/denoise output we wrote: a zarr group of that kind, or a Parquet folder
+    with our marker (not a link)."""
+    if os.path.islink(p):
+        return False
+    return zarr_kind(p) in TRANSFORM_KINDS or has_marker(p, "parquet")
+
+
+def check_transform_output(output: str, *, model_path: str, inputs: list[str],
+                           overwrite: bool) -> Location:
+    """The output of ``kpca transform`` once it is known safe: refuses ``""``/``.``, the
+    current or home folder, the input, a run folder or anything inside the model's run,
+    a link, and an existing path that is not a transform output of ours (even with
+    ``overwrite``); an existing output of ours needs ``overwrite``."""
+    from kpca_dask._removal import removal_refusal
+
+    raw = "" if output is None else str(output)
+    if raw.strip() in ("", ".", "./") or raw.rstrip("/") in ("", ".", ".."):
+        raise TransformOutputError(
+            f"output path {raw!r} names no new folder (empty or '.'); give the output a "
+            "name of its own, e.g. embedding.zarr.")
+    out = Location(raw)
+    try:
+        check_not_overlapping(out, [(_model_root(model_path), "the model's run or folder"),
+                                    *inputs], what="output")
+    except ValueError as exc:
+        raise TransformOutputError(str(exc)) from None
+    if not out.is_local:
+        return out
+    p = out.local_path
+    if os.path.islink(p):
+        raise TransformOutputError(f"output {raw} is a symbolic link; kpca never writes "
+                                   "through or replaces links; choose another output path.")
+    why = removal_refusal(p, root=p)
+    if why is not None:
+        raise TransformOutputError(f"output {raw} cannot be written: {why}; choose a new "
+                                   "path for the output.")
+    if os.path.lexists(p):
+        if _marked(p) and zarr_kind(p) == "kpca-dask-run" or (p / MANIFEST).exists():
+            raise TransformOutputError(f"output {raw} is a kpca run folder; write the "
+                                       "transform output somewhere else.")
+        if not _is_transform_output(p):
+            raise TransformOutputError(
+                f"output {raw} exists and was not written by kpca transform; it is left as "
+                "it is: choose another output path.")
+        if not overwrite:
+            raise FileExistsError(f"{raw} exists; pass --overwrite to replace it.")
+    return out
+
+
+class OutputLock:
+    """``.kpca-lock.<name>`` beside a transform output: one writer at a time (flock)."""
+
+    def __init__(self, out: Location):
+        self.out = out
+        self.path = out.local_path.parent / f".kpca-lock.{out.local_path.name}" \
+            if out.is_local else None
+        self._fd: int | None = None
+        self._token = ""
+
+    def __enter__(self) -> OutputLock:
+        if self.path is None:
+            return self
+        import fcntl
+        import json
+        import uuid
+
+        from .lock import OutputLockedError
+
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise TransformOutputError(f"{self.path} is a symbolic link; remove it (kpca "
+                                           "never writes through links).") from None
+            raise
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputLockedError(
+                f"output {self.out} is being written by another transform (lock "
+                f"{self.path.name}); wait for it to finish or choose another output.") from None
+        self._token = uuid.uuid4().hex
+        data = json.dumps({"written_by": "kpca-dask", "pid": os.getpid(),
+                           "token": self._token}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        self._fd = fd
+        return self
+
+    def _ours(self, p: Path) -> bool:
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        with os.fdopen(fd) as f:
+            return self._token in f.read(4096)
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is None:
+            return
+        try:
+            Location(str(self.path)).remove(root=Location(str(self.path)), owned=self._ours)
+        finally:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def publish_beside(out: Location, write, verify) -> None:
+    """Write a transform output beside ``out`` (``.kpca-new-<token>.<name>``), check it,
+    swap it in, then retire the old one: a failure leaves ``out`` as it was.
+
+    ``write(tmp: Location)`` writes the new output; ``verify(tmp)`` raises if it is not
+    complete. Object stores have no rename: there the old output (ours, checked) is
+    removed first and the new one written in place.
+    """
+    import uuid
+
+    if not out.is_local:
+        out.remove(root=out, owned=None) if out.exists() else None
+        write(out)
+        verify(out)
+        return
+    p = out.local_path
+    token = uuid.uuid4().hex[:12]
+    tmp = p.parent / f".kpca-new-{token}.{p.name}"
+    old = p.parent / f".kpca-old-{token}.{p.name}"
+    tmp_loc = Location(str(tmp))
+
+    def by_name(name):
+        return lambda q: q.name == name
+
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write(tmp_loc)
+        verify(tmp_loc)
+        if os.path.lexists(p):
+            if not _is_transform_output(p):  # changed since it was checked
+                raise TransformOutputError(f"output {p} was replaced meanwhile by something "
+                                           "kpca did not write; it is left as it is.")
+            os.rename(p, old)
+        os.rename(tmp, p)
+    except BaseException:
+        if os.path.lexists(tmp):
+            Location(str(tmp)).remove(root=Location(str(tmp)), owned=by_name(tmp.name))
+        if os.path.lexists(old) and not os.path.lexists(p):
+            os.rename(old, p)
+        raise
+    if os.path.lexists(old):
+        Location(str(old)).remove(root=Location(str(old)), owned=by_name(old.name))
