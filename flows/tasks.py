@@ -217,10 +217,11 @@ STAGE_TASKS = {"ingest": ingest, "split": split, "kernel": kernel, "centre": cen
 # ----------------------------------------------------------------- transform
 @task(name="transform", cache_policy=NO_CACHE, **RETRY_OPTIONS)
 def transform(model: str, input: InputConfig, output: str,
-              chunks: ChunkConfig | None = None) -> dict[str, Any]:
-    """Embed a batch with a saved model (streaming); replaces a partial output of a retry.
+              chunks: ChunkConfig | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Embed a batch with a saved model (streaming).
 
-    The flow refuses an existing output unless asked to overwrite before this
-    task runs, so a retry may replace what its own failed attempt wrote.
+    The output is written beside its final name and swapped in only when complete, so a
+    failed attempt leaves nothing behind and a retry starts clean.
     """
-    return jsonable(transform_to_store(model, input, output, chunks=chunks, overwrite=True))
+    return jsonable(transform_to_store(model, input, output, chunks=chunks,
+                                       overwrite=overwrite))

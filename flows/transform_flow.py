@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger
 
 from pipeline.cluster import dask_client
 from pipeline.config import ChunkConfig, ClusterConfig, InputConfig
-from pipeline.store import Location
+from pipeline.publish import check_transform_output
 
 from . import tasks
 from .artifacts import publish_transform_artifacts
@@ -35,12 +35,12 @@ def kpca_transform(model: str, input: InputConfig, output: str,
                    overwrite: bool = False) -> dict[str, Any]:
     """Embed ``input`` with ``model`` into ``output``; returns rows, components, seconds."""
     log = get_run_logger()
-    if Location(output).exists() and not overwrite:
-        raise FileExistsError(f"{output} exists; pass overwrite=true to replace it.")
+    # before any cluster starts: "", ".", the input, a run folder, a path kpca did not write
+    check_transform_output(output, model_path=model, inputs=[input.path], overwrite=overwrite)
     with forward_library_logs(), dask_client(cluster or ClusterConfig()) as client:
         log.info(dashboard_line(client))
         res = tasks.transform(model=model, input=input, output=output,
-                              chunks=chunks or ChunkConfig())
+                              chunks=chunks or ChunkConfig(), overwrite=overwrite)
     log.info("embedded %d rows of %s into %d components -> %s", res["rows"], input.path,
              res["components"], output)
     res["artifacts"] = publish_transform_artifacts(model, input.path, res)

@@ -18,6 +18,7 @@ from .exceptions import (
     ModelFormatError,
     NotFittedError,
     PreimageConvergenceWarning,
+    UnsafeRemovalError,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,6 +49,7 @@ __all__ = [
     "InvalidParameterError",
     "NotFittedError",
     "ModelFormatError",
+    "UnsafeRemovalError",
     "ConvergenceWarning",
     "DroppedComponentsWarning",
     "PreimageConvergenceWarning",

@@ -14,6 +14,7 @@ __all__ = [
     "ConstantKernelError",
     "NotFittedError",
     "ModelFormatError",
+    "UnsafeRemovalError",
     "KpcaWarning",
     "ConvergenceWarning",
     "DroppedComponentsWarning",
@@ -49,6 +50,11 @@ class NotFittedError(KpcaError, ValueError, AttributeError):
 
 class ModelFormatError(KpcaError, ValueError):
     """A saved model is missing, incomplete, corrupt or of an unknown version."""
+
+
+class UnsafeRemovalError(KpcaError, PermissionError):
+    """kpca-dask refused to remove or replace a path: it is not ours, or not safe to touch
+    (outside the output, a link, the input, the home or current folder...)."""
 
 
 class KpcaWarning(UserWarning):

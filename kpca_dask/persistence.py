@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import uuid
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from ._removal import remove_owned
 from .exceptions import ModelFormatError
 from .kernels import kernel_from_dict
 
@@ -166,14 +166,29 @@ def save_model(model: Any, path: Any, *, overwrite: bool = False) -> None:
         tmp = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             _write_group(str(tmp), arrays, attrs)
-            if local.exists():
-                shutil.rmtree(local) if local.is_dir() else local.unlink()
+            if local.exists() or local.is_symlink():
+                # only a saved model is replaced: never a link, a user's file or folder
+                remove_owned(local, root=local, owned=_is_saved_model)
             os.replace(tmp, local)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            if os.path.lexists(tmp):
+                remove_owned(tmp, root=tmp, owned=lambda p: p.name == tmp.name)
     else:
         _write_group(path, arrays, attrs, overwrite=overwrite)
+
+
+def _is_saved_model(p: Path) -> bool:
+    """A folder (not a link) whose ``zarr.json`` says it is a kpca-dask model."""
+    import json
+
+    try:
+        fd = os.open(Path(p) / "zarr.json", os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return (not Path(p).is_symlink() and isinstance(meta, dict)
+            and (meta.get("attributes") or {}).get("format") == FORMAT)
 
 
 def _local_path(path: Any) -> Path | None:

@@ -287,6 +287,11 @@ def denoise_to_store(model_path: str, input_cfg: Any, output: str, *, chunks: An
     if output.rstrip("/").endswith(".parquet"):
         raise DenoiseError("denoised rows are written as zarr; give an output path that does "
                            "not end in .parquet.")
+    from .publish import OutputLock, check_transform_output, publish_beside
+    from .transform import verify_transform_output
+
+    out = check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
+                                 overwrite=overwrite)
     model = load_model(model_path)
     src = read_input(input_cfg, chunks)
     dcfg = DenoiseConfig(enabled=True, preimage=method or "auto",
@@ -295,26 +300,35 @@ def denoise_to_store(model_path: str, input_cfg: Any, output: str, *, chunks: An
                          tol=model.get_params()["preimage_tol"],
                          max_iter=model.get_params()["preimage_max_iter"])
     den, status, _ = denoise_rows(model, src.X, dcfg, where=model_path, training_data=False)
-    out = Location(output)
-    if out.exists():
-        if not overwrite:
-            raise FileExistsError(f"{output} exists; pass --overwrite to replace it.")
-        out.remove()
-    g = out.open_group("w")
-    rows = int(src.X.chunks[0][0])
-    z = _write(g, "denoised", den, rows)
-    z.attrs["columns"] = list(src.columns)
-    stores = [da.store(den, z, lock=False, compute=False)]
-    for name, arr in (("ids", src.ids), ("labels", src.labels)):
-        if arr is not None:
-            dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-            za = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows,))
-            stores.append(da.store(arr, za, lock=False, compute=False))
-    *_, st = compute(*stores, status, label="denoise")
-    counts = np.bincount(np.asarray(st, dtype=np.int64), minlength=3)
-    g.attrs.update({"kind": "kpca-dask-denoised", "model": model_path, "input": input_cfg.path,
-                    "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
-                    "status": "complete"})
+    counts_box: list = []
+
+    def write(target: Location) -> None:
+        g = target.open_group("w")
+        rows = int(src.X.chunks[0][0])
+        z = _write(g, "denoised", den, rows)
+        z.attrs["columns"] = list(src.columns)
+        stores = [da.store(den, z, lock=False, compute=False)]
+        for name, arr in (("ids", src.ids), ("labels", src.labels)):
+            if arr is not None:
+                dtype = str if arr.dtype.kind in "OUT" else arr.dtype
+                za = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows,))
+                stores.append(da.store(arr, za, lock=False, compute=False))
+        *_, st = compute(*stores, status, label="denoise")
+        counts_box.append(np.bincount(np.asarray(st, dtype=np.int64), minlength=3))
+        g.attrs.update({"kind": "kpca-dask-denoised", "model": model_path,
+                        "input": input_cfg.path,
+                        "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
+                        "status": "complete"})
+
+    def verify(target: Location) -> None:
+        verify_transform_output(target, n_rows=int(src.X.shape[0]), n_components=None,
+                                parquet=False, array="denoised")
+
+    with OutputLock(out):
+        check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
+                               overwrite=overwrite)
+        publish_beside(out, write, verify)
+    counts = counts_box[-1]
     return {"rows": int(src.X.shape[0]), "n_features": int(den.shape[1]), "output": output,
             "fixed_point_not_converged": int(counts[1] + counts[2]),
             "seconds": time.perf_counter() - t0}

@@ -78,7 +78,11 @@ def begin_run(out: Location, *, overwrite: bool) -> None:
             raise RunExistsError(
                 f"{out} already holds a complete run; choose another output.path or pass "
                 "--overwrite (output.overwrite: true) to replace it.")
-        m.remove()
+        if status == "complete":
+            from .publish import snapshot_published
+
+            snapshot_published(out)  # kept until the new run is published (pipeline/publish.py)
+        m.remove(root=out)
     if out.exists() and out.is_local and not out.local_path.is_dir():
         raise RunError(f"output path {out} is a file, not a folder; choose another output.path.")
     out.makedirs()

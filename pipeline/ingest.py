@@ -462,7 +462,8 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
                        dropped_rows=dropped, label_column=cfg.label_column,
                        id_column=cfg.id_column, classes=src.classes,
                        source={"path": cfg.path}, seconds=time.perf_counter() - t0)
-    g.attrs.update({"status": "complete", "source": signature, "result": res.to_dict(),
+    g.attrs.update({"status": "complete", "kind": "kpca-dask-ingest", "source": signature,
+                    "result": res.to_dict(),
                     "columns": src.columns})
     logger.info("ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)", n, d,
                 res.seconds, fingerprint)

@@ -385,7 +385,7 @@ def build_kernel_store(X: da.Array, kernel: Kernel, dtype: Any, store: Location,
                        compressors=[Crc32cCodec()], fill_value=0)
         g.create_array("done", shape=(nb, nb), chunks=(1, 1), dtype="uint64", fill_value=0)
         build_id = uuid.uuid4().hex
-        g.attrs.update({**identity, "build_id": build_id,
+        g.attrs.update({**identity, "build_id": build_id, "kind": "kpca-dask-kernel-store",
                         "layout": "upper blocks I <= J of K, one chunk each; "
                         "done[I, J] = 2**32 | crc32c(block) once written"})
     xb = X.to_delayed()[:, 0]

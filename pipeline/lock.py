@@ -24,10 +24,12 @@ scheduled runs with the deployment's ``concurrency_limit: 1`` as well.
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
 import os
 import socket
+import stat
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -125,6 +127,25 @@ class LockHolder:
         return True
 
 
+def _lock_file_ours(p: Path) -> bool:
+    """A regular lock file holding our record (or empty: created, then its run died)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd) as f:
+        if not os.path.samestat(os.fstat(f.fileno()), os.lstat(p)) or \
+                not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return False
+        text = f.read(1 << 16)
+    if not text.strip():
+        return True
+    try:
+        return LockHolder.from_dict(json.loads(text)) is not None
+    except ValueError:
+        return False
+
+
 def _lock_loc(out: Location) -> Location:
     return out.child(LOCK_NAME)
 
@@ -134,7 +155,10 @@ def read_lock(out: Location) -> LockHolder | None:
     loc = _lock_loc(out)
     try:
         if loc.is_local:
-            text = loc.local_path.read_text()
+            # never through a link: a linked lock file is not ours (refused when taking it)
+            fd = os.open(loc.local_path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                text = f.read()
         else:
             if not loc.exists():
                 return None
@@ -142,6 +166,10 @@ def read_lock(out: Location) -> LockHolder | None:
                 text = f.read()
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
     try:
         return LockHolder.from_dict(json.loads(text)) if text.strip() else None
     except json.JSONDecodeError:
@@ -153,7 +181,7 @@ def _flock_free(path: Path) -> bool | None:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -222,8 +250,8 @@ def break_lock(out: Location | str) -> LockHolder | None:
             f"output {out} is locked by a live process ({holder.describe() if holder else '?'}); "
             "stop that run first (the lock is released when it exits).")
     loc = _lock_loc(out)
-    if loc.exists():
-        loc.remove()
+    if loc.exists() or (loc.is_local and os.path.islink(loc.local_path)):
+        loc.remove(root=out, owned=_lock_file_ours)
         logger.warning("lock: broke the lock of %s (held by %s)", out,
                        holder.describe() if holder else "nobody recorded")
     return holder
@@ -248,7 +276,16 @@ class RunLock:
 
         path = self.loc.local_path
         for _ in range(10):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                # O_NOFOLLOW: a linked lock file must never truncate what it points to
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                from .export import RunError
+
+                raise RunError(f"{path} is a symbolic link, not a lock file of ours; remove "
+                               "the link (kpca never writes through links) and re-run.") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 flock_ok = True
@@ -320,7 +357,7 @@ class RunLock:
         try:
             current = read_lock(self.out)
             if current is not None and current.token == self.holder.token:
-                self.loc.remove()
+                self.loc.remove(root=self.out, owned=_lock_file_ours)
         finally:
             if self._fd is not None:
                 os.close(self._fd)  # releases the flock

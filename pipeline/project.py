@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .progress import compute
-from .store import Location
+from .store import Location, mark_folder
 
 __all__ = ["write_embedding", "write_parquet", "component_names"]
 
@@ -107,7 +107,8 @@ def write_parquet(out: Location, emb: da.Array, *, ids: da.Array | None = None,
                   None if split is None else np.zeros(0, dtype=np.uint8), classes, 0, cols)
     ddf = dd.from_delayed(parts, meta=meta)
     target = out.child(name)
-    target.remove()
+    target.remove(root=out)
+    mark_folder(target, "parquet")  # ownership marker first: a half-written folder is ours too
     compute(ddf.to_parquet(target.url, write_index=False, compute=False,
                            storage_options=out.storage_options or None), label="parquet")
     secs = time.perf_counter() - t0

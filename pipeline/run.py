@@ -29,10 +29,12 @@ from .config import PipelineConfig
 from .denoise import stage_denoise  # the denoise stage, with the others here
 from .evaluate import make_split
 from .export import begin_run, write_manifest, write_spectrum
-from .ingest import IngestResult, SourceData, ingest, load_ingested
+from .ingest import IngestResult, SourceData, _check_exists, ingest, load_ingested
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
 from .lock import RunLock, check_unlocked
 from .project import write_embedding, write_parquet
+from .publish import (check_not_overlapping, check_output_folder, restore_previous,
+                      retire_previous)
 from .solve import make_estimator, solve
 from .store import Location
 
@@ -102,12 +104,54 @@ def _store_array(g, name: str, arr: da.Array, rows) -> None:
 
 
 # ---------------------------------------------------------------------- stages
+def check_output(cfg: PipelineConfig) -> None:
+    """Refuse, before anything is written or un-published: an output folder holding files
+    a run would replace that are not its own (or links), an output overlapping the input,
+    and an input that does not exist."""
+    out = stage_locations(cfg)["out"]
+    name = cfg.denoise.output_name
+    check_output_folder(out, extra_names=(name, f"{name}_rows"))
+    check_not_overlapping(out, [cfg.input.path])
+    _check_exists(cfg.input)
+
+
 def stage_begin(cfg: PipelineConfig) -> None:
-    """Refuse to clobber a complete run (unless overwrite) or to write where another run
-    holds the lock; un-publish the old manifest."""
+    """Refuse to clobber a complete run (unless overwrite), to write where another run
+    holds the lock, into a folder of the user's, or over the input -- and check that the
+    input exists -- before un-publishing the old manifest (kept in ``.kpca-prev`` until
+    the new run is published: pipeline/publish.py)."""
     out = stage_locations(cfg)["out"]
     check_unlocked(out)
+    check_output(cfg)
     begin_run(out, overwrite=cfg.output.overwrite)
+
+
+class RunTransaction(RunLock):
+    """The run lock plus the publishing transaction (pipeline/publish.py).
+
+    Taking it first refuses an output that is not ours to write (``check_output``); on
+    leaving, a published run retires the previous one kept in ``.kpca-prev``, and a
+    failed or interrupted run puts the previous one back.
+    """
+
+    def __init__(self, cfg: PipelineConfig):
+        super().__init__(stage_locations(cfg)["out"])
+        self.cfg = cfg
+
+    def acquire(self) -> RunTransaction:
+        check_output(self.cfg)  # before the lock file or any folder is created
+        super().acquire()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.holder is not None:
+                if exc_type is None:
+                    retire_previous(self.out)
+                else:
+                    restore_previous(self.out)
+        finally:
+            self.release()
 
 
 def run_lock(cfg: PipelineConfig) -> RunLock:
@@ -115,9 +159,10 @@ def run_lock(cfg: PipelineConfig) -> RunLock:
 
     A second run to the same output is refused while it is held; the lock of a
     run that died on this host is broken automatically; one held from another
-    host needs ``kpca unlock <out>`` (see pipeline/lock.py).
+    host needs ``kpca unlock <out>`` (see pipeline/lock.py). It is also the run's
+    publishing transaction: see :class:`RunTransaction`.
     """
-    return RunLock(stage_locations(cfg)["out"])
+    return RunTransaction(cfg)
 
 
 def stage_ingest(cfg: PipelineConfig) -> dict[str, Any]:

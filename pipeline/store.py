@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import posixpath
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +24,122 @@ import fsspec
 import numpy as np
 import zarr
 
+from kpca_dask._removal import (MARKER_FILE, has_marker, placed_path, remove_owned,
+                                remove_owned_url, write_marker)
+
 __all__ = ["Location", "atomic_write_json", "read_json", "fingerprint_arrays",
-           "array_checksum", "json_default", "PathEscapeError"]
+           "array_checksum", "json_default", "PathEscapeError", "is_ours", "OUR_FILES",
+           "zarr_attrs", "mark_folder"]
+
+#: files of ours inside a folder we marked (a run, a store)
+OUR_FILES = ("manifest.json", "zarr.json", ".kpca-run.lock", MARKER_FILE)
+#: name prefixes of the temporary/retired entries we create beside what we publish
+OUR_PREFIXES = (".kpca-new-", ".kpca-old-", ".kpca-prev", ".kpca-lock.")
+
+
+def mark_folder(loc: Location, kind: str) -> None:
+    """Create ``loc`` as a folder carrying our ownership marker (``_kpca-dask.json``)."""
+    if loc.is_local:
+        write_marker(loc.local_path, kind)
+        return
+    loc.makedirs()
+    with loc.fs.open(f"{loc.fs_path.rstrip('/')}/{MARKER_FILE}", "w") as f:
+        f.write(json.dumps({"written_by": "kpca-dask", "kind": kind}))
+
+
+def zarr_attrs(folder: Path) -> dict | None:
+    """The attributes in ``folder/zarr.json`` (a zarr v3 node), read without following
+    links; None when there is no such regular file or it is not a zarr node."""
+    try:
+        fd = os.open(folder / "zarr.json", os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd) as f:
+            meta = json.load(f)
+    except ValueError:
+        return None
+    if not isinstance(meta, dict) or "node_type" not in meta:
+        return None
+    attrs = meta.get("attributes") or {}
+    return attrs if isinstance(attrs, dict) else {}
+
+
+def _marked(p: Path) -> bool:
+    """A folder we marked: our marker file, or a zarr node whose attributes say kpca-dask."""
+    if has_marker(p):
+        return True
+    attrs = zarr_attrs(p)
+    return attrs is not None and (attrs.get("format") == "kpca-dask-model"
+                                  or str(attrs.get("kind", "")).startswith("kpca-dask"))
+
+
+def _inside_marked(p: Path) -> bool:
+    """Whether a folder above ``p`` is one we marked (a run, a store)."""
+    return any(_marked(a) for a in p.parents if a != a.parent)
+
+
+def _dask_parquet(p: Path) -> bool:
+    """A Parquet folder as dask writes it: regular ``*.parquet`` files and ``_``/``.``
+    metadata only (what runs before ownership markers wrote; accepted inside a run)."""
+    try:
+        entries = list(os.scandir(p))
+    except OSError:
+        return False
+    return bool(entries) and all(
+        e.is_file(follow_symlinks=False)
+        and (e.name.endswith(".parquet") or e.name.startswith(("_", ".")))
+        for e in entries)
+
+
+def is_ours(p: Path) -> bool:
+    """Whether kpca-dask wrote ``p`` (never a link): a folder we marked; a zarr node, a
+    temporary entry of ours or a dask Parquet folder inside one; one of our own files
+    (manifest, lock, zarr.json, marker) inside one."""
+    p = placed_path(p)
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        if _marked(p):
+            return True
+        return (zarr_attrs(p) is not None or p.name.startswith(OUR_PREFIXES)
+                or (p.name.endswith(".parquet") and _dask_parquet(p))) and _inside_marked(p)
+    if stat.S_ISREG(st.st_mode):
+        return (p.name in OUR_FILES or p.name.startswith(OUR_PREFIXES)) and (
+            _marked(p.parent) or _inside_marked(p.parent))
+    return False
+
+
+def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
+    def attrs(folder: str) -> dict | None:
+        try:
+            with fs.open(f"{folder}/zarr.json", "r") as f:
+                meta = json.load(f)
+        except Exception:
+            return None
+        return (meta.get("attributes") or {}) if isinstance(meta, dict) else None
+
+    def marked(folder: str) -> bool:
+        a = attrs(folder)
+        return fs.exists(f"{folder}/{MARKER_FILE}") or (a is not None and (
+            a.get("format") == "kpca-dask-model" or str(a.get("kind", "")).startswith("kpca-dask")))
+
+    def inside_marked(folder: str) -> bool:
+        while folder and "/" in folder.strip("/"):  # up to the bucket
+            if marked(folder):
+                return True
+            folder = posixpath.dirname(folder.rstrip("/"))
+        return False
+
+    name, parent = posixpath.basename(p), posixpath.dirname(p)
+    if fs.isdir(p):
+        return marked(p) or ((attrs(p) is not None or name.startswith(OUR_PREFIXES))
+                             and inside_marked(parent))
+    return (name in OUR_FILES or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
 
 
 class PathEscapeError(ValueError):
@@ -46,7 +161,9 @@ class Location:
     def local_path(self) -> Path:
         if not self.is_local:
             raise ValueError(f"{self.url} is not a local path")
-        return Path(self.url.removeprefix("file://")).resolve()
+        # parents resolved, the last part kept: a link is seen as a link, never replaced
+        # by (or removed as) what it points to
+        return placed_path(self.url.removeprefix("file://"))
 
     def child(self, *parts: str) -> Location:
         """A location below this one; refuses ``..`` and absolute parts."""
@@ -79,16 +196,21 @@ class Location:
         else:
             self.fs.makedirs(self.fs_path, exist_ok=True)
 
-    def remove(self) -> None:
-        if not self.exists():
-            return
+    def remove(self, *, root: Location | None = None, protect: tuple = (),
+               owned: Any = None) -> bool:
+        """Remove this file/folder through the one deletion primitive
+        (:func:`kpca_dask._removal.remove_owned`): only if kpca-dask wrote it
+        (:func:`is_ours`, or the caller's ``owned`` check), only inside ``root`` (default:
+        itself), never following links, never a ``protect``-ed path (the inputs)."""
+        root = root or self
         if self.is_local:
-            import shutil
-
-            p = self.local_path
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        else:
-            self.fs.rm(self.fs_path, recursive=True)
+            return remove_owned(self.local_path, root=root.local_path, owned=owned or is_ours,
+                                protect=[Location(str(q)).local_path for q in protect
+                                         if Location(str(q)).is_local])
+        r = root.fs_path.rstrip("/")
+        check = owned or (lambda p: _remote_is_ours(self.fs, p, r))
+        return remove_owned_url(self.fs, self.fs_path, root=r, owned=check,
+                                protect=[str(q) for q in protect if "://" in str(q)])
 
     def zarr_store(self) -> Any:
         """The string/store zarr accepts for this location."""

@@ -23,9 +23,10 @@ from .export import verify_run
 from .ingest import InputError, read_input
 from .progress import compute
 from .project import component_names, write_parquet
+from .publish import OutputLock, check_transform_output, publish_beside
 from .store import Location
 
-__all__ = ["load_model", "transform_to_store"]
+__all__ = ["load_model", "transform_to_store", "verify_transform_output"]
 
 logger = logging.getLogger("pipeline")
 
@@ -64,27 +65,35 @@ def load_model(path: str) -> Any:
 
 def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
                        chunks: ChunkConfig | None = None, overwrite: bool = False) -> dict:
-    """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``."""
+    """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``.
+
+    The output is refused before anything is read when it is ``""``/``.``, the input, a
+    run folder or inside the model's run, a link, or an existing path kpca did not write
+    (see :func:`pipeline.publish.check_transform_output`). It is written beside its final
+    name, checked, and swapped in under a lock (``.kpca-lock.<name>``): a failed transform
+    leaves the previous output as it was, and two transforms to one output cannot both
+    publish.
+    """
     t0 = time.perf_counter()
+    out = check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
+                                 overwrite=overwrite)
     model = load_model(model_path)
     src = read_input(input_cfg, chunks)
     if src.X.shape[1] != model.n_features_in_:
         raise InputError(f"{input_cfg.path} has {src.X.shape[1]} feature columns but the model "
                          f"was fitted on {model.n_features_in_}; select the same columns "
                          "(input.columns) as in training.")
-    out = Location(output)
-    if out.exists():
-        if not overwrite:
-            raise FileExistsError(f"{output} exists; pass --overwrite to replace it.")
-        out.remove()
     emb = model.transform(src.X)
-    if output.rstrip("/").endswith(".parquet"):
-        parent = Location(output.rstrip("/").rsplit("/", 1)[0] if "/" in output.rstrip("/")
-                          else ".")
-        write_parquet(parent, emb, ids=src.ids, labels=src.labels, classes=src.classes,
-                      name=output.rstrip("/").rsplit("/", 1)[-1])
-    else:
-        g = out.open_group("w")
+    n = int(src.X.shape[0])
+    parquet = output.rstrip("/").endswith(".parquet")
+
+    def write(target: Location) -> None:
+        if parquet:
+            parent, name = _parent_and_name(target)
+            write_parquet(parent, emb, ids=src.ids, labels=src.labels, classes=src.classes,
+                          name=name)
+            return
+        g = target.open_group("w")
         z = g.create_array("embedding", shape=emb.shape, dtype=emb.dtype,
                            chunks=(src.X.chunks[0][0], emb.shape[1]))
         z.attrs["columns"] = component_names(emb.shape[1])
@@ -97,7 +106,45 @@ def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
         compute(*stores, label="transform")
         g.attrs.update({"kind": "kpca-dask-transform", "model": model_path,
                         "input": input_cfg.path, "status": "complete"})
+
+    def verify(target: Location) -> None:
+        verify_transform_output(target, n_rows=n, n_components=int(emb.shape[1]),
+                                parquet=parquet)
+
+    with OutputLock(out):
+        # checked again under the lock: another transform may have published meanwhile
+        check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
+                               overwrite=overwrite)
+        publish_beside(out, write, verify)
     secs = time.perf_counter() - t0
-    logger.info("transform: %d rows -> %s in %.1f s", src.X.shape[0], output, secs)
-    return {"rows": int(src.X.shape[0]), "components": int(emb.shape[1]), "output": output,
-            "seconds": secs}
+    logger.info("transform: %d rows -> %s in %.1f s", n, output, secs)
+    return {"rows": n, "components": int(emb.shape[1]), "output": output, "seconds": secs}
+
+
+def _parent_and_name(loc: Location) -> tuple[Location, str]:
+    if loc.is_local:
+        return Location(str(loc.local_path.parent)), loc.local_path.name
+    url = loc.url.rstrip("/")
+    return Location(url.rsplit("/", 1)[0], loc.storage_options), url.rsplit("/", 1)[1]
+
+
+def verify_transform_output(target: Location, *, n_rows: int, n_components: int | None,
+                            parquet: bool, array: str = "embedding") -> None:
+    """Raise RunError unless ``target`` is a complete transform output of ``n_rows`` rows."""
+    from .export import RunError
+
+    if parquet:
+        import pyarrow.dataset as pads
+
+        ds = pads.dataset(target.fs_path, format="parquet", filesystem=target.fs)
+        rows = ds.count_rows()
+        ok = rows == n_rows
+    else:
+        g = target.open_group("r")
+        z = g[array] if array in g else None
+        rows = None if z is None else z.shape[0]
+        ok = (z is not None and rows == n_rows and dict(g.attrs).get("status") == "complete"
+              and (n_components is None or z.shape[1] == n_components))
+    if not ok:
+        raise RunError(f"the new output at {target} is incomplete ({rows} of {n_rows} rows); "
+                       "nothing was published, the previous output is unchanged.")
