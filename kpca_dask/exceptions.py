@@ -7,6 +7,8 @@ against plain Python or scikit-learn keeps working.
 
 from __future__ import annotations
 
+from sklearn.exceptions import ConvergenceWarning as _SklearnConvergenceWarning
+
 __all__ = [
     "KpcaError",
     "InvalidParameterError",
@@ -61,8 +63,12 @@ class KpcaWarning(UserWarning):
     """Base class of the warnings emitted by kpca_dask."""
 
 
-class ConvergenceWarning(KpcaWarning):
-    """An iterative solver stopped at its iteration cap before its tolerance."""
+class ConvergenceWarning(KpcaWarning, _SklearnConvergenceWarning):
+    """An iterative solver could not certify its result to its tolerance.
+
+    Also a :class:`sklearn.exceptions.ConvergenceWarning`, so that code (and
+    scikit-learn's own tests) filtering on scikit-learn's class catch it.
+    """
 
 
 class DroppedComponentsWarning(KpcaWarning):

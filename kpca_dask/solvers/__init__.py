@@ -2,14 +2,16 @@
 
 * :func:`dense_eigh` -- the whole matrix in memory, ``scipy.linalg.eigh``.
 * :func:`randomized_eigh` -- block Krylov or subspace iteration on the implicit
-  operator, one pass over the kernel blocks per product, Nyström finish.
+  operator, one pass over the kernel blocks per product, deflated basis,
+  Rayleigh-Ritz finish and an a-posteriori certificate (:func:`certify`).
 * :func:`nystroem_eigh` -- Nyström kernel PCA: the centred covariance of the
   features ``k(X, Z) W^-1/2`` of m landmarks (:func:`select_landmarks`),
   linear in n (:mod:`.nystroem`).
 
 The first two return an :class:`EigResult` with eigenvalues in descending order,
 orthonormal eigenvectors with deterministic signs, and the relative residuals
-``||Kc v - lambda v|| / lambda`` of every returned pair.
+``||Kc v - lambda v|| / lambda`` of every returned pair (the randomized solver
+returns fewer pairs than asked when the kernel's numerical rank is lower).
 """
 
 from ._common import EigResult, deterministic_signs, drop_nonpositive

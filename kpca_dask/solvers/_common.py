@@ -89,10 +89,13 @@ def drop_nonpositive(
         )
     n_drop = int(requested - keep.sum())
     if n_drop > 0:
+        # a solver may return fewer pairs than requested (numerical rank below k):
+        # those count as dropped zero eigenvalues
+        largest = float(eigenvalues[~keep].max()) if (~keep).any() else 0.0
         warnings.warn(
             f"Kept {int(keep.sum())} of {requested} requested components: {n_drop} had "
             f"eigenvalues that are not positive (largest dropped: "
-            f"{eigenvalues[~keep].max():.3g}, largest kept: {top:.3g}). "
+            f"{largest:.3g}, largest kept: {top:.3g}). "
             "The centred kernel matrix has fewer positive eigenvalues than requested "
             "(rank deficiency, duplicate rows, or a kernel that is not positive "
             "semi-definite such as sigmoid); ask for fewer components to silence this.",

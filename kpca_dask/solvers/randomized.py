@@ -1,4 +1,4 @@
-"""Randomized eigensolvers on an implicit symmetric operator.
+"""Randomized eigensolvers on an implicit symmetric operator, with a certificate.
 
 The operator ``A`` (here the centred kernel matrix) is only touched through
 products ``A @ Z``; each product is one pass over the kernel blocks and is by
@@ -10,31 +10,51 @@ GEMMs on the driver) is cheap in comparison.
     Keeps every block ``W = [Q_0, Q_1, ...]`` with ``Q_{i+1} = orth(A Q_i``
     minus its projection on ``W)``. Gap-independent convergence: on flat
     spectra it reaches a given accuracy in far fewer passes than subspace
-    iteration (measured here: 6 passes of 32 columns beat scikit-learn's 16
-    passes by four orders of magnitude on a flat rbf spectrum).
+    iteration.
 ``method="subspace"`` (Halko, Martinsson and Tropp 2011)
     ``Q <- orth(A Q)``; memory stays at ``2 n l`` floats.
 
-Finish, after the last Krylov/subspace pass:
+Deflation. Every new block is orthonormalised rank-revealingly: directions
+whose singular value is below ``tau = eps * sqrt(n) * ||A||`` (the rounding
+level of one product) are dropped, so a kernel whose numerical rank is below
+the block size yields a smaller block, then an empty one (the Krylov space is
+invariant: the result is exact). Nothing is ever solved with a singular
+matrix.
 
-* PSD operators use the randomized Nyström approximation
-  ``A ~ Y (W^T Y)^+ Y^T`` with ``Y = A W`` (Tropp, Yurtsever, Udell and Cevher
-  2017), computed stably with a shift ``nu`` and a Cholesky factor. It needs
-  no extra pass and is markedly more accurate than Rayleigh-Ritz on ``W``.
-* Indefinite operators (sigmoid, user callables) use Rayleigh-Ritz on ``W``
-  (also free: ``A W`` is known).
+Finish: Rayleigh-Ritz on the multiplied basis ``W``. ``M = W^T A W`` is
+assembled exactly from the products (each ``W^T A Q_i`` is computed once, and
+mirrored), so the Ritz values are right in any orthonormal basis, however low
+the rank. (The randomized Nyström finish used before needed a Cholesky factor
+of ``W^T A W``, singular for low-rank kernels: it returned wrong pairs.)
 
-Certification: one last pass computes ``A V`` for the leading approximate
-eigenvectors; a Rayleigh-Ritz step on them sharpens the eigenvalues further
-and yields the exact residuals ``||A v - lambda v|| / lambda`` reported as
-``residuals_``.
+Certificate (free, every pass): for block Krylov ``A W - W M = Q_next H +
+E`` with ``H = Q_next^T A Q_last`` and ``E`` the dropped directions, so the
+residual of a Ritz pair ``(theta, W u)`` is at most ``||H u_last|| +
+||E||``; subspace iteration computes it from ``A Q`` directly. From the
+residuals and the gaps between Ritz values (:func:`certify`):
 
-Stopping: with ``n_power_iter="auto"`` the iteration stops once the error of
-the top-k eigenvalue estimates, extrapolated from their pass-to-pass changes
-(see ``_extrapolated_error``), is below ``tol`` (relative); the
-certification pass then sharpens them further. With an integer, exactly ``n_power_iter + 1``
-passes are made. The random test matrix is drawn from the seed alone (never
-from the chunking), so results depend only on ``random_state``.
+* eigenvalues: ``|theta - lambda| <= min(r, R_C^2 / gap_C)`` (Weyl;
+  Kato-Temple / quadratic residual bound for the cluster C of the pair);
+* vectors: for a cluster C of nearly equal Ritz values (relative gaps below
+  ``cluster_rtol``) only the invariant subspace is well defined, and
+  ``sin angle <= R_C / gap_C`` (Davis-Kahan) certifies it; a lone pair is a
+  cluster of one. A flat spectral tail is thus certified as a subspace, not
+  vector by vector.
+
+Stopping: with ``n_power_iter="auto"`` the iteration stops as soon as the
+certificate holds for every returned pair: eigenvalue bound ``<= tol * theta
++ tau`` and angle bound ``<= sqrt(tol)`` (both up to the rounding level
+``tau``). One last pass computes ``A V`` for the returned vectors: a
+Rayleigh-Ritz step on them sharpens the eigenvalues and gives their exact
+residuals (``residuals_``), and the certificate is re-checked on them:
+``converged`` is True only if it holds for every returned pair. Otherwise a
+:class:`~kpca_dask.exceptions.ConvergenceWarning` is emitted (``warn=True``).
+
+Only pairs that exist are returned: Ritz values above ``max(rank_rtol *
+theta_1, tau)``; a kernel of numerical rank r < k gives r pairs.
+
+The random test matrix is drawn from the seed alone (never from the
+chunking), so results depend only on ``random_state``.
 
 Memory model: the driver holds the basis ``W`` (n x L float64, L = l * passes,
 capped by ``max_basis`` with a restart), the latest product (n x l) and small
@@ -46,7 +66,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import scipy.linalg
@@ -54,7 +74,7 @@ import scipy.linalg
 from ..exceptions import ConvergenceWarning
 from ._common import EigResult, deterministic_signs
 
-__all__ = ["randomized_eigh", "SymmetricOperator"]
+__all__ = ["randomized_eigh", "SymmetricOperator", "certify", "Certificate"]
 
 logger = logging.getLogger("kpca_dask")
 
@@ -68,14 +88,16 @@ class SymmetricOperator(Protocol):
     def matmul(self, Z: np.ndarray) -> np.ndarray: ...
 
 
+# ------------------------------------------------------------ orthogonalisation
 def _orth(R: np.ndarray) -> np.ndarray:
-    """Orthonormal basis of a tall-skinny ``R`` (n x c).
+    """Orthonormal basis of a tall-skinny, well-conditioned ``R`` (n x c).
 
     Cholesky QR, twice (CholQR2): two GEMMs and two triangular solves, an
     order of magnitude faster than Householder QR on n x c panels here.
-    Falls back to Householder QR when ``R`` is too ill-conditioned for it
-    (rank-deficient blocks of a numerically low-rank operator).
+    Falls back to Householder QR when ``R`` is too ill-conditioned for it.
     """
+    if R.shape[1] == 0:
+        return R
     Q = R
     try:
         for _ in range(2):
@@ -90,6 +112,56 @@ def _orth(R: np.ndarray) -> np.ndarray:
     except np.linalg.LinAlgError:
         pass
     return scipy.linalg.qr(R, mode="economic", check_finite=False)[0]
+
+
+def _rank_revealing_orth(R: np.ndarray, tau: float) -> tuple[np.ndarray, float]:
+    """Orthonormal basis of the directions of ``R`` whose singular value exceeds ``tau``.
+
+    Returns the basis (n x r, ``r <= c``) and the largest dropped singular
+    value (0 if none): ``R`` equals its projection on the basis up to that.
+    The singular values come from the small Gram matrix when it resolves them
+    (condition number below ~1e4: then the cheap CholQR2 path is taken and
+    nothing is dropped), else from Householder QR plus the SVD of its factor.
+    """
+    c = R.shape[1]
+    if c == 0:
+        return R, 0.0
+    G = R.T @ R
+    s2 = np.linalg.eigvalsh((G + G.T) / 2)
+    smax = float(np.sqrt(max(s2[-1], 0.0)))
+    if smax <= tau:
+        return np.zeros((R.shape[0], 0)), smax
+    if s2[0] > 1e-8 * s2[-1] and np.sqrt(max(s2[0], 0.0)) > 10.0 * tau:
+        return _orth(R), 0.0
+    Q0, Rf = scipy.linalg.qr(R, mode="economic", check_finite=False)
+    U, s, _ = np.linalg.svd(Rf)
+    keep = s > tau
+    dropped = float(s[~keep].max()) if (~keep).any() else 0.0
+    return np.ascontiguousarray(Q0 @ U[:, keep]), dropped
+
+
+def _next_block(W: np.ndarray, Y: np.ndarray, tau: float
+                ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Deflated orthonormal basis of ``Y`` with ``W``'s span removed, ``W^T Y``, and
+    the norm of what was dropped.
+
+    Classical block Gram-Schmidt twice (CGS2), then rank-revealing
+    orthonormalisation, then one more projection (directions kept just above
+    ``tau`` amplify the rounding of the projection by ``||Y|| / tau``).
+    """
+    S = W.T @ Y
+    room = W.shape[0] - W.shape[1]
+    if room <= 0:
+        return np.zeros((W.shape[0], 0)), S, 0.0
+    R = Y - W @ S
+    R -= W @ (W.T @ R)
+    Q, dropped = _rank_revealing_orth(R, tau)
+    if Q.shape[1] > room:  # pragma: no cover - rounding noise beyond the space
+        Q = Q[:, :room]
+    if Q.shape[1]:
+        Q -= W @ (W.T @ Q)
+        Q = _orth(Q)
+    return Q, S, dropped
 
 
 class _Columns:
@@ -113,9 +185,6 @@ class _Columns:
         self._buf[:, self.width : need] = block
         self.width = need
 
-    def drop_last(self, c: int) -> None:
-        self.width -= c
-
     def reset(self, block: np.ndarray) -> None:
         self.width = 0
         self.append(block)
@@ -133,70 +202,97 @@ def _identity(Z: np.ndarray) -> np.ndarray:
     return Z
 
 
-def _next_block(W: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Orthonormal basis of ``Y`` with ``W``'s span removed, and ``W^T Y``.
-
-    Classical block Gram-Schmidt, twice (CGS2). At most ``n - W.shape[1]``
-    columns (the rest of the space). ``W^T Y`` is returned because the
-    Nyström finish needs it too: one sweep over ``W`` saved.
-    """
-    S = W.T @ Y
-    room = W.shape[0] - W.shape[1]
-    if room <= 0:
-        return np.zeros((W.shape[0], 0)), S
-    R = Y[:, :room] - W @ S[:, :room]
-    R -= W @ (W.T @ R)
-    Q = _orth(R)
-    if np.linalg.norm(R) < 1e-6 * np.linalg.norm(Y):
-        # A is (numerically) low rank and R is rounding noise: one more
-        # projection keeps Q orthogonal to W.
-        Q -= W @ (W.T @ Q)
-        Q = _orth(Q)
-    return Q, S
-
-
-def _nystrom_finish(H: np.ndarray, L: int, eps_nu: float) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenpairs of the Nyström approximation ``Y (W^T Y)^+ Y^T``, in a small basis.
-
-    ``W`` (n x L) is orthonormal, ``Y = A W`` and ``range(Y)`` lies in the span
-    of ``Wext = [W, Q_next]`` (true for block Krylov: ``A Q_i`` lies in the
-    span of the blocks up to ``Q_{i+1}``). ``H = Wext^T Y`` ((L + c) x L) then
-    carries everything: ``Y = Wext H`` and ``W^T Y = H[:L]``. Returns the
-    eigenvalues and their eigenvectors' coordinates in ``Wext``.
-
-    Shifted for stability (Tropp, Yurtsever, Udell and Cevher 2017, Alg. 3):
-    ``Y_nu = Y + nu W`` makes ``W^T Y_nu`` positive definite even when rounding
-    (float32 kernel values, numerically low rank) leaves ``W^T Y`` slightly
-    indefinite; the shift is subtracted from the eigenvalues at the end.
-    ``B = Y_nu C^-T = Wext (H_nu C^-T)``, so its SVD is that of a small matrix --
-    never formed from ``B^T B``, which squares the condition number and turns
-    rounding noise of near-null directions into spurious eigenvalues.
-    """
-    nu = eps_nu * np.linalg.norm(H)
-    Hnu = H.copy()
-    for _ in range(8):
-        Hnu[:L] = H[:L] + nu * np.eye(L)
-        M = (Hnu[:L] + Hnu[:L].T) / 2
-        try:
-            C = np.linalg.cholesky(M)
-            break
-        except np.linalg.LinAlgError:
-            nu *= 10.0
-    else:  # pragma: no cover - only for operators far from PSD
-        raise np.linalg.LinAlgError("Nyström finish failed: W^T A W is not positive definite")
-    small = scipy.linalg.solve_triangular(C, Hnu.T, lower=True).T
-    Us, s, _ = np.linalg.svd(small, full_matrices=False)
-    return s**2 - nu, Us
-
-
 def _rayleigh_ritz(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ritz values of A on span(W) from ``M = W^T A W``, and their coordinates in W."""
+    """Ritz values of A on span(W) from ``M = W^T A W``, descending, and their coordinates."""
     M = (M + M.T) / 2
     theta, U = np.linalg.eigh(M)
     order = np.argsort(theta)[::-1]
     return theta[order], U[:, order]
 
 
+# ------------------------------------------------------------------ certificate
+class Certificate(dict):
+    """The a-posteriori certificate of a set of Ritz pairs (a JSON-ready dict).
+
+    Keys: ``ok`` (every returned pair certified), ``eigenvalue_bounds``
+    (relative bound on ``|theta - lambda| / theta`` per returned pair),
+    ``angle_bounds`` (bound on the sine of the angle between the pair's
+    cluster's Ritz subspace and the invariant subspace it approximates),
+    ``clusters`` (cluster index per returned pair), ``cluster_sizes``,
+    ``rounding_level`` (``tau``, absolute), ``eigenvalue_ok``/``vector_ok``.
+    """
+
+
+def _clusters(theta: np.ndarray, rtol: float) -> list[tuple[int, int]]:
+    """Runs ``[a, b)`` of consecutive (descending) values with relative gaps below ``rtol``."""
+    out, a = [], 0
+    for i in range(1, len(theta) + 1):
+        if i == len(theta) or theta[i - 1] - theta[i] > rtol * max(abs(theta[i - 1]),
+                                                                   abs(theta[i])):
+            out.append((a, i))
+            a = i
+    return out
+
+
+def certify(theta: np.ndarray, res: np.ndarray, k: int,
+            block_residual: Callable[[int, int], float], *, tol: float, floor: float,
+            cluster_rtol: float, angle_tol: float, below: float | None = None) -> Certificate:
+    """Certify the first ``k`` of the Ritz pairs ``theta`` (descending, all known
+    ones: those beyond ``k`` give the gaps) with residual norms ``res``.
+
+    ``block_residual(a, b)`` returns the spectral norm of the residual matrix
+    ``A V_C - V_C diag(theta_C)`` of pairs ``a..b-1`` (a bound is fine).
+    ``floor`` is the rounding level added to every tolerance. The gap of a
+    cluster is the distance of its Ritz values to the nearest other Ritz value,
+    each shrunk by that value's residual (a Ritz value within r of an
+    eigenvalue); below the last known Ritz value nothing is assumed (no gap).
+    """
+    m = len(theta)
+    eig_b = np.full(k, np.inf)
+    ang_b = np.full(k, np.inf)
+    cid = np.zeros(k, dtype=int)
+    eig_ok = np.zeros(k, dtype=bool)
+    vec_ok = np.zeros(k, dtype=bool)
+    sizes = []
+    for c, (a, b) in enumerate(_clusters(theta, cluster_rtol)):
+        if a >= k:
+            break
+        sizes.append(b - a)
+        up = np.inf if a == 0 else (theta[a - 1] - res[a - 1]) - theta[a]
+        if b < m:
+            down = theta[b - 1] - (theta[b] + res[b])
+        else:
+            down = 0.0 if below is None else theta[b - 1] - below
+        gap = max(0.0, min(up, down))
+        R = float(block_residual(a, b))
+        for i in range(a, min(b, k)):
+            quad = R * R / gap if gap > 0 else np.inf
+            bound = min(float(res[i]), quad)
+            scale = abs(float(theta[i]))
+            eig_b[i] = bound / scale if scale > 0 else np.inf
+            eig_ok[i] = bound <= tol * scale + floor
+            ang_b[i] = min(1.0, R / gap) if gap > 0 else 1.0
+            vec_ok[i] = R <= angle_tol * gap + floor and gap > 0
+            cid[i] = c
+    cert = Certificate(
+        ok=bool(eig_ok.all() and vec_ok.all()),
+        eigenvalue_ok=eig_ok.tolist(), vector_ok=vec_ok.tolist(),
+        eigenvalue_bounds=[float(x) for x in eig_b], angle_bounds=[float(x) for x in ang_b],
+        clusters=cid.tolist(), cluster_sizes=sizes, rounding_level=float(floor),
+    )
+    return cert
+
+
+def default_rank_rtol(eps: float) -> float:
+    """Ritz values below this fraction of the largest are not returned (numerically zero).
+
+    The same levels as the estimator's removal of non-positive eigenvalues:
+    1e-12 for float64 kernel evaluation, 1e-6 for float32.
+    """
+    return 1e-12 if eps < 1e-10 else 1e-6
+
+
+# --------------------------------------------------------------------- solver
 def randomized_eigh(
     op: SymmetricOperator,
     n_components: int,
@@ -212,23 +308,28 @@ def randomized_eigh(
     random_state: Any = None,
     callback=None,
     centre: bool = True,
+    rank_rtol: float | None = None,
+    cluster_rtol: float | None = None,
+    warn: bool = True,
 ) -> EigResult:
-    """Leading eigenpairs of a symmetric operator by randomized iteration.
+    """Leading eigenpairs of a symmetric operator by randomized iteration, certified.
 
     Parameters
     ----------
     op : object with ``n`` and ``matmul(Z) -> ndarray``
         The operator. Every ``matmul`` is one pass over the data.
     n_components : int
-        Eigenpairs wanted (k).
+        Eigenpairs wanted (k). Fewer are returned when the operator has fewer
+        (numerically non-zero) eigenvalues above ``rank_rtol``.
     n_oversamples : int, default=24
         Extra columns per block, ``l = k + n_oversamples``.
     n_power_iter : int or "auto", default="auto"
-        Passes after the first. "auto" iterates until the top-k eigenvalue
-        estimates change by less than ``tol`` (at most ``max_passes``).
+        Passes after the first. "auto" iterates until the certificate holds
+        (at most ``max_passes``).
     method : {"block_krylov", "subspace"}, default="block_krylov"
     tol : float, default=1e-7
-        Relative change of the estimates between passes that counts as converged.
+        Relative eigenvalue accuracy certified; eigenvectors (or the invariant
+        subspaces of clusters) are certified to an angle of ``sqrt(tol)``.
     max_passes : int, default=20
         Cap on the iteration passes for "auto" (the certification pass is extra).
     max_basis : int, default=512
@@ -236,11 +337,12 @@ def randomized_eigh(
         would exceed this many columns (bounds driver memory at
         ``n * max_basis`` floats).
     psd : bool, default=True
-        Whether the operator is positive semi-definite (Nyström finish) or
-        possibly indefinite (Rayleigh-Ritz finish).
+        Whether the operator is positive semi-definite. Informational only:
+        both cases use the Rayleigh-Ritz finish (top-k algebraic eigenvalues).
     eps : float
-        Unit roundoff of the products (float32 kernels: ``finfo(float32).eps``),
-        scales the stabilising shift of the Nyström finish.
+        Unit roundoff of the products (float32 kernels: ``finfo(float32).eps``);
+        sets the rounding level ``tau = eps * sqrt(n) * ||A||`` below which
+        directions are dropped and tolerances are not asked for.
     random_state : int, Generator, RandomState or None
         Seed of the Gaussian test matrix (drawn whole, n x l, so that results
         depend on the seed only, not on any chunking).
@@ -251,6 +353,15 @@ def randomized_eigh(
         their column means). Right for the centred kernel matrix, whose null
         vector ``1`` carries no information; turn it off for operators
         without that null vector (the Nyström feature covariance).
+    rank_rtol : float, optional
+        Ritz values at or below ``rank_rtol * theta_1`` count as zero and are
+        not returned (default :func:`default_rank_rtol`).
+    cluster_rtol : float, optional
+        Ritz values closer than this (relative) form a cluster whose invariant
+        subspace is certified instead of its individual vectors (default
+        ``10 * sqrt(tol)``).
+    warn : bool, default=True
+        Emit a ConvergenceWarning when the result is not certified.
     """
     if method not in ("block_krylov", "subspace"):
         raise ValueError(f"Unknown randomized method {method!r}")
@@ -259,120 +370,153 @@ def randomized_eigh(
     l = min(n, k + int(n_oversamples))
     fixed = n_power_iter != "auto"
     n_passes_target = int(n_power_iter) + 1 if fixed else int(max_passes)
+    rank_rtol = default_rank_rtol(eps) if rank_rtol is None else float(rank_rtol)
+    cluster_rtol = min(0.1, 10.0 * np.sqrt(tol)) if cluster_rtol is None else float(cluster_rtol)
+    angle_tol = float(np.sqrt(tol))
+    noise = float(eps) * np.sqrt(n)  # rounding level of a product, relative to ||A||
     rng = _generator(random_state)
     Omega = rng.standard_normal((n, l))
     # The test matrix is centred: Kc's null vector 1 carries no information.
     prep = _centre if centre else _identity
     Q = _orth(prep(Omega))
-    capacity = l * (n_passes_target + 1) if method == "block_krylov" else 2 * l
+    capacity = l * (n_passes_target + 1) if method == "block_krylov" else l
     Wbuf = _Columns(n, min(capacity, max_basis + l))
     Wbuf.append(Q)
-    H = np.zeros((l, 0))  # Wbuf^T A Wbuf[:, :L], grown pass by pass
-    prev: np.ndarray | None = None
-    converged = fixed
-    change = err_estimate = np.inf
+    M = np.zeros((0, 0))  # W^T A W over the multiplied columns of W
+    drop2 = 0.0  # sum of squared norms of the dropped directions (since the last restart)
+    normA = 0.0
     history: list[float] = []
+    prev: np.ndarray | None = None
+    cert: Certificate | None = None
     t_start = time.perf_counter()
+    p = 0
     for p in range(1, n_passes_target + 1):
-        Y_last = op.matmul(Q)
-        W = Wbuf.view
-        L = W.shape[1]
-        Q_next, S = _next_block(W, Y_last)
-        Wbuf.append(Q_next)  # W is now Wext = [W, Q_next]
-        Wext, W = Wbuf.view, Wbuf.view[:, :L]
-        # H = Wext^T Y for Y = A W, grown by its new column and row blocks.
-        # Q_next is orthogonal to every earlier product A W_i (i < p): those
-        # lie in span(W_0..W_{i+1}) by construction, so that row block is zero
-        # up to rounding and is not computed. Y itself is never stored.
-        H = np.block([[H, S], [np.zeros((Q_next.shape[1], H.shape[1])), Q_next.T @ Y_last]])
-        if psd:
-            try:
-                lam, coords = _nystrom_finish(H, L, eps)
-                basis = Wext
-            except np.linalg.LinAlgError:
-                logger.warning("Nyström finish failed (operator not PSD?); using Rayleigh-Ritz")
-                psd = False
-        if not psd:
-            lam, coords = _rayleigh_ritz(H[:L])
-            basis = W
-        est = lam[:k]
-        if prev is not None:
+        Y = op.matmul(Q)
+        L0 = M.shape[0]
+        W = Wbuf.view  # multiplied columns plus Q (the last block)
+        G = Y.T @ Y
+        normA = max(normA, float(np.sqrt(max(np.linalg.eigvalsh((G + G.T) / 2)[-1], 0.0))))
+        tau = noise * normA
+        Q_next, S, dropped = _next_block(W, Y, tau)
+        drop2 += dropped**2
+        # grow M by the new column block S (rows: every column of W) and its mirror
+        c = Y.shape[1]
+        M = np.block([[M, S[:L0]], [S[:L0].T, (S[L0:] + S[L0:].T) / 2]])
+        theta, U = _rayleigh_ritz(M)
+        if method == "block_krylov":
+            Hn = Q_next.T @ Y  # A W - W M = Q_next Hn (last block column) + dropped
+            B = Hn @ U[L0:L0 + c]
+            res = np.linalg.norm(B, axis=0) + np.sqrt(drop2)
+
+            def block_res(a, b, B=B, d=np.sqrt(drop2)):
+                return (np.linalg.norm(B[:, a:b], 2) if B.size else 0.0) + d
+        else:
+            Rm = Y @ U - W @ (U * theta)  # W is Q: exact residuals
+            res = np.linalg.norm(Rm, axis=0)
+
+            def block_res(a, b, Rm=Rm):
+                return np.linalg.norm(Rm[:, a:b], 2)
+        exhausted = Q_next.shape[1] == 0  # invariant subspace reached: exact to tau
+        # the rest of the spectrum is zero (to tau) once the basis holds range(A):
+        # block Krylov found no new direction, or subspace iteration's block lost
+        # columns to deflation (A Q has rank below l)
+        below = tau if (exhausted if method == "block_krylov" else Q.shape[1] < l) else None
+        k_ret = _n_existing(theta, k, rank_rtol, tau)
+        cert = certify(theta, res, k_ret, block_res, tol=tol, floor=tau,
+                       cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below)
+        est = theta[:k]
+        if prev is not None and len(prev) == len(est):
             scale = np.maximum(np.abs(est), np.finfo(float).tiny)
-            change = float(np.max(np.abs(est - prev) / scale))
-            history.append(change)
-            err_estimate = _extrapolated_error(history)
+            history.append(float(np.max(np.abs(est - prev) / scale)))
+        prev = est
         logger.info("randomized solver: pass %d, %d basis columns, top eigenvalue %.6g, "
-                    "max relative change %.2e, estimated error %.2e", p, L, est[0], change,
-                    err_estimate)
+                    "max eigenvalue bound %.2e, max angle bound %.2e%s", p, M.shape[0],
+                    theta[0], max(cert["eigenvalue_bounds"], default=0.0),
+                    max(cert["angle_bounds"], default=0.0), " (exhausted)" if exhausted else "")
         if callback is not None:
             callback(p, est.copy())
-        exhausted = Q_next.shape[1] == 0  # the basis spans the whole space: exact
-        if (not fixed and err_estimate < tol) or p == n_passes_target or exhausted:
-            converged = converged or err_estimate < tol or exhausted
+        if (not fixed and cert["ok"]) or p == n_passes_target or exhausted:
             break
-        prev = est
         if method == "subspace":
-            Q = _orth(Y_last)
+            Q, d = _rank_revealing_orth(Y, tau)
             Wbuf.reset(Q)
-            H = np.zeros((Q.shape[1], 0))
-        elif Wext.shape[1] + l > max_basis:
+            M, drop2 = np.zeros((0, 0)), d**2
+        elif Wbuf.width + Q_next.shape[1] + l > max_basis + l or \
+                Wbuf.width + Q_next.shape[1] > max_basis:
             # Restart from the current best approximations.
-            Q = _orth(prep(basis @ coords[:, :l]))
+            Q = _orth(prep(W @ U[:, :l]))
             Wbuf.reset(Q)
-            H = np.zeros((Q.shape[1], 0))
+            M, drop2 = np.zeros((0, 0)), 0.0
             logger.info("randomized solver: restart (basis would exceed %d columns)", max_basis)
         else:
-            Q = Q_next  # already appended to W
-    if not converged:
-        warnings.warn(
-            f"The randomized eigensolver did not reach tol={tol:g} in {n_passes_target} passes "
-            f"(last relative change of the top-{k} eigenvalues: {change:.2e}). The result is "
-            "returned with its residuals; raise max_iter or n_oversamples, or use "
-            "eigen_solver='dense' for small problems.",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
-    # Certification pass: Rayleigh-Ritz on the k leading vectors (sharper
-    # eigenvalues) and their exact residuals. k columns only: the pass cost is
-    # dominated by kernel evaluation, and extra columns did not improve the
-    # leading pairs in our measurements.
-    m = min(k, coords.shape[1])
-    V = _orth(prep(basis @ coords[:, :m]))
-    AV = op.matmul(V)
-    theta, U = _rayleigh_ritz(V.T @ AV)
-    theta, U = theta[:k], U[:, :k]
-    Vr, AVr = V @ U, AV @ U
+            Wbuf.append(Q_next)
+            Q = Q_next
+    # Certification pass: Rayleigh-Ritz on the returned vectors (sharper
+    # eigenvalues) and their exact residuals.
+    k_ret = _n_existing(theta, k, rank_rtol, tau)
+    Wm = Wbuf.view[:, : M.shape[0]]
+    V = prep(Wm @ U[:, :k_ret])
+    V = _orth(V) if k_ret else V
+    AV = op.matmul(V) if k_ret else np.zeros((n, 0))
+    th2, U2 = _rayleigh_ritz(V.T @ AV)
+    Vr, AVr = V @ U2, AV @ U2
+    Rf = AVr - Vr * th2
+    r2 = np.linalg.norm(Rf, axis=0)
+    # the certificate on the final pairs, with the iteration's Ritz values beyond
+    # them (and their residual bounds) for the gaps
+    th_all = np.concatenate([th2, theta[k_ret:]])
+    res_all = np.concatenate([r2, res[k_ret:]])
+
+    def final_block_res(a, b):
+        inner = np.linalg.norm(Rf[:, a:min(b, k_ret)], 2) if a < k_ret else 0.0
+        outer = block_res(max(a, k_ret), b) if b > k_ret else 0.0
+        return float(np.hypot(inner, outer))
+
+    cert = certify(th_all, res_all, k_ret, final_block_res, tol=tol, floor=tau,
+                   cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below)
+    converged = bool(cert["ok"])
     with np.errstate(divide="ignore", invalid="ignore"):
-        residuals = np.linalg.norm(AVr - Vr * theta, axis=0) / np.abs(theta)
+        residuals = r2 / np.abs(th2)
     Vr = deterministic_signs(Vr)
+    if not converged and warn:
+        warnings.warn(not_converged_message(cert, p + 1, tol), ConvergenceWarning, stacklevel=2)
     info = {
         "solver": "randomized",
         "method": method,
         "block_columns": l,
-        "finish": "nystrom" if psd else "rayleigh_ritz",
+        "finish": "rayleigh_ritz",
+        "basis_columns": int(M.shape[0]),
+        "rank_found": int(k_ret),
+        "exhausted": bool(exhausted),
         "relative_changes": history,
+        "certificate": dict(cert),
         "seconds": time.perf_counter() - t_start,
     }
-    return EigResult(eigenvalues=theta, eigenvectors=Vr, residuals=residuals,
+    return EigResult(eigenvalues=th2, eigenvectors=Vr, residuals=residuals,
                      n_passes=p + 1, converged=converged, info=info)
 
 
-def _extrapolated_error(changes: list[float]) -> float:
-    """Estimated relative error of the current estimates from their pass-to-pass changes.
+def not_converged_message(cert: dict, passes: int, tol: float) -> str:
+    """One line: what is not certified, and what to change."""
+    eb = [b for b, ok in zip(cert["eigenvalue_bounds"], cert["eigenvalue_ok"]) if not ok]
+    ab = [b for b, ok in zip(cert["angle_bounds"], cert["vector_ok"]) if not ok]
+    what = []
+    if eb:
+        what.append(f"{len(eb)} eigenvalue(s) with relative error bound up to {max(eb):.1e}")
+    if ab:
+        what.append(f"{len(ab)} eigenvector(s)/subspace(s) with angle bound up to {max(ab):.1e}")
+    return (f"The randomized eigensolver did not certify its result to tol={tol:g} in "
+            f"{passes} passes ({'; '.join(what) or 'no pair'}). The result is returned with "
+            "its residuals (residuals_, solver_info_['certificate']); raise max_iter or "
+            "n_oversamples, or use eigen_solver='dense' for small problems.")
 
-    The change between passes t-1 and t measures the error of pass t-1; with
-    a convergence factor rho per pass (estimated as the ratio of the last two
-    changes, capped at 0.9), the error left at pass t is about
-    ``change_t * rho / (1 - rho)``. Krylov methods converge super-linearly, so
-    this saves the extra pass a plain "change < tol" rule would spend. With a
-    single change, rho is taken as 0.5 (error ~ change).
-    """
-    c = changes[-1]
-    if len(changes) < 2 or changes[-2] <= 0:
-        rho = 0.5
-    else:
-        rho = min(0.9, c / changes[-2])
-    return c * rho / (1.0 - rho)
+
+def _n_existing(theta: np.ndarray, k: int, rank_rtol: float, tau: float) -> int:
+    """How many of the leading k Ritz values are (numerically) non-zero eigenvalues."""
+    if theta.size == 0 or theta[0] <= 0:
+        return 0
+    cut = max(rank_rtol * theta[0], tau)
+    return int(min(k, np.count_nonzero(theta > cut)))
 
 
 def _generator(random_state: Any) -> np.random.Generator:
