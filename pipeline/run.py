@@ -109,9 +109,9 @@ def check_output(cfg: PipelineConfig) -> None:
     a run would replace that are not its own (or links), an output overlapping the input,
     and an input that does not exist."""
     out = stage_locations(cfg)["out"]
+    check_not_overlapping(out, [cfg.input.path])
     name = cfg.denoise.output_name
     check_output_folder(out, extra_names=(name, f"{name}_rows"))
-    check_not_overlapping(out, [cfg.input.path])
     _check_exists(cfg.input)
 
 
