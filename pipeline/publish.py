@@ -64,14 +64,14 @@ def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> Non
     p = out.local_path
     if not os.path.lexists(p):
         return
-    if stat.S_ISLNK(os.lstat(p).st_mode) and not os.path.isdir(p):
-        raise _run_error(f"output path {p} is a symbolic link to no folder; choose another "
-                         "output.path.")
+    if stat.S_ISLNK(os.lstat(p).st_mode):
+        raise _run_error(f"output path {p} is a symbolic link (kpca never writes through "
+                         f"links); set output.path to the real folder, {os.path.realpath(p)}.")
     if not p.is_dir():
         raise _run_error(f"output path {p} is a file, not a folder; choose another "
                          "output.path.")
     names = RUN_NAMES | set(extra_names)
-    ours = _marked(p)
+    ours = zarr_kind(p) == "kpca-dask-run"
     for e in sorted(os.scandir(p), key=lambda e: e.name):
         if e.name not in names and not e.name.startswith(".kpca-"):
             continue  # the user's own file beside the run: never touched

@@ -28,7 +28,7 @@ from .cluster import release_worker_memory
 from .config import PipelineConfig
 from .denoise import stage_denoise  # the denoise stage, with the others here
 from .evaluate import make_split
-from .export import begin_run, write_manifest, write_spectrum
+from .export import RunError, begin_run, write_manifest, write_spectrum
 from .ingest import IngestResult, SourceData, _check_exists, ingest, load_ingested
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
 from .lock import RunLock, check_unlocked
@@ -108,10 +108,14 @@ def check_output(cfg: PipelineConfig) -> None:
     """Refuse, before anything is written or un-published: an output folder holding files
     a run would replace that are not its own (or links), an output overlapping the input,
     and an input that does not exist."""
+    raw = str(cfg.output.path).strip()
+    if raw.rstrip("/") in ("", ".", "..") or raw.removeprefix("file://").rstrip("/") in ("", "."):
+        raise RunError(f"output.path {cfg.output.path!r} names no folder of its own (empty or "
+                       "'.'); set output.path to a new folder, e.g. kpca-output.")
     out = stage_locations(cfg)["out"]
+    check_not_overlapping(out, [cfg.input.path])
     name = cfg.denoise.output_name
     check_output_folder(out, extra_names=(name, f"{name}_rows"))
-    check_not_overlapping(out, [cfg.input.path])
     _check_exists(cfg.input)
 
 

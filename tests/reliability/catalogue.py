@@ -637,7 +637,7 @@ TRANSFORM = [
          lambda c: ["transform", c.dir / "nothing", _new_rows(c), c.dir / "emb.zarr"],
          ("No saved model at <dir>/nothing", "does not exist")),
     Case("tr-output-exists", "transform", "transform output already exists", _existing_output,
-         ("exists; pass --overwrite",)),
+         ("exists and was not written by kpca transform", "choose another output path")),
     Case("info-schema", "info", "manifest of an unknown schema version",
          lambda c: ["info", _schema_run(c)],
          ("schema_version 7", "Use a matching kpca-dask version")),

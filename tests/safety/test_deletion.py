@@ -1,0 +1,321 @@
+"""Never destroy what is not ours (issue 19, deletion and publishing): each case of the
+issue, in a temporary folder with a canary file, a victim folder outside the output and
+a published run; after each, the canary and the victim are byte for byte the same,
+nothing wrong was published and the previous good run still verifies."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import zarr
+
+from kpca_dask import UnsafeRemovalError
+from kpca_dask._removal import remove_owned, removal_refusal
+from pipeline.export import verify_run
+from pipeline.publish import OutputLock
+from pipeline.run import run_pipeline
+from pipeline.store import Location
+from tests.reliability.helpers import small_config
+
+from .conftest import error_line, kpca, new_batch, tree_hashes
+
+
+def _survived(world, before):
+    assert world.user_files() == before
+    verify_run(world.run)
+
+
+# ------------------------------------------------------------------ kpca transform
+@pytest.mark.parametrize("output", ["", ".", "./", ".."])
+def test_transform_to_an_empty_or_dot_output_deletes_nothing(world, dask_client, output):
+    """`kpca transform RUN x.npy "" --overwrite` (an unset shell variable) and "." used to
+    delete the current folder: refused with one line, the current folder untouched."""
+    before, run = world.user_files(), tree_hashes(world.run)
+    rc, err = kpca("transform", world.run, world.new, output, "--overwrite", "--no-progress")
+    assert rc == 2
+    assert "names no new folder" in error_line(err)
+    _survived(world, before)
+    assert tree_hashes(world.run) == run
+
+
+def test_transform_output_equal_to_its_input_is_refused(world, dask_client):
+    """Output == input with --overwrite used to delete the input and embed zeros."""
+    before = world.user_files()
+    rc, err = kpca("transform", world.run, world.new, world.new, "--overwrite", "--no-progress")
+    assert rc == 2 and "lies inside the input" in error_line(err)
+    _survived(world, before)
+
+
+@pytest.mark.parametrize("where", ["run", "run/model", "run/inside.zarr", "other run"])
+def test_transform_output_in_a_run_folder_is_refused(world, dask_client, where):
+    """Output == the model's run, its model/, a path inside it, or another run folder:
+    refused; the run still verifies, byte for byte."""
+    other = world.tmp / "other"
+    shutil.copytree(world.run, other, symlinks=True)
+    target = {"run": world.run, "run/model": world.run / "model",
+              "run/inside.zarr": world.run / "inside.zarr", "other run": other}[where]
+    before, run, run2 = world.user_files(), tree_hashes(world.run), tree_hashes(other)
+    rc, err = kpca("transform", world.run, world.new, target, "--overwrite", "--no-progress")
+    assert rc == 2
+    assert "run" in error_line(err)
+    _survived(world, before)
+    assert tree_hashes(world.run) == run and tree_hashes(other) == run2
+    verify_run(other)
+
+
+@pytest.mark.parametrize("kind", ["user folder", "user file", "link to victim"])
+def test_transform_never_replaces_what_it_did_not_write(world, dask_client, kind):
+    """An existing output kpca did not write (a folder or file of the user's, a link) is
+    refused even with --overwrite."""
+    out = world.tmp / "emb.zarr"
+    if kind == "user folder":
+        out.mkdir()
+        (out / "mine.txt").write_bytes(b"mine\n")
+    elif kind == "user file":
+        out.write_bytes(b"mine\n")
+    else:
+        out.symlink_to(world.victim, target_is_directory=True)
+    before, theirs = world.user_files(), tree_hashes(out)
+    rc, err = kpca("transform", world.run, world.new, out, "--overwrite", "--no-progress")
+    assert rc == 2
+    line = error_line(err)
+    assert "was not written by kpca" in line or "symbolic link" in line
+    _survived(world, before)
+    assert tree_hashes(out) == theirs
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".parquet"])
+def test_a_failed_transform_leaves_the_previous_output(world, dask_client, suffix):
+    """A transform that fails while writing (NaN in the batch) leaves the previous output
+    exactly as it was and no temporary folder behind."""
+    out = world.tmp / f"emb{suffix}"
+    rc, err = kpca("transform", world.run, world.new, out, "--no-progress")
+    assert rc == 0, err
+    prev = tree_hashes(out)
+    bad = new_batch(world.tmp, seed=3)
+    x = np.load(bad)
+    x[-1, 0] = np.nan
+    np.save(bad, x)
+    before = world.user_files()
+    rc, err = kpca("transform", world.run, bad, out, "--overwrite", "--no-progress")
+    assert rc == 2 and "NaN" in error_line(err)
+    assert tree_hashes(out) == prev
+    assert not [p for p in os.listdir(world.tmp) if p.startswith(".kpca-")]
+    _survived(world, before)
+
+
+def test_transform_replaces_its_own_output_with_overwrite(world, dask_client):
+    """The safe path still works: an output of ours is replaced, the new rows are there."""
+    out = world.tmp / "emb.zarr"
+    assert kpca("transform", world.run, world.new, out, "--no-progress")[0] == 0
+    other = new_batch(world.tmp, seed=2, rows=7)
+    before = world.user_files()
+    assert kpca("transform", world.run, other, out, "--overwrite", "--no-progress")[0] == 0
+    g = zarr.open_group(str(out), mode="r")
+    assert g["embedding"].shape[0] == 7 and g.attrs["status"] == "complete"
+    assert not [p for p in os.listdir(world.tmp) if p.startswith(".kpca-")]
+    _survived(world, before)
+
+
+def test_concurrent_transforms_to_one_output_cannot_both_publish(world, dask_client):
+    """While one transform holds the output's lock (.kpca-lock.<name>), a second is refused
+    and publishes nothing; the first's output is unchanged."""
+    out = world.tmp / "emb.zarr"
+    assert kpca("transform", world.run, world.new, out, "--no-progress")[0] == 0
+    prev = tree_hashes(out)
+    with OutputLock(Location(str(out))):
+        rc, err = kpca("transform", world.run, new_batch(world.tmp, seed=4), out,
+                       "--overwrite", "--no-progress")
+    assert rc == 2 and "another transform" in error_line(err)
+    assert tree_hashes(out) == prev
+    assert not (world.tmp / ".kpca-lock.emb.zarr").exists()  # released, removed
+
+
+def test_transform_inverse_output_is_checked_the_same_way(world, dask_client):
+    """`kpca transform --inverse` (denoise) refuses "" and the input like a transform."""
+    before = world.user_files()
+    for target in ("", world.new):
+        rc, err = kpca("transform", world.run, world.new, target, "--inverse", "--overwrite",
+                       "--no-progress")
+        assert rc == 2, err
+    _survived(world, before)
+
+
+# ------------------------------------------------------------------------- kpca run
+def _cfg(world, out, **over):
+    over.setdefault("output", {})
+    over["output"] = {**over["output"], "path": str(out)}
+    return small_config(world.data, out, **over)
+
+
+@pytest.mark.parametrize("name", ["embedding.parquet", "model", "work"])
+def test_a_link_inside_the_output_is_never_followed(world, dask_client, name):
+    """`embedding.parquet -> ../victim` (or model/, work/) used to make `kpca run` delete
+    the folder it points to: refused, the victim and the link survive."""
+    link = world.run / name
+    shutil.rmtree(link)
+    link.symlink_to(world.victim, target_is_directory=True)
+    before, manifest = world.user_files(), world.run_manifest()
+    with pytest.raises(Exception, match="symbolic link"):
+        run_pipeline(_cfg(world, world.run, output={"overwrite": True}))
+    assert world.user_files() == before
+    assert os.path.islink(link) and world.run_manifest() == manifest
+
+
+@pytest.mark.parametrize("name", [".kpca-run.lock", "manifest.json"])
+def test_a_linked_lock_or_manifest_never_overwrites_its_target(world, dask_client, name):
+    """A symlinked `.kpca-run.lock` or `manifest.json` used to overwrite the file it points
+    to: refused, the target byte for byte the same."""
+    target = world.victim / "precious.txt"
+    link = world.run / name
+    if link.exists():
+        link.unlink()
+    link.symlink_to(target)
+    before = world.user_files()
+    with pytest.raises(Exception, match="symbolic link"):
+        run_pipeline(_cfg(world, world.run, output={"overwrite": True}))
+    assert world.user_files() == before
+    assert os.path.islink(link)
+
+
+def test_output_path_on_a_folder_of_the_users_is_refused(world, dask_client):
+    """`output.path` on the user's own folder with their model/ and embedding.parquet/:
+    refused without a word of deletion, every file byte for byte."""
+    mine = world.tmp / "results"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "weights.bin").write_bytes(os.urandom(64))
+    (mine / "embedding.parquet").mkdir()
+    (mine / "embedding.parquet" / "part.0.parquet").write_bytes(b"PAR1 theirs")
+    theirs, before = tree_hashes(mine), world.user_files()
+    with pytest.raises(Exception, match="not a kpca-dask run folder"):
+        run_pipeline(_cfg(world, mine, output={"overwrite": True}))
+    assert tree_hashes(mine) == theirs
+    _survived(world, before)
+
+
+def test_output_beside_the_users_files_leaves_them_alone(world, dask_client):
+    """A folder of the user's whose names do not collide with a run's: the run is written
+    beside them, their files unchanged; a re-run with --overwrite leaves them too."""
+    mine = world.tmp / "results"
+    mine.mkdir()
+    (mine / "notes.txt").write_bytes(b"notes\n")
+    run_pipeline(_cfg(world, mine))
+    run_pipeline(_cfg(world, mine, output={"overwrite": True}))
+    verify_run(mine)
+    assert (mine / "notes.txt").read_bytes() == b"notes\n"
+
+
+@pytest.mark.parametrize("where", ["input file", "input folder", "inside input folder"])
+def test_run_output_overlapping_the_input_is_refused(world, dask_client, where):
+    zin = world.tmp / "in.zarr"
+    if where == "input file":
+        cfg = _cfg(world, world.x)
+    else:
+        z = zarr.open_array(str(zin), mode="w", shape=(300, 5), chunks=(100, 5), dtype="f8")
+        z[...] = np.load(world.x)
+        out = zin if where == "input folder" else zin / "out"
+        cfg = _cfg(world, out, input={"path": str(zin)})
+    before, zin_before = world.user_files(), tree_hashes(zin)
+    with pytest.raises(Exception, match="lies inside the input"):
+        run_pipeline(cfg)
+    _survived(world, before)
+    assert tree_hashes(zin) == zin_before
+
+
+def test_overwrite_with_a_typo_in_the_input_keeps_the_published_run(world, dask_client):
+    """`kpca run --overwrite --no-prefect` with a typo in input.path used to delete the
+    published manifest before checking the input: now the input is checked first."""
+    before, manifest = world.user_files(), world.run_manifest()
+    with pytest.raises(Exception, match="does not exist"):
+        run_pipeline(_cfg(world, world.run, output={"overwrite": True},
+                          input={"path": str(world.data / "x-typo.npy")}))
+    assert world.run_manifest() == manifest
+    _survived(world, before)
+
+
+def test_a_failed_run_puts_the_previous_run_back(world, dask_client):
+    """A run that fails after un-publishing (too many components, found at the kernel
+    stage) restores the previous run, which verifies byte for byte as before."""
+    run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
+    before = world.user_files()
+    with pytest.raises(ValueError, match="exceeds"):
+        run_pipeline(_cfg(world, world.run, output={"overwrite": True},
+                          solver={"n_components": 400}))
+    after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
+    assert after == run_before
+    assert not (world.run / ".kpca-prev").exists()
+    _survived(world, before)
+
+
+def test_a_good_rerun_replaces_the_run_and_retires_the_kept_one(world, dask_client):
+    before = world.user_files()
+    run_pipeline(_cfg(world, world.run, output={"overwrite": True},
+                      solver={"n_components": 2}))
+    m = verify_run(world.run)
+    assert m["model"]["n_components"] == 2
+    assert not (world.run / ".kpca-prev").exists()
+    assert world.user_files() == before
+
+
+def test_a_link_inside_our_model_is_not_followed_when_the_model_is_replaced(world, dask_client):
+    """A link planted inside the run's own model/ folder: replacing the model refuses, the
+    victim survives, and the previous run is put back."""
+    (world.run / "model" / "planted").symlink_to(world.victim, target_is_directory=True)
+    before = world.user_files()
+    with pytest.raises((UnsafeRemovalError, ValueError), match="symbolic link"):
+        run_pipeline(_cfg(world, world.run, output={"overwrite": True},
+                          solver={"n_components": 2}))
+    assert world.user_files() == before
+    assert (world.run / "model" / "planted").is_symlink()
+    (world.run / "model" / "planted").unlink()
+    verify_run(world.run)
+    assert not (world.run / ".kpca-prev").exists()
+
+
+# ------------------------------------------------------------------ the primitive
+def test_the_primitive_refuses_what_is_not_ours(world):
+    """remove_owned refuses "", ".", "/", home, the current folder and its parents, the
+    input, anything outside its root and anything its ownership check rejects."""
+    def yes(_):
+        return True
+
+    for bad in ("", ".", "..", world.work, world.work.parent):
+        with pytest.raises(UnsafeRemovalError):
+            remove_owned(bad, root=world.tmp, owned=yes)
+    with pytest.raises(UnsafeRemovalError, match="outside"):
+        remove_owned(world.victim, root=world.run, owned=yes)
+    with pytest.raises(UnsafeRemovalError, match="input"):
+        remove_owned(world.data, root=world.tmp, owned=yes, protect=[world.x])
+    with pytest.raises(UnsafeRemovalError, match="not written by kpca"):
+        remove_owned(world.victim, root=world.tmp, owned=lambda p: False)
+    (world.run / "victim-link").symlink_to(world.victim, target_is_directory=True)
+    with pytest.raises(UnsafeRemovalError, match="symbolic link"):
+        Location(str(world.run / "victim-link")).remove(root=Location(str(world.run)))
+    assert (world.run / "victim-link").is_symlink()
+    # checked without removing anything: these must never be tried for real
+    assert "/" in removal_refusal("/", root="/")
+    assert "home" in removal_refusal(os.path.expanduser("~"), root="/")
+    mounts = [m for m in ("/proc", "/sys", "/dev") if os.path.ismount(m)]
+    if mounts:
+        assert "mount point" in removal_refusal(mounts[0], root="/")
+    assert world.user_files()  # the world is still there
+
+
+def test_the_primitive_removes_our_marked_folder_and_a_link_only_as_a_link(world):
+    """What is ours goes: a marked store inside the root; a link the caller owns is unlinked
+    without touching its target."""
+    from kpca_dask._removal import write_marker
+
+    store = world.tmp / "out" / "store"
+    write_marker(store, "test")
+    (store / "a.bin").write_bytes(b"x")
+    assert Location(str(store)).remove(root=Location(str(world.tmp / "out")))
+    assert not store.exists()
+    link = world.tmp / "out" / "link"
+    link.symlink_to(world.victim, target_is_directory=True)
+    before = world.user_files()
+    assert remove_owned(link, root=world.tmp / "out", owned=lambda p: p.name == "link")
+    assert not os.path.lexists(link) and world.user_files() == before
