@@ -17,6 +17,7 @@ __all__ = [
     "KpcaWarning",
     "ConvergenceWarning",
     "DroppedComponentsWarning",
+    "UnverifiedAttributesWarning",
     "PreimageConvergenceWarning",
 ]
 
@@ -57,6 +58,10 @@ class KpcaWarning(UserWarning):
 
 class ConvergenceWarning(KpcaWarning):
     """An iterative solver stopped at its iteration cap before its tolerance."""
+
+
+class UnverifiedAttributesWarning(KpcaWarning):
+    """A saved model of an older schema: its attributes carry no checksum."""
 
 
 class DroppedComponentsWarning(KpcaWarning):
