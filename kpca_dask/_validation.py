@@ -13,7 +13,8 @@ import numpy as np
 
 from .exceptions import InvalidInputError, InvalidParameterError
 
-__all__ = ["Rule", "validate_params", "as_dask_array", "check_finite", "resolve_dtype"]
+__all__ = ["Rule", "validate_params", "as_dask_array", "check_finite", "resolve_dtype",
+           "missing_zarr_chunks", "describe_missing_chunks"]
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,61 @@ def resolve_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
-def _zarr_to_dask(X: Any) -> da.Array | None:
+def missing_zarr_chunks(array: Any) -> list[tuple[int, ...]]:
+    """Grid indices of the stored objects (chunks, or shards when sharded) of a zarr array
+    that are absent from its store.
+
+    zarr reads an absent chunk as the array's fill value, so a lost chunk file reads as
+    zeros without a word. One listing of the array's prefix in its store (cheap: no chunk
+    is read), compared with the chunk grid the metadata promise. Note that zarr does not
+    write a chunk equal to the fill value unless ``write_empty_chunks`` is set: such an
+    array legitimately lacks those chunks (the caller decides whether that is allowed).
+    """
+    from zarr.core.sync import sync
+
+    store_path = array.store_path
+    prefix = store_path.path.strip("/")
+
+    async def _keys() -> list[str]:
+        return [k async for k in store_path.store.list_prefix(prefix)]
+
+    present = set()
+    for k in sync(_keys()):
+        present.add(k[len(prefix) + 1:] if prefix and k.startswith(prefix + "/") else k)
+    grid = array._shard_grid_shape
+    encode = array.metadata.encode_chunk_key
+    return [idx for idx in np.ndindex(*grid) if encode(idx) not in present]
+
+
+def describe_missing_chunks(array: Any, missing: list[tuple[int, ...]]) -> str:
+    """"2 of 4 chunks are missing (the first: 'c/2/0', rows 100-149)"."""
+    grid = array._shard_grid_shape
+    step = (array.shards or array.chunks)[0] if array.ndim else 1
+    first = missing[0]
+    rows = ""
+    if array.ndim:
+        lo = first[0] * step
+        rows = f", rows {lo}-{min(lo + step, array.shape[0]) - 1}"
+    total = int(np.prod(grid))
+    return (f"{len(missing)} of {total} chunk{'s' if total != 1 else ''} "
+            f"{'is' if len(missing) == 1 else 'are'} missing (the first: "
+            f"{array.metadata.encode_chunk_key(first)!r}{rows})")
+
+
+def _zarr_to_dask(X: Any, what: str = "X") -> da.Array | None:
     try:
         import zarr
     except ImportError:  # pragma: no cover
         return None
     if isinstance(X, zarr.Array):
+        missing = missing_zarr_chunks(X)
+        if missing:
+            raise InvalidInputError(
+                f"{what} is a zarr array whose store lacks chunks: "
+                f"{describe_missing_chunks(X, missing)}; zarr would read them as its fill "
+                f"value. Restore the store, or pass dask.array.from_zarr({what}) to read "
+                "missing chunks as the fill value deliberately."
+            )
         return da.from_zarr(X)
     return None
 
@@ -98,7 +148,7 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
     complex data are refused.
     """
     kind = "numpy"
-    Xd = _zarr_to_dask(X)
+    Xd = _zarr_to_dask(X, what)
     if Xd is not None:
         kind = "zarr"
     elif isinstance(X, da.Array):

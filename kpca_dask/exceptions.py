@@ -20,6 +20,7 @@ __all__ = [
     "KpcaWarning",
     "ConvergenceWarning",
     "DroppedComponentsWarning",
+    "UnverifiedAttributesWarning",
     "PreimageConvergenceWarning",
 ]
 
@@ -69,6 +70,10 @@ class ConvergenceWarning(KpcaWarning, _SklearnConvergenceWarning):
     Also a :class:`sklearn.exceptions.ConvergenceWarning`, so that code (and
     scikit-learn's own tests) filtering on scikit-learn's class catch it.
     """
+
+
+class UnverifiedAttributesWarning(KpcaWarning):
+    """A saved model of an older schema: its attributes carry no checksum."""
 
 
 class DroppedComponentsWarning(KpcaWarning):

@@ -25,16 +25,22 @@ Layout of a saved model (``attrs["model_kind"]`` says which)::
 
 The attributes record the format name, a schema version, the estimator's
 parameters, the kernel (named kernels only: a callable cannot be stored
-without pickle), fitted scalars and a SHA-256 of every array. Loading reads
-only numeric arrays and JSON, checks the format, the schema version and every
-checksum, and refuses anything else with :class:`ModelFormatError`: untrusted
-input never executes code.
+without pickle), fitted scalars, a SHA-256 of every array and (schema 4) a
+SHA-256 of the attributes themselves (``attrs_sha256``, over their canonical
+JSON without that record): an edited gamma is refused like an edited array.
+Loading reads only numeric arrays and JSON, checks the format, the schema
+version and every checksum, and refuses anything else with
+:class:`ModelFormatError`: untrusted input never executes code. Models of
+schema 1-3 carry no attribute checksum: they load with an
+:class:`~kpca_dask.exceptions.UnverifiedAttributesWarning`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import warnings
 import uuid
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -44,18 +50,21 @@ import numpy as np
 import zarr
 
 from ._removal import remove_owned
-from .exceptions import ModelFormatError
+from .exceptions import ModelFormatError, UnverifiedAttributesWarning
 from .kernels import kernel_from_dict
 
-__all__ = ["save_model", "load", "array_sha256", "FORMAT", "SCHEMA_VERSION"]
+__all__ = ["save_model", "load", "array_sha256", "attrs_sha256", "FORMAT", "SCHEMA_VERSION"]
 
 FORMAT = "kpca-dask-model"
 #: 2 added Nyström models (``model_kind``); version 1 stores are exact models
 #: with the same layout and still load. 3 added the pre-image parameters
 #: (``fit_inverse_transform``, ``alpha``, ``preimage*``) and arrays; version 1
 #: and 2 stores have neither and load as models without a pre-image.
-SCHEMA_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+#: 4 added ``attrs_sha256``: a checksum of the attributes (parameters, kernel, fitted
+#: scalars...); 1-3 load with an UnverifiedAttributesWarning.
+SCHEMA_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)
+_ATTRS_RECORD = "attrs_sha256"
 
 #: arrays every saved model of a kind has; optional ones are listed in attrs["arrays"].
 _REQUIRED = {
@@ -84,6 +93,15 @@ def array_sha256(a: np.ndarray) -> str:
     h.update(f"{a.dtype.str}:{a.shape}".encode())
     h.update(a.reshape(-1).view(np.uint8))  # the bytes in place: no copy of a large X_fit_
     return h.hexdigest()
+
+
+def attrs_sha256(attrs: dict[str, Any]) -> str:
+    """SHA-256 of a model's attributes as canonical JSON (sorted keys, no spaces), without
+    the ``attrs_sha256`` record itself."""
+    body = {k: v for k, v in attrs.items() if k != _ATTRS_RECORD}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _jsonable(v: Any) -> Any:
@@ -214,8 +232,12 @@ def _write_group(store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any
         # a chunk at a time: zarr encodes the chunks of one write concurrently
         for a in range(0, max(1, arr.shape[0]), rows):
             z[a:a + rows] = arr[a:a + rows]
-    # Attributes last: a group without them is not a model.
+    # Attributes last: a group without them is not a model. Their checksum is taken over
+    # the attributes as zarr stored them (read back), so that any JSON spelling zarr
+    # chooses (NaN, float repr) is the one a reader hashes.
     root.attrs.update(attrs)
+    stored = dict(zarr.open_group(store, mode="r").attrs)
+    root.attrs[_ATTRS_RECORD] = attrs_sha256(stored)
 
 
 def _read_array(z: Any) -> np.ndarray:
@@ -251,6 +273,17 @@ def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             f"{path} has model schema_version {sv!r}; this kpca-dask reads versions "
             f"{list(_READABLE_VERSIONS)}. Re-save it with a matching kpca-dask version."
         )
+    recorded = attrs.get(_ATTRS_RECORD)
+    if sv >= 4 and recorded != attrs_sha256(attrs):
+        why = ("it has no attribute checksum (incomplete?)" if recorded is None else
+               "attribute checksum mismatch: its parameters, kernel or fitted values were "
+               "modified after it was saved")
+        raise ModelFormatError(f"{path}: {why}. Re-create it from the original run.")
+    if sv < 4:
+        warnings.warn(
+            f"{path} is a schema {sv} model: its attributes (parameters, kernel, fitted "
+            "values) carry no checksum and cannot be verified; re-save it with this "
+            "kpca-dask to cover them.", UnverifiedAttributesWarning, stacklevel=3)
     kind = attrs.get("model_kind", "exact")
     if kind not in _REQUIRED:
         raise ModelFormatError(f"{path} has an unknown model_kind {kind!r}.")

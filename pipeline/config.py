@@ -102,6 +102,11 @@ class InputConfig(_Model):
     nonfinite: Literal["error", "drop"] = Field(
         "error", description="NaN/inf policy: 'error' stops before anything is written; "
                              "'drop' removes such rows and reports how many.")
+    missing_chunks: Literal["error", "fill"] = Field(
+        "error", description="zarr input whose store lacks chunk files: 'error' refuses it "
+                             "(zarr would read them as zeros); 'fill' reads them as the "
+                             "array's fill value, deliberately (zarr writes no chunk equal to "
+                             "the fill value unless write_empty_chunks is set).")
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="Extra fsspec options (e.g. {'anon': true} or an "
         "endpoint_url). Credentials are refused here: use the environment.")

@@ -144,7 +144,8 @@ def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
         "packages": _versions(),
         "config": config,
         "input": ingest,
-        "model": {**model, "checksums": model_attrs["checksums"]},
+        "model": {**model, "checksums": model_attrs["checksums"],
+                  "attrs_sha256": model_attrs.get("attrs_sha256")},
         "timings": timings,
         "checksums": checksums,
         "file_checksums": file_checksums(out),
@@ -218,7 +219,9 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
                                         else str(out.child("model").local_path))
         except Exception as exc:
             raise RunCorruptError(f"{out}: the model cannot be verified ({exc}).") from exc
-        if attrs.get("checksums") != manifest["model"].get("checksums"):
+        if attrs.get("checksums") != manifest["model"].get("checksums") or (
+                "attrs_sha256" in manifest["model"]
+                and attrs.get("attrs_sha256") != manifest["model"]["attrs_sha256"]):
             raise RunCorruptError(f"{out}: the model was replaced after the run was published "
                                   "(its checksums differ from the manifest's); re-run the "
                                   "pipeline.")

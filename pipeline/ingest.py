@@ -23,6 +23,8 @@ import dask.array as da
 import numpy as np
 import pandas as pd
 
+from kpca_dask._validation import describe_missing_chunks, missing_zarr_chunks
+
 from .config import ChunkConfig, InputConfig
 from .progress import compute
 from .store import Location, _digest_blocks
@@ -201,6 +203,16 @@ def _read_zarr(cfg, loc, chunks) -> SourceData:
     _check_matrix_dtype(node.dtype, cfg.path)
     if node.ndim != 2:
         raise InputError(f"{cfg.path}: array of shape {node.shape}; need 2-D.")
+    if cfg.missing_chunks == "error":
+        missing = missing_zarr_chunks(node)
+        if missing:
+            raise InputError(
+                f"{cfg.path}: {describe_missing_chunks(node, missing)}; zarr would read them "
+                "as zeros. Restore the store from a good copy, or set input.missing_chunks: "
+                "fill if those chunks are meant to hold the fill value.")
+    elif missing_zarr_chunks(node):
+        logger.warning("ingest: %s lacks chunk files; reading them as the fill value %r "
+                       "(input.missing_chunks: fill)", cfg.path, node.fill_value)
     X = da.from_zarr(node)
     rows = _rows_per_chunk(node.shape[1], chunks.target_chunk_mb)
     X = X.rechunk({0: rows, 1: -1})
@@ -352,8 +364,48 @@ def _source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
                                                  v.get("ETag") or v.get("created") or ""))
                    for k, v in files.items())
     sig = {"config": cfg.model_dump(mode="json"), "target_chunk_mb": chunks.target_chunk_mb,
-           "files": stats}
+           "files": stats, "content": _content_hash(loc, sorted(files)) if loc.is_local else None}
     return json.loads(json.dumps(sig))  # the form it takes once stored in zarr attributes
+
+
+def _content_hash(loc: Location, files: list[str]) -> str:
+    """BLAKE2b of a local source's bytes (names relative to it): a file edited in place with
+    its size and modification time kept is not taken for the ingested one."""
+    h = hashlib.blake2b(digest_size=20)
+    root = loc.fs_path.rstrip("/")
+    for f in files:
+        h.update(str(f)[len(root):].encode() + b"\0")
+        with loc.fs.open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    return "blake2b:" + h.hexdigest()
+
+
+def _store_digests(arrays: dict[str, da.Array]) -> dict[str, da.Array]:
+    return {k: _digest_blocks(a) for k, a in arrays.items()}
+
+
+def _hex(digests: dict[str, np.ndarray]) -> dict[str, str]:
+    return {k: np.ascontiguousarray(v).tobytes().hex() for k, v in sorted(digests.items())}
+
+
+def _store_problem(store: Location, attrs: dict[str, Any]) -> str | None:
+    """Why a complete ingest store cannot be reused as it is (None: it is intact): a chunk
+    file missing (zarr would read zeros) or a chunk whose content changed."""
+    g = store.open_group("r")
+    want = attrs.get("digests")
+    if not isinstance(want, dict) or set(want) != set(g.array_keys()):
+        return "it records no chunk digests (written by an older version)"
+    arrays = {}
+    for name in sorted(want):
+        missing = missing_zarr_chunks(g[name])
+        if missing:
+            return f"array {name!r}: {describe_missing_chunks(g[name], missing)}"
+        arrays[name] = da.from_zarr(g[name])
+    got = _hex(dict(zip(arrays, compute(*_store_digests(arrays).values(), label="verify")))
+               ) if arrays else {}
+    bad = sorted(k for k in want if got.get(k) != want[k])
+    return f"the content of {bad} differs from what was written" if bad else None
 
 
 def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
@@ -371,13 +423,18 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
             g = store.open_group("r")
             attrs = dict(g.attrs)
             if attrs.get("status") == "complete" and attrs.get("source") == signature:
-                res = IngestResult.from_dict(attrs["result"])
-                res.reused = True
-                logger.info("ingest: reusing %s (unchanged source, fingerprint %s)", store,
-                            res.fingerprint)
-                return res
-        except Exception:  # unreadable or partial store: rebuild it
-            pass
+                problem = _store_problem(store, attrs)
+                if problem is None:
+                    res = IngestResult.from_dict(attrs["result"])
+                    # the store where it is now (a copied run folder reuses its own copy)
+                    res.path, res.reused = str(store), True
+                    logger.info("ingest: reusing %s (unchanged source, fingerprint %s)", store,
+                                res.fingerprint)
+                    return res
+                logger.warning("ingest: not reusing %s: %s; rebuilding it from the input",
+                               store, problem)
+        except Exception as exc:  # unreadable or partial store: rebuild it
+            logger.info("ingest: not reusing %s (%s: %s)", store, type(exc).__name__, exc)
     src = read_input(cfg, chunks)
     X = src.X
     n, d = (int(s) for s in X.shape)
@@ -430,8 +487,11 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
     targets, sources = [], []
     for name, arr in arrays.items():
         dtype = str if arr.dtype.kind in "OUT" else arr.dtype
+        # every chunk written, also one equal to the fill value: a missing chunk file is
+        # then always damage, never "zeros" (missing_zarr_chunks on reuse and read)
         z = g.create_array(name, shape=arr.shape, dtype=dtype,
-                           chunks=(arr.chunks[0][0],) + tuple(arr.shape[1:]))
+                           chunks=(arr.chunks[0][0],) + tuple(arr.shape[1:]),
+                           config={"write_empty_chunks": True})
         targets.append(z)
         sources.append(arr)
     stored = da.store(sources, targets, lock=False, compute=False)
@@ -462,9 +522,10 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
                        dropped_rows=dropped, label_column=cfg.label_column,
                        id_column=cfg.id_column, classes=src.classes,
                        source={"path": cfg.path}, seconds=time.perf_counter() - t0)
+    # the result as stored: its location is wherever the store is when it is reused
     g.attrs.update({"status": "complete", "kind": "kpca-dask-ingest", "source": signature,
-                    "result": res.to_dict(),
-                    "columns": src.columns})
+                    "result": {**res.to_dict(), "path": ""}, "columns": src.columns,
+                    "digests": _hex({k: digest_values[k] for k in arrays})})
     logger.info("ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)", n, d,
                 res.seconds, fingerprint)
     return res
@@ -496,6 +557,13 @@ def load_ingested(res: IngestResult) -> SourceData:
     """Lazy arrays from a completed ingest store."""
     loc = Location(res.path)
     g = loc.open_group("r")
+    for name in g.array_keys():
+        missing = missing_zarr_chunks(g[name])
+        if missing:
+            raise InputError(
+                f"the ingest store {res.path} is damaged: array {name!r}: "
+                f"{describe_missing_chunks(g[name], missing)}; re-run: the ingest stage "
+                "rebuilds it from the input.")
     X = da.from_zarr(g["X"])
     labels = da.from_zarr(g["labels"]) if "labels" in g else None
     ids = da.from_zarr(g["ids"]) if "ids" in g else None

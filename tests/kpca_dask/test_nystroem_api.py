@@ -179,6 +179,11 @@ def test_tampered_or_inconsistent_store_is_refused(model, tmp_path):
     model.save(path, overwrite=True)
     g = zarr.open_group(str(path), mode="r+")
     g.attrs["arrays"] = [a for a in g.attrs["arrays"] if a != "offset"]
+    with pytest.raises(ModelFormatError, match="attribute checksum mismatch"):
+        kpca_dask.load(path)
+    from kpca_dask.persistence import attrs_sha256
+
+    g.attrs["attrs_sha256"] = attrs_sha256(dict(g.attrs))  # a forger who re-seals them
     with pytest.raises(ModelFormatError, match="lacks the arrays \\['offset'\\]"):
         kpca_dask.load(path)
 

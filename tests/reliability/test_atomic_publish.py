@@ -114,7 +114,7 @@ def _tamper_model_array(out, name="eigenvalues"):
 
 def _replace_model(out):
     """A different, self-consistent model (its own checksums updated)."""
-    from kpca_dask.persistence import array_sha256
+    from kpca_dask.persistence import array_sha256, attrs_sha256
 
     g = zarr.open_group(str(out / "model"), mode="r+")
     a = g["eigenvalues"][...] * 2
@@ -122,6 +122,7 @@ def _replace_model(out):
     sums = dict(g.attrs["checksums"])
     sums["eigenvalues"] = array_sha256(a)
     g.attrs["checksums"] = sums
+    g.attrs["attrs_sha256"] = attrs_sha256(dict(g.attrs))  # its attributes re-sealed too
 
 
 def _tamper_parquet(out):
@@ -186,6 +187,11 @@ def test_kpca_dask_load_refuses_a_damaged_model_and_says_why(run_copy):
     with pytest.raises(ModelFormatError, match="not a kpca-dask model .* incomplete"):
         kpca_dask.load(model)
     g.attrs.put({**attrs, "arrays": [a for a in attrs["arrays"] if a != "row_means"]})
+    with pytest.raises(ModelFormatError, match="attribute checksum mismatch"):
+        kpca_dask.load(model)
+    from kpca_dask.persistence import attrs_sha256
+
+    g.attrs["attrs_sha256"] = attrs_sha256(dict(g.attrs))  # a forger who re-seals them
     with pytest.raises(ModelFormatError, match=r"lacks the arrays \['row_means'\]"):
         kpca_dask.load(model)
     shutil.rmtree(model)
