@@ -57,6 +57,13 @@ def _duplicates(distinct):
     return np.repeat(base, N // distinct, axis=0)
 
 
+def _ring():
+    """Equally spaced points on a circle: a circulant kernel matrix, its eigenvalues
+    in exactly equal pairs (the Fourier modes cos and sin of each frequency)."""
+    t = 2 * np.pi * np.arange(N) / N
+    return np.c_[np.cos(t), np.sin(t)]
+
+
 def _blobs():
     return make_blobs(N, n_features=8, centers=10, random_state=0)[0]
 
@@ -75,6 +82,8 @@ CASES = {
                                    dict(kernel="rbf", gamma=0.2)),
     "rbf-40-distinct-rows-rank39": (functools.partial(_duplicates, 40),
                                     dict(kernel="rbf", gamma=0.2)),
+    "ring-rbf-equal-pairs": (_ring, dict(kernel="rbf", gamma=1.0)),
+    "ring-rbf-equal-pairs-cut": (_ring, dict(kernel="rbf", gamma=1.0, n_components=K - 1)),
     "full-rank-blobs-rbf": (_blobs, dict(kernel="rbf", gamma=0.01)),
     "full-rank-gauss3d-rbf": (_gauss3, dict(kernel="rbf", gamma=0.5)),
 }
@@ -97,7 +106,7 @@ def reference(case: str):
     (scikit-learn's kernel functions: independent of kpca_dask.kernels)."""
     make, params = CASES[case]
     X = make()
-    skw = {k: v for k, v in params.items() if k != "kernel"}
+    skw = {k: v for k, v in params.items() if k not in ("kernel", "n_components")}
     Kx = pairwise_kernels(X, metric=params["kernel"], **skw)
     n = Kx.shape[0]
     H = np.eye(n) - 1.0 / n
@@ -119,7 +128,8 @@ def clusters(w: np.ndarray) -> list[tuple[int, int]]:
 
 def fit(case: str, solver: str, **extra):
     X, params, _, _ = reference(case)
-    m = KernelPCA(K, random_state=0, **params, **SOLVERS[solver], **extra)
+    params = {"n_components": K, **params}
+    m = KernelPCA(random_state=0, **params, **SOLVERS[solver], **extra)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         E = m.fit_transform(X)
@@ -128,13 +138,14 @@ def fit(case: str, solver: str, **extra):
 
 def check_right(m: KernelPCA, E: np.ndarray, case: str) -> None:
     """The result matches the reference (see the module docstring)."""
-    _, _, w, V = reference(case)
+    _, params, w, V = reference(case)
+    k = params.get("n_components", K)
     top = w[0]
     lam = m.eigenvalues_
     kept = lam.shape[0]
-    must = int(np.count_nonzero(w[:K] > 1e-8 * top))
+    must = int(np.count_nonzero(w[:k] > 1e-8 * top))
     assert kept >= must, f"only {kept} components returned, {must} eigenvalues exist"
-    assert kept <= K
+    assert kept <= k
     np.testing.assert_allclose(lam, w[:kept], rtol=1e-6, atol=1e-10 * top)
     Eref = V[:, :kept] * np.sqrt(np.maximum(w[:kept], 0))
     scale = np.abs(Eref).max()
@@ -165,8 +176,8 @@ def test_right_or_says_so(case, solver):
     kinds = {w.category for w in caught}
     unexpected = kinds - {ConvergenceWarning, DroppedComponentsWarning}
     assert not unexpected, [str(w.message) for w in caught]
-    _, _, w, _ = reference(case)
-    if m.n_components_ < K:  # fewer than asked: the user is told, as for dense
+    _, params, w, _ = reference(case)
+    if m.n_components_ < params.get("n_components", K):  # fewer than asked: the user is told, as for dense
         assert DroppedComponentsWarning in kinds
     if not m.converged_:
         assert ConvergenceWarning in kinds  # says so ...
