@@ -683,12 +683,23 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         tol = self.tol
         if tol is None:
             tol = 1e-8 if self._dtype == np.float64 else 1e-5
+        auto = self.nystroem_method == "auto" and method == "randomized"
         fit = nystroem_eigh(
             Xb, basis, k, method=method, n_oversamples=self.n_oversamples,
             n_power_iter=self.n_power_iter, randomized_method=self.randomized_method, tol=tol,
             max_passes=self.max_iter,
             random_state=np.random.default_rng(rng.integers(2**63)),
+            warn=not auto,
         )
+        if auto and not fit.converged:
+            # "auto" escalates: the covariance method is exact on the Nyström problem
+            logger.info("Nyström randomized eigensolve not certified after %d passes; "
+                        "using the covariance method", fit.n_passes)
+            first = {"n_passes": fit.n_passes, "certificate": fit.info.get("certificate")}
+            fit = nystroem_eigh(Xb, basis, k, method="covariance")
+            fit.n_passes += first["n_passes"]
+            fit.info["escalated_from"] = first
+            method = "covariance"
         lam, A, resid = fit.eigenvalues, fit.projection, fit.residuals
         if k is not None and lam.size < k:
             # The features have rank m' < k: pad with zero pairs, which

@@ -265,3 +265,32 @@ def test_auto_escalates_to_a_larger_block_then_warns(monkeypatch):
     with pytest.warns(ConvergenceWarning, match="after escalating"):
         bad.fit(X)
     assert not bad.converged_
+
+
+def test_nystroem_fewer_landmarks_than_components_on_low_rank_data():
+    """Data with 10 distinct rows (rank 9), 16 components, 20 landmarks: the landmark
+    methods that adapt (rpcholesky, kmeans++) find the 10 distinct rows, the
+    Nyström problem is then exact and the 9 pairs equal eigh's; the rest are
+    reported as dropped, never returned as noise."""
+    X, params, _, _ = reference("rbf-10-distinct-rows-rank9")
+    for lm in ("rpcholesky", "kmeans++"):
+        for method in ("covariance", "randomized"):
+            m = KernelPCA(K, **params, eigen_solver="nystroem", n_landmarks=20,
+                          landmark_method=lm, nystroem_method=method, random_state=0)
+            with pytest.warns(DroppedComponentsWarning, match="Kept 9 of 16"):
+                E = m.fit_transform(X)
+            assert m.converged_ and m.n_components_ == 9
+            check_right(m, np.asarray(E), "rbf-10-distinct-rows-rank9")
+
+
+def test_nystroem_auto_method_escalates_to_covariance():
+    """nystroem_method="auto" picked randomized (many landmarks) but one pass cannot be
+    certified: the covariance method (exact eigh of the feature covariance) takes over."""
+    X = make_blobs(1200, n_features=4, centers=6, random_state=2)[0]
+    m = KernelPCA(4, kernel="rbf", gamma=0.1, eigen_solver="nystroem", n_landmarks=1200,
+                  landmark_method="uniform", n_oversamples=4, max_iter=1, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.fit(X)
+    assert m.nystroem_method_ == "covariance" and m.converged_
+    assert m.solver_info_["escalated_from"]["n_passes"] >= 1
