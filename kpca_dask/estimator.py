@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from typing import Any
 
 import dask
@@ -17,14 +18,15 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from . import _validation as V
 from ._threads import blas_threads_for_dask
 from .centering import CentredKernel
-from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
+from .exceptions import (ConvergenceWarning, InvalidInputError, InvalidParameterError,
+                         NotFittedError)
 from .gram import BlockKernelMatrix, cross_products
 from .kernels import Kernel, make_kernel
 from .solvers import EigResult, dense_eigh, drop_nonpositive, randomized_eigh
 from .solvers.dense import centre_inplace
 from .solvers.landmarks import LANDMARK_METHODS, select_landmarks
 from .solvers.nystroem import choose_method, driver_blas, nystroem_basis, nystroem_eigh
-from .solvers.randomized import _generator
+from .solvers.randomized import _generator, escalation_plan, not_converged_message
 from .preimage import (
     DEFAULT_PREIMAGE_SAMPLE_SIZE,
     PREIMAGE_METHODS,
@@ -45,6 +47,11 @@ logger = logging.getLogger("kpca_dask")
 #: see benchmarks/bench_exact.py: at n = 2000 eigh takes ~0.5 s and a
 #: randomized solve ~0.3 s; dense memory grows as 8 n^2 bytes).
 DENSE_MAX_SAMPLES = 2000
+
+#: ``eigen_solver="auto"``: a randomized solve that is not certified falls back
+#: to the dense solver up to this many samples (8 n^2 bytes: 0.2 GB), else it
+#: retries with a larger block and more passes before it warns.
+DENSE_FALLBACK_SAMPLES = 5000
 
 #: Above this many samples "auto" uses the Nyström solver (with its default
 #: number of landmarks). Measured crossover, see docs/nystroem.md and
@@ -146,23 +153,29 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     eigen_solver : {"auto", "dense", "randomized", "nystroem"}, default="auto"
         "dense" forms the n x n matrix and calls ``scipy.linalg.eigh``;
         "randomized" never forms it (block Krylov or subspace iteration on
-        the implicit centred matrix, Nyström finish); "nystroem" approximates
+        the implicit centred matrix, deflated for low-rank kernels, certified
+        a posteriori: docs/solvers.md); "nystroem" approximates
         kernel PCA with ``n_landmarks`` landmarks at a cost linear in n;
         "auto" uses dense up to 2000 samples or when the requested block is
         at least half of n, Nyström above 50 000 samples (measured crossover,
         docs/nystroem.md; not when ``kernel_blocks`` or ``centring`` are
-        given), randomized in between.
+        given), randomized in between; a randomized solve that "auto" chose
+        and that is not certified falls back to dense up to 5000 samples,
+        else is retried with a larger block before it warns.
     n_oversamples : int, default=24
         Extra columns of the randomized block (``l = n_components + n_oversamples``).
         Larger blocks converge in fewer passes; each pass costs a kernel
         evaluation plus GEMMs linear in ``l`` (24 was fastest for 16 components
         in benchmarks/bench_exact.py).
     n_power_iter : int or "auto", default="auto"
-        Randomized passes after the first; "auto" stops when the leading
-        eigenvalues change by less than ``tol`` between passes.
+        Randomized passes after the first; "auto" stops as soon as the
+        a-posteriori certificate holds (see ``tol``).
     tol : float or None, default=None
-        Relative change that counts as converged for ``n_power_iter="auto"``;
-        None means 1e-8 for float64 and 1e-5 for float32 kernel evaluation.
+        Randomized solver: relative eigenvalue accuracy it certifies (and an
+        angle of ``sqrt(tol)`` for each eigenvector, or for the invariant
+        subspace of a cluster of nearly equal eigenvalues), up to the rounding
+        level of the kernel products; None means 1e-8 for float64 and 1e-5
+        for float32 kernel evaluation.
     max_iter : int, default=20
         Cap on randomized passes with ``n_power_iter="auto"``.
     randomized_method : {"block_krylov", "subspace"}, default="block_krylov"
@@ -295,6 +308,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Passes over the kernel blocks the fit made (Nyström: passes over X
         computing ``k(X, Z)``, not counting reading the landmark sample).
     converged_ : bool
+        Whether every returned pair is certified to ``tol`` (randomized
+        solvers: ``solver_info_["certificate"]`` has the bounds; dense solves
+        are always True). When False a
+        :class:`~kpca_dask.exceptions.ConvergenceWarning` was emitted.
     X_transformed_fit_ : ndarray of shape (s, n_components_)
         ``fit_inverse_transform=True``: embedding of the rows the learned
         pre-image was trained on (scikit-learn's name; there all training rows).
@@ -666,12 +683,23 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         tol = self.tol
         if tol is None:
             tol = 1e-8 if self._dtype == np.float64 else 1e-5
+        auto = self.nystroem_method == "auto" and method == "randomized"
         fit = nystroem_eigh(
             Xb, basis, k, method=method, n_oversamples=self.n_oversamples,
             n_power_iter=self.n_power_iter, randomized_method=self.randomized_method, tol=tol,
             max_passes=self.max_iter,
             random_state=np.random.default_rng(rng.integers(2**63)),
+            warn=not auto,
         )
+        if auto and not fit.converged:
+            # "auto" escalates: the covariance method is exact on the Nyström problem
+            logger.info("Nyström randomized eigensolve not certified after %d passes; "
+                        "using the covariance method", fit.n_passes)
+            first = {"n_passes": fit.n_passes, "certificate": fit.info.get("certificate")}
+            fit = nystroem_eigh(Xb, basis, k, method="covariance")
+            fit.n_passes += first["n_passes"]
+            fit.info["escalated_from"] = first
+            method = "covariance"
         lam, A, resid = fit.eigenvalues, fit.projection, fit.residuals
         if k is not None and lam.size < k:
             # The features have rank m' < k: pad with zero pairs, which
@@ -714,20 +742,43 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         tol = self.tol
         if tol is None:
             tol = 1e-8 if self._dtype == np.float64 else 1e-5
-        res = randomized_eigh(
-            op,
-            self.n_components,
-            n_oversamples=self.n_oversamples,
-            n_power_iter=self.n_power_iter,
-            method=self.randomized_method,
-            tol=tol,
-            max_passes=self.max_iter,
-            psd=self.kernel_.psd,
-            eps=float(np.finfo(self._dtype).eps),
-            random_state=self.random_state,
-        )
+        kw = dict(n_oversamples=self.n_oversamples, n_power_iter=self.n_power_iter,
+                  method=self.randomized_method, tol=tol, max_passes=self.max_iter,
+                  psd=self.kernel_.psd, eps=float(np.finfo(self._dtype).eps),
+                  random_state=self.random_state)
+        auto = self.eigen_solver == "auto"
+        res = randomized_eigh(op, self.n_components, warn=not auto, **kw)
+        if auto and not res.converged:
+            # "auto" escalates before it gives up (solvers.randomized.escalation_plan)
+            plan = escalation_plan(n, self.n_components, kw, DENSE_FALLBACK_SAMPLES)
+            logger.info("randomized solver not certified after %d passes; escalating to %s",
+                        res.n_passes, plan["solver"])
+            first = {"n_passes": res.n_passes, "certificate": res.info.get("certificate")}
+            if plan["solver"] == "dense":
+                res2, mu, g = self._solve_dense(K)
+                self.eigen_solver_ = "dense"
+            else:
+                res2 = randomized_eigh(op, self.n_components, warn=False, **plan["kwargs"])
+                mu, g = op.row_means, float(op.grand_mean)
+                if not res2.converged:
+                    warnings.warn(not_converged_message(
+                        res2.info["certificate"], res.n_passes + res2.n_passes, tol,
+                        escalated=True), ConvergenceWarning, stacklevel=4)
+            res2.n_passes += res.n_passes
+            res2.info["escalated_from"] = first
+            res = res2
+        else:
+            mu, g = op.row_means, float(op.grand_mean)
         res.info["pass_seconds"] = list(op.pass_seconds)
-        return res, op.row_means, float(op.grand_mean)
+        k = self.n_components
+        if res.eigenvalues.shape[0] < k:
+            # numerical rank below k: the missing pairs are zero eigenvalues, as
+            # dense eigh reports them (drop_nonpositive then treats both alike)
+            pad = k - res.eigenvalues.shape[0]
+            res.eigenvalues = np.concatenate([res.eigenvalues, np.zeros(pad)])
+            res.eigenvectors = np.hstack([res.eigenvectors, np.zeros((n, pad))])
+            res.residuals = np.concatenate([res.residuals, np.zeros(pad)])
+        return res, mu, g
 
     # --------------------------------------------------------------- transform
     def _check_fitted(self) -> None:

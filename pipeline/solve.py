@@ -11,7 +11,8 @@ import dask.array as da
 import numpy as np
 
 from kpca_dask import KernelPCA
-from kpca_dask.exceptions import ConstantKernelError, DroppedComponentsWarning
+from kpca_dask.exceptions import (ConstantKernelError, ConvergenceWarning,
+                                  DroppedComponentsWarning)
 
 from .config import PipelineConfig
 from .denoise import estimator_params
@@ -64,10 +65,10 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
     if lim is not None and res is not None and len(res) and float(np.max(res)) > lim:
         raise SolveError(
             f"the {est.eigen_solver_} solver's certified residual {float(np.max(res)):.2g} "
-            f"exceeds solver.max_residual={lim:g}: the eigenpairs are not accurate (a "
-            "rank-deficient kernel, e.g. many duplicate rows?); use eigen_solver: dense "
-            "(n up to ~20k), raise solver.n_oversamples or solver.max_iter, or ask for fewer "
-            "components.")
+            f"exceeds solver.max_residual={lim:g}: the eigenpairs are not accurate (too few "
+            "passes for this spectrum); use eigen_solver: dense (n up to ~20k), set "
+            "solver.n_power_iter: auto, raise solver.n_oversamples or solver.max_iter, or ask "
+            "for fewer components.")
 
 
 def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> KernelPCA:
@@ -95,13 +96,20 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
     fit_kw: dict[str, Any] = {}
     if block_reader is not None:
         fit_kw["kernel_blocks"] = block_reader
-    with warnings.catch_warnings():
-        # fewer components than asked is an error here (check_fit), not a warning
+    with warnings.catch_warnings(record=True) as caught:
+        # fewer components than asked is an error here (check_fit), not a warning;
+        # an uncertified solve is logged and then judged by check_fit (max_residual)
         warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
+        warnings.simplefilter("always", ConvergenceWarning)
         try:
             est.fit(X_train, **fit_kw)
         except ConstantKernelError as e:
             raise SolveError(CONSTANT_KERNEL) from e
+    for w in caught:
+        if issubclass(w.category, ConvergenceWarning):
+            logger.warning("solve: %s", w.message)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
     est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)

@@ -399,6 +399,7 @@ def nystroem_eigh(
     tol: float = 1e-7,
     max_passes: int = 20,
     random_state: Any = None,
+    warn: bool = True,
 ) -> NystroemFit:
     """Top eigenpairs of the centred Nyström feature covariance of ``X``.
 
@@ -410,18 +411,21 @@ def nystroem_eigh(
     n_components : int or None
         k; None keeps every component (covariance method only).
     method : {"covariance", "randomized"}
-    n_oversamples, n_power_iter, randomized_method, tol, max_passes, random_state
-        As for :func:`~kpca_dask.solvers.randomized.randomized_eigh`.
+    n_oversamples, n_power_iter, randomized_method, tol, max_passes, random_state, warn
+        As for :func:`~kpca_dask.solvers.randomized.randomized_eigh` (the
+        randomized method is certified the same way; ``converged`` says
+        whether the certificate holds, and a ConvergenceWarning is emitted
+        when it does not and ``warn``).
     """
     if method not in NYSTROEM_METHODS:
         raise ValueError(f"Unknown Nyström method {method!r}; use one of {NYSTROEM_METHODS}.")
     with driver_blas():
         return _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
-                              randomized_method, tol, max_passes, random_state)
+                              randomized_method, tol, max_passes, random_state, warn)
 
 
 def _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
-                   randomized_method, tol, max_passes, random_state) -> NystroemFit:
+                   randomized_method, tol, max_passes, random_state, warn) -> NystroemFit:
     op = FeatureCovariance(X, basis)
     mp = basis.rank
     k = mp if n_components is None else min(int(n_components), mp)
@@ -441,6 +445,7 @@ def _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
             op, k, n_oversamples=n_oversamples, n_power_iter=n_power_iter,
             method=randomized_method, tol=tol, max_passes=max_passes, psd=True,
             eps=float(np.finfo(basis.dtype).eps), random_state=random_state, centre=False,
+            warn=warn,
         )
     lam, P = np.asarray(res.eigenvalues, dtype=np.float64), np.asarray(res.eigenvectors)
     c = op.column_means

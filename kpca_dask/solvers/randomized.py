@@ -74,7 +74,8 @@ import scipy.linalg
 from ..exceptions import ConvergenceWarning
 from ._common import EigResult, deterministic_signs
 
-__all__ = ["randomized_eigh", "SymmetricOperator", "certify", "Certificate"]
+__all__ = ["randomized_eigh", "SymmetricOperator", "certify", "Certificate", "escalation_plan",
+           "not_converged_message"]
 
 logger = logging.getLogger("kpca_dask")
 
@@ -496,7 +497,23 @@ def randomized_eigh(
                      n_passes=p + 1, converged=converged, info=info)
 
 
-def not_converged_message(cert: dict, passes: int, tol: float) -> str:
+def escalation_plan(n: int, k: int, kwargs: dict, dense_max: int) -> dict:
+    """What ``eigen_solver="auto"`` does when a randomized solve is not certified.
+
+    Dense ``eigh`` when ``n <= dense_max``; otherwise one more randomized
+    solve with twice the oversampling (at least k), twice the pass cap and
+    the automatic stopping rule (a fixed ``n_power_iter`` is what failed).
+    """
+    if n <= dense_max:
+        return {"solver": "dense"}
+    kw = dict(kwargs)
+    kw["n_oversamples"] = 2 * max(int(kw.get("n_oversamples", 0)), k)
+    kw["max_passes"] = 2 * int(kw.get("max_passes", 20))
+    kw["n_power_iter"] = "auto"
+    return {"solver": "randomized", "kwargs": kw}
+
+
+def not_converged_message(cert: dict, passes: int, tol: float, escalated: bool = False) -> str:
     """One line: what is not certified, and what to change."""
     eb = [b for b, ok in zip(cert["eigenvalue_bounds"], cert["eigenvalue_ok"]) if not ok]
     ab = [b for b, ok in zip(cert["angle_bounds"], cert["vector_ok"]) if not ok]
@@ -505,8 +522,9 @@ def not_converged_message(cert: dict, passes: int, tol: float) -> str:
         what.append(f"{len(eb)} eigenvalue(s) with relative error bound up to {max(eb):.1e}")
     if ab:
         what.append(f"{len(ab)} eigenvector(s)/subspace(s) with angle bound up to {max(ab):.1e}")
+    how = " (after escalating to a larger block)" if escalated else ""
     return (f"The randomized eigensolver did not certify its result to tol={tol:g} in "
-            f"{passes} passes ({'; '.join(what) or 'no pair'}). The result is returned with "
+            f"{passes} passes{how} ({'; '.join(what) or 'no pair'}). The result is returned with "
             "its residuals (residuals_, solver_info_['certificate']); raise max_iter or "
             "n_oversamples, or use eigen_solver='dense' for small problems.")
 

@@ -1,0 +1,45 @@
+"""The solve stage: an uncertified fit is logged (not raised), then judged by max_residual."""
+
+import logging
+
+import dask.array as da
+import numpy as np
+import pytest
+from sklearn.datasets import make_blobs
+
+from pipeline.config import load_config
+from pipeline.solve import SolveError, solve
+from pipeline.store import Location
+
+X = make_blobs(600, n_features=4, centers=6, random_state=0)[0]
+
+
+def _cfg(tmp_path, **solver):
+    return load_config({"input": {"path": str(tmp_path / "x.npy")},
+                        "kernel": {"name": "rbf", "gamma": 0.1},
+                        "solver": {"n_components": 4, "eigen_solver": "randomized",
+                                   "dtype": "float64", **solver}})
+
+
+def test_convergence_warning_is_logged_not_raised(tmp_path, caplog):
+    """pytest turns kpca_dask warnings into errors here: the fit would raise if the
+    stage let the ConvergenceWarning through."""
+    cfg = _cfg(tmp_path, n_power_iter=0, max_residual=None)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        est, info = solve(da.from_array(X, chunks=(200, -1)), cfg, Location(str(tmp_path / "m")))
+    assert info["converged"] is False
+    assert any("did not certify" in r.getMessage() for r in caplog.records)
+
+
+def test_uncertified_fit_above_max_residual_is_refused(tmp_path, caplog):
+    cfg = _cfg(tmp_path, n_power_iter=0, max_residual=1e-6)
+    with caplog.at_level(logging.WARNING, logger="pipeline"), \
+            pytest.raises(SolveError, match="exceeds solver.max_residual"):
+        solve(da.from_array(X, chunks=(200, -1)), cfg, Location(str(tmp_path / "m")))
+
+
+def test_certified_fit_passes(tmp_path):
+    est, info = solve(da.from_array(X, chunks=(200, -1)), _cfg(tmp_path),
+                      Location(str(tmp_path / "m")))
+    assert info["converged"] is True and est.converged_
+    assert np.max(est.residuals_) < 1e-6
