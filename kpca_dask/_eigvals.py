@@ -76,8 +76,9 @@ def select_eigenpairs(
                 "components are kept.", DroppedComponentsWarning, stacklevel=3)
         return drop_nonpositive(w, eigenvectors, residuals, rtol=small, requested=0)
     if remove_zero_eig:
+        # fewer pairs than asked (a solver that stopped early) warned already
         return drop_nonpositive(w, eigenvectors, residuals, rtol=small,
-                                requested=int(n_components))
+                                requested=min(int(n_components), w.size))
     lo = float(w.min())
     if lo < -neg_ratio * scale:
         n_pos = int(np.sum(w > small * top))
