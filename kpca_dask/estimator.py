@@ -143,10 +143,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     ----------
     n_components : int or None, default=None
         Number of components. None keeps all components with positive
-        eigenvalues (dense solver only).
-    kernel : {"linear", "poly", "rbf", "laplacian", "sigmoid", "cosine"} or callable, default="linear"
+        eigenvalues (dense and arpack solvers).
+    kernel : {"linear", "poly", "rbf", "laplacian", "sigmoid", "cosine", "precomputed"} or callable, default="linear"
         A callable is called as ``kernel(A, B, **kernel_params)`` on two float64
-        numpy blocks of rows and must return the ``(len(A), len(B))`` block.
+        numpy blocks of rows and must return the ``(len(A), len(B))`` block; a
+        callable written for scikit-learn (two 1-D rows in, a number out) is
+        detected and called once per pair, as scikit-learn does (slow).
+        "precomputed": ``fit`` takes the n x n kernel matrix (numpy, dask,
+        zarr or scipy.sparse; read in square blocks, never copied whole; a
+        matrix that is not exactly symmetric is used through its symmetric
+        part) and ``transform`` the ``n_new x n`` kernel between new and
+        training rows (docs/sklearn.md).
     gamma : float, "scale" or None, default=None
         Kernel coefficient of rbf, laplacian, poly and sigmoid. None means
         ``1 / n_features``; "scale" is the median heuristic on a sample of at
@@ -160,8 +167,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     kernel_params : dict or None, default=None
         Keyword arguments of a callable kernel (refused for named kernels:
         use gamma/degree/coef0).
-    eigen_solver : {"auto", "dense", "randomized", "nystroem"}, default="auto"
+    eigen_solver : {"auto", "dense", "arpack", "randomized", "nystroem"}, default="auto"
         "dense" forms the n x n matrix and calls ``scipy.linalg.eigh``;
+        "arpack" runs scipy's ``eigsh`` (Lanczos) on the implicit centred
+        matrix, one pass over the kernel blocks per Lanczos step (tens to
+        hundreds of passes: accurate, for small and medium n);
         "randomized" never forms it (block Krylov or subspace iteration on
         the implicit centred matrix, Nyström finish); "nystroem" approximates
         kernel PCA with ``n_landmarks`` landmarks at a cost linear in n;
@@ -179,9 +189,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         eigenvalues change by less than ``tol`` between passes.
     tol : float or None, default=None
         Relative change that counts as converged for ``n_power_iter="auto"``;
-        None means 1e-8 for float64 and 1e-5 for float32 kernel evaluation.
-    max_iter : int, default=20
-        Cap on randomized passes with ``n_power_iter="auto"``.
+        None or 0 (scikit-learn's default) means 1e-8 for float64 and 1e-5
+        for float32 kernel evaluation. "arpack": ARPACK's tolerance (None or
+        0: machine precision).
+    max_iter : int or None, default=20
+        Cap on randomized passes with ``n_power_iter="auto"`` (None: 20).
+        "arpack": ARPACK's ``maxiter`` (None: ARPACK's default, ``10 n``).
     randomized_method : {"block_krylov", "subspace"}, default="block_krylov"
         Block Krylov keeps every block (fewest passes, memory ``2 n l passes``
         floats on the driver); subspace iteration keeps one (``2 n l``).
@@ -254,6 +267,24 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         (it can be changed after fit).
     preimage_max_iter : int, default=100
         Fixed point: iteration cap per row (read by :meth:`inverse_transform`).
+    remove_zero_eig : bool, default=False
+        As scikit-learn: with an explicit ``n_components``, zero eigenvalues
+        are kept as zero columns of the embedding unless this is True (then
+        they are removed, with a
+        :class:`~kpca_dask.exceptions.DroppedComponentsWarning`, and so are
+        negative ones of a non-PSD kernel). ``n_components=None`` always
+        removes them. Significantly negative eigenvalues among the requested
+        ones are an error when False (scikit-learn's rule).
+    iterated_power : int or "auto", default="auto"
+        scikit-learn's name for ``n_power_iter`` (randomized passes after the
+        first); when not "auto" it takes precedence. Set one of the two.
+    copy_X : bool, default=True
+        Accepted for scikit-learn compatibility; the training rows are always
+        copied (``X_fit_`` is gathered from the row blocks), so later changes
+        to ``X`` never change the model.
+    n_jobs : int or None, default=None
+        Accepted for scikit-learn compatibility and ignored: parallelism is the
+        active Dask scheduler's (threads, a LocalCluster, a remote cluster).
 
     Attributes
     ----------
@@ -306,6 +337,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_components_ : int
         Components kept (those with positive eigenvalues).
     n_features_in_ : int
+        Columns of X (n_samples for ``kernel="precomputed"``, as scikit-learn).
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names of a DataFrame passed to fit (all strings); transform
+        then refuses columns in another order or with other names.
     eigen_solver_ : str
         Solver actually used.
     n_passes_ : int
