@@ -16,7 +16,6 @@ from .exceptions import (
     InvalidParameterError,
     KpcaError,
     ModelFormatError,
-    NotFittedError,
     PreimageConvergenceWarning,
     UnsafeRemovalError,
 )
@@ -34,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from .estimator import KernelPCA
 
         return KernelPCA
+    if name == "NotFittedError":  # subclasses scikit-learn's: built on first use
+        from .exceptions import NotFittedError
+
+        return NotFittedError
     if name == "load":
         from .persistence import load
 

@@ -144,8 +144,9 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
     """Validate the container, shape and dtype of ``X`` (no pass over its values).
 
     Returns the data as a dask array and the input kind ("numpy", "dask",
-    "zarr"). Integer and boolean data are cast to float64; object, string and
-    complex data are refused.
+    "zarr"; scipy.sparse input counts as "numpy": results come back as numpy).
+    Integer and boolean data are cast to float64; object arrays of numbers
+    are converted to float64; string and complex data are refused.
     """
     kind = "numpy"
     Xd = _zarr_to_dask(X, what)
@@ -153,6 +154,8 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
         kind = "zarr"
     elif isinstance(X, da.Array):
         Xd, kind = X, "dask"
+    elif _is_sparse(X):
+        Xd = sparse_to_dask(X, what)
     else:
         if hasattr(X, "to_numpy") and hasattr(X, "dtypes"):  # pandas DataFrame
             bad = [c for c, t in X.dtypes.items() if not np.issubdtype(t, np.number) and t != bool]
@@ -169,13 +172,16 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
                 f"{what} cannot be converted to a 2-D numeric array ({exc}); ragged rows? "
                 "Every row needs the same number of features."
             ) from exc
+        if arr.dtype == object:
+            arr = _object_to_float(arr, what)
         _check_dtype(arr.dtype, what)
         Xd = da.from_array(arr, chunks=arr.shape or (1,)) if arr.ndim else None
         if Xd is None:
             raise InvalidInputError(f"Expected a 2-D array for {what}, got a scalar {X!r}.")
     _check_dtype(Xd.dtype, what)
     if Xd.ndim != 2:
-        hint = " Reshape with X.reshape(-1, 1) for a single feature." if Xd.ndim == 1 else ""
+        hint = (f" Reshape your data with {what}.reshape(-1, 1) for a single feature or "
+                f"{what}.reshape(1, -1) for a single sample." if Xd.ndim == 1 else "")
         raise InvalidInputError(
             f"Expected a 2-D array (n_samples, n_features) for {what}, got {Xd.ndim} "
             f"dimension(s) with shape {Xd.shape}.{hint}"
@@ -187,8 +193,11 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
         )
     n, d = Xd.shape
     if n == 0 or d == 0:
+        # scikit-learn's wording ("0 sample(s) (shape=...) while a minimum of 1 is required")
+        which = f"0 sample(s) (shape=({n}, {d}))" if n == 0 else f"0 feature(s) (shape=({n}, {d}))"
         raise InvalidInputError(
-            f"{what} is empty: shape ({n}, {d}); need at least 1 sample and 1 feature."
+            f"{what} is empty: shape ({n}, {d}); found {which} while a minimum of 1 is "
+            "required; need at least 1 sample and 1 feature."
         )
     if not np.issubdtype(Xd.dtype, np.floating):
         Xd = Xd.astype(np.float64)
@@ -197,7 +206,9 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
 
 def _check_dtype(dtype: np.dtype, what: str) -> None:
     if np.issubdtype(dtype, np.complexfloating):
-        raise InvalidInputError(f"{what} is complex ({dtype}); kernel PCA needs real numbers.")
+        raise InvalidInputError(
+            f"Complex data not supported: {what} is {dtype}; kernel PCA needs real numbers "
+            "(pass the real part, or the absolute values, as float).")
     if not (np.issubdtype(dtype, np.number) or dtype == bool):
         raise InvalidInputError(
             f"{what} has dtype {dtype}, which is not numeric; convert it to float "
@@ -234,3 +245,76 @@ def check_n_components(n_components: int, n_samples: int) -> None:
             f"n_components={n_components} must be <= n_samples={n_samples}; "
             "ask for fewer components or pass more data."
         )
+
+
+# ------------------------------------------------------------- scikit-learn inputs
+def _is_sparse(X: Any) -> bool:
+    try:
+        import scipy.sparse
+    except ImportError:  # pragma: no cover
+        return False
+    return scipy.sparse.issparse(X)
+
+
+#: Dense bytes of one row block made from a sparse input.
+SPARSE_BLOCK_BYTES = 64 << 20
+
+
+def _densify(block: Any, dtype: np.dtype) -> np.ndarray:
+    return np.asarray(block.toarray(), dtype=dtype)
+
+
+def sparse_to_dask(X: Any, what: str = "X", block_bytes: int = SPARSE_BLOCK_BYTES) -> da.Array:
+    """A scipy.sparse matrix or array as a dask array of dense row blocks.
+
+    Any format (CSR, CSC, COO, ...) is converted to CSR once (still sparse);
+    each task densifies one row slice of about ``block_bytes``, so the whole
+    matrix is never dense at once.
+    """
+    _check_dtype(X.dtype, what)
+    if X.ndim != 2:
+        raise InvalidInputError(f"Expected a 2-D sparse matrix for {what}, got shape {X.shape}.")
+    Xc = X.tocsr()
+    n, d = (int(s) for s in Xc.shape)
+    dtype = np.dtype(X.dtype) if np.issubdtype(X.dtype, np.floating) else np.dtype(np.float64)
+    if n == 0 or d == 0:
+        return da.zeros((n, d), dtype=dtype)
+    rows = max(1, min(n, block_bytes // max(1, d * dtype.itemsize)))
+    blocks = [da.from_delayed(dask.delayed(_densify, pure=True)(Xc[a:a + rows], dtype),
+                              shape=(min(rows, n - a), d), dtype=dtype)
+              for a in range(0, n, rows)]
+    return blocks[0] if len(blocks) == 1 else da.concatenate(blocks, axis=0)
+
+
+def _object_to_float(arr: np.ndarray, what: str) -> np.ndarray:
+    """Object arrays of numbers become float64 (as scikit-learn does); others are refused."""
+    from .exceptions import InvalidInputTypeError
+
+    try:
+        return arr.astype(np.float64)
+    except TypeError as exc:  # numpy: "float() argument must be a string or a real number"
+        raise InvalidInputTypeError(
+            f"{what} has dtype object with a value that is not a number ({exc}); convert the "
+            "data to float (non-numeric columns must be encoded or dropped).") from exc
+    except ValueError as exc:
+        raise InvalidInputError(
+            f"{what} has dtype object with values that are not numeric ({exc}); convert the "
+            "data to float (non-numeric columns must be encoded or dropped).") from exc
+
+
+def feature_names(X: Any) -> np.ndarray | None:
+    """Column names of a DataFrame-like ``X`` when they are all strings (scikit-learn's rule)."""
+    cols = getattr(X, "columns", None)
+    if cols is None or not hasattr(X, "dtypes"):
+        return None
+    names = np.asarray(list(cols), dtype=object)
+    if len(names) and all(isinstance(c, str) for c in names):
+        return names
+    return None
+
+
+def check_min_samples(n: int, what: str = "X", minimum: int = 2) -> None:
+    if n < minimum:
+        raise InvalidInputError(
+            f"{what} has n_samples={n} (shape[0]); kernel PCA needs at least {minimum} "
+            "samples: with 1 sample the centred kernel matrix is zero. Pass more rows.")

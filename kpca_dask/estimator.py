@@ -14,6 +14,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils.metaestimators import available_if
 
 from . import _validation as V
 from ._threads import blas_threads_for_dask
@@ -22,7 +23,10 @@ from .exceptions import (ConvergenceWarning, InvalidInputError, InvalidParameter
                          NotFittedError)
 from .gram import BlockKernelMatrix, cross_products
 from .kernels import Kernel, make_kernel
-from .solvers import EigResult, dense_eigh, drop_nonpositive, randomized_eigh
+from ._eigvals import inv_sqrt, select_eigenpairs
+from .gram import PrecomputedKernelMatrix
+from .solvers import EigResult, dense_eigh, randomized_eigh
+from .solvers.arpack import arpack_eigh
 from .solvers.dense import centre_inplace
 from .solvers.landmarks import LANDMARK_METHODS, select_landmarks
 from .solvers.nystroem import choose_method, driver_blas, nystroem_basis, nystroem_eigh
@@ -58,6 +62,9 @@ DENSE_FALLBACK_SAMPLES = 5000
 #: ``benchmarks/bench_nystroem.py crossover``.
 NYSTROEM_MIN_SAMPLES = 50_000
 
+#: Randomized and Nyström passes when ``max_iter=None`` (scikit-learn's default).
+DEFAULT_MAX_ITER = 20
+
 #: Landmarks used when ``n_landmarks=None``.
 DEFAULT_N_LANDMARKS = 2048
 
@@ -70,6 +77,14 @@ NYSTROEM_BLOCK_ROWS = 8192
 #: Nyström solver when they must be rechunked; larger ones are re-read from
 #: their source at every pass, so memory stays at a few blocks.
 NYSTROEM_PERSIST_BYTES = 256 << 20
+
+#: Rules of the parameters scikit-learn's KernelPCA has and this estimator took over.
+_SKLEARN_PARAM_RULES = {
+    "remove_zero_eig": V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_))),
+    "iterated_power": V.int_range(0, allow=("auto",)),
+    "copy_X": V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_))),
+    "n_jobs": [V.int_range(-1 << 30), V.Rule("None", lambda v: v is None)],
+}
 
 _KERNEL_NAMES = ("linear", "poly", "polynomial", "rbf", "laplacian", "sigmoid", "cosine")
 
@@ -133,10 +148,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     ----------
     n_components : int or None, default=None
         Number of components. None keeps all components with positive
-        eigenvalues (dense solver only).
-    kernel : {"linear", "poly", "rbf", "laplacian", "sigmoid", "cosine"} or callable, default="linear"
+        eigenvalues (dense and arpack solvers).
+    kernel : {"linear", "poly", "rbf", "laplacian", "sigmoid", "cosine", "precomputed"} or callable, default="linear"
         A callable is called as ``kernel(A, B, **kernel_params)`` on two float64
-        numpy blocks of rows and must return the ``(len(A), len(B))`` block.
+        numpy blocks of rows and must return the ``(len(A), len(B))`` block; a
+        callable written for scikit-learn (two 1-D rows in, a number out) is
+        detected and called once per pair, as scikit-learn does (slow).
+        "precomputed": ``fit`` takes the n x n kernel matrix (numpy, dask,
+        zarr or scipy.sparse; read in square blocks, never copied whole; a
+        matrix that is not exactly symmetric is used through its symmetric
+        part) and ``transform`` the ``n_new x n`` kernel between new and
+        training rows (docs/sklearn.md).
     gamma : float, "scale" or None, default=None
         Kernel coefficient of rbf, laplacian, poly and sigmoid. None means
         ``1 / n_features``; "scale" is the median heuristic on a sample of at
@@ -150,8 +172,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     kernel_params : dict or None, default=None
         Keyword arguments of a callable kernel (refused for named kernels:
         use gamma/degree/coef0).
-    eigen_solver : {"auto", "dense", "randomized", "nystroem"}, default="auto"
+    eigen_solver : {"auto", "dense", "arpack", "randomized", "nystroem"}, default="auto"
         "dense" forms the n x n matrix and calls ``scipy.linalg.eigh``;
+        "arpack" runs scipy's ``eigsh`` (Lanczos) on the implicit centred
+        matrix, one pass over the kernel blocks per Lanczos step (tens to
+        hundreds of passes: accurate, for small and medium n);
         "randomized" never forms it (block Krylov or subspace iteration on
         the implicit centred matrix, deflated for low-rank kernels, certified
         a posteriori: docs/solvers.md); "nystroem" approximates
@@ -174,10 +199,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Randomized solver: relative eigenvalue accuracy it certifies (and an
         angle of ``sqrt(tol)`` for each eigenvector, or for the invariant
         subspace of a cluster of nearly equal eigenvalues), up to the rounding
-        level of the kernel products; None means 1e-8 for float64 and 1e-5
-        for float32 kernel evaluation.
-    max_iter : int, default=20
-        Cap on randomized passes with ``n_power_iter="auto"``.
+        level of the kernel products; None or 0 (scikit-learn's default) means
+        1e-8 for float64 and 1e-5 for float32 kernel evaluation. "arpack":
+        ARPACK's tolerance (None or 0: machine precision).
+    max_iter : int or None, default=20
+        Cap on randomized passes with ``n_power_iter="auto"`` (None: 20).
+        "arpack": ARPACK's ``maxiter`` (None: ARPACK's default, ``10 n``).
     randomized_method : {"block_krylov", "subspace"}, default="block_krylov"
         Block Krylov keeps every block (fewest passes, memory ``2 n l passes``
         floats on the driver); subspace iteration keeps one (``2 n l``).
@@ -250,6 +277,24 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         (it can be changed after fit).
     preimage_max_iter : int, default=100
         Fixed point: iteration cap per row (read by :meth:`inverse_transform`).
+    remove_zero_eig : bool, default=False
+        As scikit-learn: with an explicit ``n_components``, zero eigenvalues
+        are kept as zero columns of the embedding unless this is True (then
+        they are removed, with a
+        :class:`~kpca_dask.exceptions.DroppedComponentsWarning`, and so are
+        negative ones of a non-PSD kernel). ``n_components=None`` always
+        removes them. Significantly negative eigenvalues among the requested
+        ones are an error when False (scikit-learn's rule).
+    iterated_power : int or "auto", default="auto"
+        scikit-learn's name for ``n_power_iter`` (randomized passes after the
+        first); when not "auto" it takes precedence. Set one of the two.
+    copy_X : bool, default=True
+        Accepted for scikit-learn compatibility; the training rows are always
+        copied (``X_fit_`` is gathered from the row blocks), so later changes
+        to ``X`` never change the model.
+    n_jobs : int or None, default=None
+        Accepted for scikit-learn compatibility and ignored: parallelism is the
+        active Dask scheduler's (threads, a LocalCluster, a remote cluster).
 
     Attributes
     ----------
@@ -302,6 +347,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_components_ : int
         Components kept (those with positive eigenvalues).
     n_features_in_ : int
+        Columns of X (n_samples for ``kernel="precomputed"``, as scikit-learn).
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names of a DataFrame passed to fit (all strings); transform
+        then refuses columns in another order or with other names.
     eigen_solver_ : str
         Solver actually used.
     n_passes_ : int
@@ -366,6 +415,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         preimage_sample_size: Any = "auto",
         preimage_tol: float = 1e-5,
         preimage_max_iter: int = 100,
+        remove_zero_eig: bool = False,
+        iterated_power: Any = "auto",
+        copy_X: bool = True,
+        n_jobs: int | None = None,
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -392,6 +445,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.preimage_sample_size = preimage_sample_size
         self.preimage_tol = preimage_tol
         self.preimage_max_iter = preimage_max_iter
+        self.remove_zero_eig = remove_zero_eig
+        self.iterated_power = iterated_power
+        self.copy_X = copy_X
+        self.n_jobs = n_jobs
 
     # ------------------------------------------------------------------ params
     def _check_params(self) -> None:
@@ -400,18 +457,19 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             self.get_params(deep=False),
             {
                 "n_components": [V.int_range(1), V.Rule("None", lambda v: v is None)],
-                "kernel": [V.options(*_KERNEL_NAMES), V.Rule("a callable", callable)],
+                "kernel": [V.options(*_KERNEL_NAMES, "precomputed"),
+                           V.Rule("a callable", callable)],
                 "gamma": [V.real_range(0, lo_open=True, allow=("scale",)),
                           V.Rule("None", lambda v: v is None)],
                 "degree": V.real_range(0, lo_open=True),
                 "coef0": V.real_range(-np.inf),
                 "kernel_params": [V.Rule("a dict", lambda v: isinstance(v, dict)),
                                   V.Rule("None", lambda v: v is None)],
-                "eigen_solver": V.options("auto", "dense", "randomized", "nystroem"),
+                "eigen_solver": V.options("auto", "dense", "arpack", "randomized", "nystroem"),
                 "n_oversamples": V.int_range(0),
                 "n_power_iter": V.int_range(0, allow=("auto",)),
-                "tol": [V.real_range(0, lo_open=True), V.Rule("None", lambda v: v is None)],
-                "max_iter": V.int_range(1),
+                "tol": [V.real_range(0), V.Rule("None", lambda v: v is None)],
+                "max_iter": [V.int_range(1), V.Rule("None", lambda v: v is None)],
                 "randomized_method": V.options("block_krylov", "subspace"),
                 "chunk_size": V.int_range(1, allow=("auto",)),
                 "n_landmarks": [V.int_range(1), V.Rule("None", lambda v: v is None)],
@@ -424,9 +482,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 "preimage_sample_size": V.int_range(1, allow=("auto",)),
                 "preimage_tol": V.real_range(0, lo_open=True),
                 "preimage_max_iter": V.int_range(1),
+                **_SKLEARN_PARAM_RULES,
             },
         )
         V.resolve_dtype(self.dtype)
+        self._check_sklearn_params()
         if self.kernel_params is not None and not callable(self.kernel):
             raise InvalidParameterError(
                 f"kernel_params is only used with a callable kernel; for kernel="
@@ -467,7 +527,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Xd, kind = self._fit(X, **params)
         if self.eigen_solver_ == "nystroem":
             return self._project_array(Xd, kind, "transform")
-        emb = (self.eigenvectors_ * np.sqrt(self.eigenvalues_)).astype(self._dtype, copy=False)
+        emb = (self.eigenvectors_ * np.sqrt(self.eigenvalues_)).astype(self._out_dtype(),
+                                                                       copy=False)
         if kind == "numpy":
             return emb
         return da.from_array(emb, chunks=(Xd.chunks[0], (emb.shape[1],)))
@@ -483,15 +544,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         t0 = time.perf_counter()
         self._check_params()
         self._dtype = V.resolve_dtype(self.dtype)
-        Xd, kind = V.as_dask_array(X)
+        Xd, kind = self._validate_fit_input(X)
         n, d = (int(s) for s in Xd.shape)
         if self.n_components is not None:
             V.check_n_components(self.n_components, n)
         solver = self._resolve_solver(n, exact_inputs=kernel_blocks is not None
-                                      or centring is not None)
+                                      or centring is not None or self._is_precomputed())
         if self.fit_inverse_transform:
             self._resolve_preimage(self.preimage)  # refuse a kernel mismatch before any pass
-        V.check_finite(Xd)
+        precomputed = self._is_precomputed()
+        if not precomputed:  # a precomputed K is checked by its own first read (inspect)
+            V.check_finite(Xd)
         for attr in self._NYSTROEM_ATTRS + self._PREIMAGE_ATTRS:  # a refit leaves none behind
             self.__dict__.pop(attr, None)
         self.n_features_in_ = d
@@ -503,7 +566,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         else:
             r = _auto_block_rows(n)
         self.chunk_size_ = r
-        Xb = Xd.rechunk({0: r, 1: -1})
+        Xb = Xd if precomputed else Xd.rechunk({0: r, 1: -1})
         persisted = False
         if Xb is not Xd and kernel_blocks is None and (
                 solver != "nystroem" or kind == "numpy" or Xb.nbytes <= NYSTROEM_PERSIST_BYTES):
@@ -526,23 +589,30 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                     "kernel_blocks needs an explicit integer chunk_size: the row blocks of the "
                     "stored kernel matrix."
                 )
-            K = BlockKernelMatrix(Xb, self.kernel_, self._dtype, block_reader=kernel_blocks)
+            if precomputed:
+                K = self._precomputed_matrix(Xd, r)
+            else:
+                K = BlockKernelMatrix(Xb, self.kernel_, self._dtype, block_reader=kernel_blocks)
             with blas_threads_for_dask():
                 (trace_K,) = dask.compute(K.diag().sum())
             if solver == "dense":
                 res, mu, g = self._solve_dense(K)
+            elif solver == "arpack":
+                res, mu, g = self._solve_arpack(K, float(trace_K), centring)
             else:
                 res, mu, g = self._solve_randomized(K, n, centring)
             # The training rows come to the driver after the solve, not during it: the
             # solver's basis (n x up to 552 floats) and X (n x d) are never held at once
             # (at n = 100k, d = 1024 they are 0.44 and 0.82 GB).
-            with blas_threads_for_dask():  # persisted blocks, else the source's own chunks
-                self.X_fit_ = _gather_rows(Xb if persisted else Xd)
+            if precomputed:  # transform takes kernel values: no training rows to keep
+                self.X_fit_ = np.zeros((n, 0))
+            else:
+                with blas_threads_for_dask():  # persisted blocks, else the source's own chunks
+                    self.X_fit_ = _gather_rows(Xb if persisted else Xd)
 
-        k_req = res.eigenvalues.shape[0] if self.n_components is None else self.n_components
-        rtol = 1e-12 if self._dtype == np.float64 else 1e-6
-        w, vecs, resid = drop_nonpositive(res.eigenvalues, res.eigenvectors, res.residuals,
-                                          rtol=rtol, requested=k_req)
+        w, vecs, resid = select_eigenpairs(
+            res.eigenvalues, res.eigenvectors, res.residuals, n_components=self.n_components,
+            remove_zero_eig=bool(self.remove_zero_eig), dtype=self._dtype)
         self.eigenvalues_ = w
         if solver == "nystroem":
             self.projection_ = np.ascontiguousarray(vecs)
@@ -560,7 +630,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.n_passes_ = res.n_passes
         self.converged_ = res.converged
         self.solver_info_ = res.info
-        self._coef_cache = None
+        self._coef_cache = {}
         self._preimage_cache = None
         if self.fit_inverse_transform:
             self._fit_preimage(Xb, n)
@@ -624,6 +694,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                     "dimensions); ask for fewer components or pass a larger n_landmarks."
                 )
             return solver
+        if solver == "arpack":
+            return solver
         if self.n_components is None:
             if solver == "randomized":
                 raise InvalidParameterError(
@@ -681,13 +753,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 "all components: use nystroem_method='covariance')."
             )
         tol = self.tol
-        if tol is None:
+        if not tol:  # None or scikit-learn's 0: the precision's default
             tol = 1e-8 if self._dtype == np.float64 else 1e-5
         auto = self.nystroem_method == "auto" and method == "randomized"
         fit = nystroem_eigh(
             Xb, basis, k, method=method, n_oversamples=self.n_oversamples,
-            n_power_iter=self.n_power_iter, randomized_method=self.randomized_method, tol=tol,
-            max_passes=self.max_iter,
+            n_power_iter=self._power_iter(), randomized_method=self.randomized_method, tol=tol,
+            max_passes=self._max_passes(),
             random_state=np.random.default_rng(rng.integers(2**63)),
             warn=not auto,
         )
@@ -720,6 +792,125 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                         info=info)
         return res, fit.column_means, fit.grand_mean, fit.kernel_trace
 
+    # ------------------------------------------------- scikit-learn's contract
+    def _check_sklearn_params(self) -> None:
+        """Combinations scikit-learn refuses, with its wording where its tests look for it."""
+        if self._is_precomputed():
+            if self.fit_inverse_transform:
+                raise InvalidParameterError(
+                    "Cannot fit_inverse_transform with a precomputed kernel: the pre-image "
+                    "map needs the input rows. Pass the rows with a named kernel instead.")
+            if self.eigen_solver == "nystroem":
+                raise InvalidParameterError(
+                    "eigen_solver='nystroem' evaluates the kernel at landmarks and cannot use "
+                    "kernel='precomputed'; use 'dense', 'arpack' or 'randomized'.")
+        if self.iterated_power != "auto" and self.n_power_iter != "auto":
+            raise InvalidParameterError(
+                "iterated_power (scikit-learn's name) and n_power_iter set the same thing; "
+                "pass only one of them.")
+
+    def _is_precomputed(self) -> bool:
+        return isinstance(self.kernel, str) and self.kernel == "precomputed"
+
+    def _power_iter(self) -> Any:
+        """Randomized passes after the first: ``iterated_power`` when set, else ``n_power_iter``."""
+        return self.n_power_iter if self.iterated_power == "auto" else self.iterated_power
+
+    def _max_passes(self) -> int:
+        """``max_iter`` for the randomized and Nyström solvers (None: 20)."""
+        return DEFAULT_MAX_ITER if self.max_iter is None else int(self.max_iter)
+
+    def _validate_fit_input(self, X: Any) -> tuple[da.Array, str]:
+        """``X`` as a dask array (numpy, dask, zarr, scipy.sparse, DataFrame) and its kind;
+        records ``feature_names_in_``; a precomputed kernel must be square."""
+        names = V.feature_names(X)
+        Xd, kind = V.as_dask_array(X)
+        self.__dict__.pop("feature_names_in_", None)
+        if names is not None:
+            self.feature_names_in_ = names
+        self._out_float32 = Xd.dtype == np.float32
+        if self._is_precomputed() and Xd.shape[0] != Xd.shape[1]:
+            V.check_finite(Xd)  # NaN/inf first, as scikit-learn (only on this error path)
+            raise InvalidInputError(
+                f"Precomputed matrix must be a square matrix. Input is a {Xd.shape[0]}x"
+                f"{Xd.shape[1]} matrix; with kernel='precomputed' fit takes the n x n kernel "
+                "matrix of the training rows.")
+        V.check_min_samples(int(Xd.shape[0]))
+        return Xd, kind
+
+    def _check_feature_names(self, X: Any) -> None:
+        """scikit-learn's rule: columns given by name must be the fitted ones, in order."""
+        fitted = getattr(self, "feature_names_in_", None)
+        names = V.feature_names(X)
+        if fitted is None and names is None:
+            return
+        if fitted is None:
+            warnings.warn("X has feature names, but KernelPCA was fitted without feature names",
+                          UserWarning, stacklevel=4)
+            return
+        if names is None:
+            if hasattr(X, "columns"):
+                return
+            warnings.warn("X does not have valid feature names, but KernelPCA was fitted with "
+                          "feature names", UserWarning, stacklevel=4)
+            return
+        if len(names) == len(fitted) and np.all(names == fitted):
+            return
+        unseen = [c for c in names if c not in set(fitted)]
+        missing = [c for c in fitted if c not in set(names)]
+        msg = "The feature names should match those that were passed during fit.\n"
+        if unseen:
+            msg += f"Feature names unseen at fit time: {unseen[:5]}\n"
+        if missing:
+            msg += f"Feature names seen at fit time, yet now missing: {missing[:5]}\n"
+        if not unseen and not missing:
+            msg += ("Feature names must be in the same order as they were in fit: reorder "
+                    "the columns, e.g. X[model.feature_names_in_].\n")
+        raise InvalidInputError(msg)
+
+    def _precomputed_matrix(self, Kd: da.Array, r: int) -> PrecomputedKernelMatrix:
+        """The caller's n x n kernel matrix as a block operator, after one read that refuses
+        NaN/inf and decides whether its symmetric part must be formed."""
+        K = PrecomputedKernelMatrix(Kd, self._dtype, block_rows=r)
+        bad, asym, top = K.inspect()
+        if bad:
+            raise InvalidInputError(
+                f"The precomputed kernel matrix contains NaN or infinity ({bad} value(s)); "
+                "recompute it from finite data.")
+        if not K.symmetric:
+            logger.info("the precomputed kernel matrix is not symmetric (max |K - K^T| = %.3g "
+                        "of max |K| = %.3g): its symmetric part is used", asym, top)
+        return K
+
+    def _solve_arpack(self, K: Any, trace_K: float,
+                      centring: tuple[np.ndarray, float] | None = None
+                      ) -> tuple[EigResult, np.ndarray, float]:
+        """``eigen_solver="arpack"``: Lanczos (scipy's eigsh) on the implicit centred matrix,
+        shifted by ``trace(Kc) / n`` so that a low-rank kernel's zero eigenvalues converge."""
+        op = CentredKernel(K)
+        if centring is not None:
+            mu, g = centring
+            op.row_means, op.grand_mean = np.asarray(mu, dtype=np.float64), float(g)
+        op.compute_means()  # one pass (none when centring is given): g for the shift
+        shift = max(0.0, (trace_K - K.n * float(op.grand_mean)) / K.n)
+        k = K.n if self.n_components is None else int(self.n_components)
+        res = arpack_eigh(op, k, tol=float(self.tol or 0.0), maxiter=self.max_iter,
+                          random_state=self.random_state, shift=shift)
+        if not res.converged:
+            warnings.warn(
+                f"ARPACK stopped at max_iter={self.max_iter} with {res.eigenvalues.size} of "
+                f"{k} eigenpairs converged; raise max_iter (None: 10 n) or tol.",
+                ConvergenceWarning, stacklevel=4)
+        res.info["pass_seconds"] = list(op.pass_seconds)
+        return res, op.row_means, float(op.grand_mean)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.input_tags.pairwise = self._is_precomputed()
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        return tags
+
     def _solve_dense(self, K: BlockKernelMatrix) -> tuple[EigResult, np.ndarray, float]:
         n = K.n
         if n > 20000:
@@ -740,10 +931,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             mu, g = centring
             op.row_means, op.grand_mean = np.asarray(mu, dtype=np.float64), float(g)
         tol = self.tol
-        if tol is None:
+        if not tol:  # None or scikit-learn's 0: the precision's default
             tol = 1e-8 if self._dtype == np.float64 else 1e-5
-        kw = dict(n_oversamples=self.n_oversamples, n_power_iter=self.n_power_iter,
-                  method=self.randomized_method, tol=tol, max_passes=self.max_iter,
+        kw = dict(n_oversamples=self.n_oversamples, n_power_iter=self._power_iter(),
+                  method=self.randomized_method, tol=tol, max_passes=self._max_passes(),
                   psd=self.kernel_.psd, eps=float(np.finfo(self._dtype).eps),
                   random_state=self.random_state)
         auto = self.eigen_solver == "auto"
@@ -803,20 +994,23 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         1)``: the embedding is ``k(x, Z) A - offset_`` and ``k(x, Z) .
         mean_weights_`` stands in for ``mean(k(x, X))``.
         """
-        cache = getattr(self, "_coef_cache", None)
+        holder = self.__dict__.get("_coef_cache")
+        if not isinstance(holder, dict):  # a loaded model; fit creates the holder, so that
+            holder = self._coef_cache = {}  # transform leaves __dict__ unchanged (sklearn)
+        cache = holder.get("coef")
         if cache is None:
             if self._is_nystroem():
                 A = self.projection_
                 A_aug = np.hstack([A, self.mean_weights_[:, None]])
                 consts = (self.offset_, np.zeros(A.shape[1]), float(self.grand_mean_), 1.0)
             else:
-                A = self.eigenvectors_ / np.sqrt(self.eigenvalues_)
+                A = self.eigenvectors_ * inv_sqrt(self.eigenvalues_)  # zero components: 0
                 A_aug = np.hstack([A, np.ones((A.shape[0], 1))])
                 consts = (self.row_means_ @ A, A.sum(axis=0), float(self.grand_mean_),
                           self.X_fit_.shape[0])
             token = tokenize(self.X_fit_, A_aug, consts, self.kernel_, str(self._dtype))
             cache = (A_aug, consts, token)
-            self._coef_cache = cache
+            holder["coef"] = cache
         return cache
 
     def _is_nystroem(self) -> bool:
@@ -824,14 +1018,32 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
     def _project(self, X: Any, what: str) -> Any:
         self._check_fitted()
+        self._check_feature_names(X)
         Xd, kind = V.as_dask_array(X)
-        if Xd.shape[1] != self.n_features_in_:
+        if self._is_precomputed():
+            n_fit = self.n_samples_fit_
+            if Xd.shape[1] != n_fit:
+                V.check_finite(Xd)  # NaN/inf first, as scikit-learn (only on this error path)
+                raise InvalidInputError(
+                    f"X has {Xd.shape[1]} features, but KernelPCA is expecting {n_fit} "
+                    f"features as input: with kernel='precomputed' transform takes "
+                    f"k(X_new, X_fit) of shape (n_queries, n_indexed), one column per "
+                    f"training row; got {tuple(Xd.shape)} for {n_fit} indexed.")
+        elif Xd.shape[1] != self.n_features_in_:
             raise InvalidInputError(
-                f"X has {Xd.shape[1]} features, but KernelPCA was fitted with "
-                f"{self.n_features_in_} features; pass data with the same columns as in fit."
+                f"X has {Xd.shape[1]} features, but KernelPCA is expecting "
+                f"{self.n_features_in_} features as input (fitted with {self.n_features_in_}); "
+                "pass data with the same columns as in fit."
             )
         V.check_finite(Xd)
         return self._project_array(Xd, kind, what)
+
+    def _out_dtype(self, in_dtype: Any = None) -> np.dtype:
+        """Embeddings are float32 when the input or the compute dtype is (scikit-learn:
+        float32 in, float32 out), else float64."""
+        f32 = self._dtype == np.float32 or (
+            getattr(self, "_out_float32", False) if in_dtype is None else in_dtype == np.float32)
+        return np.dtype(np.float32 if f32 else np.float64)
 
     def _project_array(self, Xd: da.Array, kind: str, what: str) -> Any:
         """The transform/score graph on validated data: one task per row block."""
@@ -842,11 +1054,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         name = f"kpca-{what}-" + tokenize(token, Xr.name)
         train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
         dsk: dict[Any, Any] = {train_key: self.X_fit_, coef_key: A_aug}
+        out_dtype = self._out_dtype(Xd.dtype) if what == "transform" else np.dtype(np.float64)
         for b in range(len(Xr.chunks[0])):
-            dsk[(name, b, 0)] = (_project_block, (Xr.name, b, 0), train_key, coef_key, consts,
-                                 self.kernel_, self._dtype.str, what)
+            if self._is_precomputed():
+                dsk[(name, b, 0)] = (_project_precomputed_block, (Xr.name, b, 0), coef_key,
+                                     consts, self._dtype.str, out_dtype.str)
+            else:
+                dsk[(name, b, 0)] = (_project_block, (Xr.name, b, 0), train_key, coef_key,
+                                     consts, self.kernel_, self._dtype.str, what, out_dtype.str)
         graph = HighLevelGraph.from_collections(name, dsk, dependencies=[Xr])
-        out_dtype = self._dtype if what == "transform" else np.float64
         out = da.Array(graph, name, chunks=(Xr.chunks[0], (out_cols,)), dtype=out_dtype)
         if kind == "numpy":
             with blas_threads_for_dask():
@@ -865,12 +1081,14 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         """
         return self._project(X, "transform")
 
+    @available_if(lambda self: not self._is_precomputed())
     def score_samples(self, X: Any) -> Any:
         """Reconstruction error in feature space of each row (a novelty score).
 
         ``||phi_c(x)||^2 - sum_k emb_k(x)^2`` with
         ``||phi_c(x)||^2 = k(x, x) - 2 mean(k(x, X)) + g`` (Hoffmann 2007).
-        Larger means farther from the principal subspace.
+        Larger means farther from the principal subspace. Not available with
+        ``kernel="precomputed"`` (it needs ``k(x, x)`` of the new rows).
 
         Nyström: the feature-space mean ``mu_phi`` is replaced by its
         projection ``P mu_phi`` on the span of the landmarks' features, so
@@ -1111,13 +1329,23 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         save_model(self, path, overwrite=overwrite)
 
 
-def _project_block(xb, X_fit, A_aug, consts, kernel, dtype, what):
-    muA, oneA, g, n = consts
+def _project_precomputed_block(kb, A_aug, consts, dtype, out_dtype):
+    """Embedding of new rows given their kernel values ``kb = k(x, X_fit)`` (m x n)."""
+    P = np.asarray(kb, dtype=np.float64) @ A_aug
+    return _finish_projection(P, None, None, A_aug, consts, dtype, "transform", out_dtype)
+
+
+def _project_block(xb, X_fit, A_aug, consts, kernel, dtype, what, out_dtype=None):
     P = cross_products(kernel, xb, X_fit, A_aug, dtype)
+    return _finish_projection(P, xb, kernel, A_aug, consts, dtype, what, out_dtype)
+
+
+def _finish_projection(P, xb, kernel, A_aug, consts, dtype, what, out_dtype=None):
+    muA, oneA, g, n = consts
     k = A_aug.shape[1] - 1
     s = P[:, k] / n  # mean(k(x, X)) per new row
     emb = P[:, :k] - muA[None, :] - s[:, None] * oneA[None, :] + g * oneA[None, :]
     if what == "transform":
-        return emb.astype(dtype, copy=False)
+        return emb.astype(out_dtype or dtype, copy=False)
     norm2 = kernel.diag(xb, np.float64) - 2.0 * s + g
     return (norm2 - np.einsum("ij,ij->i", emb, emb))[:, None]

@@ -42,13 +42,38 @@ class ConstantKernelError(InvalidInputError):
     feature space (identical rows, or a kernel parameter that makes the kernel constant)."""
 
 
-class NotFittedError(KpcaError, ValueError, AttributeError):
-    """The estimator is used before ``fit``.
+class _NotFittedBase(KpcaError, ValueError, AttributeError):
+    """What :class:`NotFittedError` is when scikit-learn is not installed."""
 
-    Like scikit-learn's ``NotFittedError`` it is both a ValueError and an
-    AttributeError (what scikit-learn's tools catch); it does not subclass it
-    so that importing the exceptions does not import scikit-learn.
+
+def _make_not_fitted_error() -> type:
+    """``NotFittedError``: subclasses scikit-learn's own ``NotFittedError`` (itself a
+    ValueError and an AttributeError), so ``except sklearn.exceptions.NotFittedError``
+    and scikit-learn's ``check_is_fitted`` tooling catch it.
+
+    Built on first access (module ``__getattr__``): importing scikit-learn costs
+    about 2 s and 100 MB, which Dask workers importing kpca_dask.gram and
+    kpca_dask.kernels must not pay.
     """
+    try:
+        from sklearn.exceptions import NotFittedError as _SkNotFitted
+    except ImportError:  # pragma: no cover
+        bases: tuple = (_NotFittedBase,)
+    else:
+        bases = (_NotFittedBase, _SkNotFitted)
+    cls = type("NotFittedError", bases, {
+        "__doc__": "The estimator is used before ``fit`` (a subclass of scikit-learn's "
+                   "NotFittedError, ValueError and AttributeError).",
+        "__module__": __name__})
+    return cls
+
+
+def __getattr__(name: str):
+    if name == "NotFittedError":
+        cls = _make_not_fitted_error()
+        globals()["NotFittedError"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ModelFormatError(KpcaError, ValueError):
@@ -83,3 +108,8 @@ class DroppedComponentsWarning(KpcaWarning):
 class PreimageConvergenceWarning(ConvergenceWarning):
     """Fixed-point pre-images did not converge for some rows (they fell back to the
     learned pre-image); the message counts them."""
+
+
+class InvalidInputTypeError(InvalidInputError, TypeError):
+    """Input of the wrong type (e.g. an object array holding non-numbers): a
+    TypeError as well, as numpy's and scikit-learn's checks raise."""

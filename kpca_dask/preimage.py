@@ -131,7 +131,9 @@ def exact_expansion(X_fit: np.ndarray, eigenvectors: np.ndarray,
                     eigenvalues: np.ndarray) -> Expansion:
     """Expansion over the n training rows of an exact model (see the module notes)."""
     n = X_fit.shape[0]
-    A = eigenvectors / np.sqrt(eigenvalues)
+    from ._eigvals import inv_sqrt
+
+    A = eigenvectors * inv_sqrt(eigenvalues)  # zero components contribute nothing
     B = A - A.mean(axis=0)
     return Expansion(np.asarray(X_fit, dtype=np.float64), np.full(n, 1.0 / n), B)
 

@@ -78,7 +78,9 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
         n_components=s.n_components, kernel=k.name, gamma=k.gamma, degree=k.degree,
         coef0=k.coef0, eigen_solver=s.eigen_solver, n_oversamples=s.n_oversamples,
         n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter,
-        random_state=s.random_state, dtype=s.dtype, chunk_size=block_rows)
+        random_state=s.random_state, dtype=s.dtype, chunk_size=block_rows,
+        # the pipeline's contract: only positive components (check_fit says when fewer)
+        remove_zero_eig=True)
     if s.n_landmarks is not None:
         params["n_landmarks"] = s.n_landmarks
     params["landmark_method"] = s.landmark_method

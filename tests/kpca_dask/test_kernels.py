@@ -81,8 +81,23 @@ def test_callable_kernel_receives_blocks():
 
     kern = CallableKernel(k, {"scale": 2.0})
     np.testing.assert_allclose(kern(X, Y), 2.0 * X @ Y.T)
-    assert calls[0] == (X.shape, Y.shape)
+    assert calls[0] == ((1, X.shape[1]), (1, Y.shape[1]))  # the convention probe, once
+    assert calls[1:] == [(X.shape, Y.shape)]
     np.testing.assert_allclose(kern.diag(X), 2.0 * np.sum(X * X, axis=1))
+
+
+def test_callable_kernel_written_for_sklearn_is_called_per_pair():
+    """scikit-learn's convention (two 1-D rows in, a number out) works, as pairwise_kernels."""
+    from sklearn.metrics.pairwise import pairwise_kernels
+
+    def histogram(x, y):
+        assert x.ndim == 1 and y.ndim == 1 or x.shape[0] == 1
+        return np.minimum(x, y).sum()
+
+    A, B = np.abs(X[:7]), np.abs(Y[:5])
+    kern = CallableKernel(histogram)
+    np.testing.assert_allclose(kern(A, B), pairwise_kernels(A, B, metric=histogram))
+    np.testing.assert_allclose(kern.diag(A), [np.minimum(a, a).sum() for a in A])
 
 
 def test_callable_kernel_wrong_shape_is_named():

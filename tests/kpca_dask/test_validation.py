@@ -33,7 +33,7 @@ def test_non_finite_in_a_zarr_array(tmp_path):
 
 
 @pytest.mark.parametrize("bad,msg", [
-    (np.ones(10), "2-D array .* Reshape with X.reshape"),
+    (np.ones(10), "2-D array .* Reshape your data with X.reshape"),
     (np.ones((2, 3, 4)), "2-D array"),
     (np.empty((0, 3)), "empty: shape \\(0, 3\\)"),
     (np.empty((5, 0)), "empty: shape \\(5, 0\\)"),
@@ -66,7 +66,7 @@ def test_integer_data_is_cast_to_float():
     ({"gamma": -1.0}, "'gamma'"),
     ({"gamma": "median"}, "'gamma'"),
     ({"kernel": "chi2"}, "'kernel' parameter of KernelPCA must be one of"),
-    ({"eigen_solver": "arpack"}, "'eigen_solver'"),
+    ({"eigen_solver": "lobpcg"}, "'eigen_solver'"),
     ({"dtype": "float16"}, "'dtype'"),
     ({"chunk_size": 0}, "'chunk_size'"),
     ({"n_oversamples": -1}, "'n_oversamples'"),
@@ -90,7 +90,7 @@ def test_parameter_errors_come_before_any_pass_over_the_data():
 
 def test_transform_feature_mismatch():
     m = fit()
-    with pytest.raises(ValueError, match="X has 4 features, but KernelPCA was fitted with 3"):
+    with pytest.raises(ValueError, match="X has 4 features, but KernelPCA is expecting 3 features as input"):
         m.transform(np.ones((2, 4)))
 
 
@@ -119,11 +119,23 @@ def test_constant_data_has_no_components():
 
 
 def test_duplicate_rows_reduce_the_rank_with_a_warning():
+    """remove_zero_eig=True: the zero components are dropped, with a warning."""
     Xd = np.repeat(X[:3], 10, axis=0)  # rank 2 after centring
     with pytest.warns(Warning, match="Kept 2 of 4"):
-        m = fit(Xd, n_components=4, eigen_solver="dense")
+        m = fit(Xd, n_components=4, eigen_solver="dense", remove_zero_eig=True)
     assert m.n_components_ == 2
     assert np.all(np.isfinite(m.transform(X)))
+
+
+def test_duplicate_rows_keep_zero_components_by_default_like_sklearn():
+    """remove_zero_eig=False (scikit-learn's default): zero eigenvalues stay as zero columns."""
+    Xd = np.repeat(X[:3], 10, axis=0)  # rank 2 after centring
+    m = fit(Xd, n_components=4, eigen_solver="dense")
+    assert m.n_components_ == 4
+    assert np.all(m.eigenvalues_[2:] == 0) and np.all(m.eigenvalues_[:2] > 0)
+    emb = m.transform(X)
+    assert np.all(np.isfinite(emb)) and np.all(emb[:, 2:] == 0)
+    np.testing.assert_allclose(m.fit_transform(Xd)[:, 2:], 0, atol=0)
 
 
 def test_extreme_gamma_is_finite_or_refused():
