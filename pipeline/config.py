@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -122,6 +122,10 @@ def _check_url(v: str, what: str) -> str:
             raise ValueError(f"URLs with credentials in the query string ({names}) are "
                              "refused; use the environment for credentials.")
     return v
+
+
+#: the smallest ``cluster.memory_limit`` a worker can run in
+MIN_WORKER_MEMORY = 256 << 20
 
 
 class ConfigError(ValueError):
@@ -241,7 +245,7 @@ class ChunkConfig(_Model):
 
     target_chunk_mb: float = Field(64.0, gt=0, description="Target size of one ingested row "
                                                            "chunk in MB (50-200 MB suits clusters).")
-    block_rows: int | Literal["auto"] = Field(
+    block_rows: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto", description="Rows per block of the kernel partition ('auto': ~2048).")
 
 
@@ -297,6 +301,25 @@ class ClusterConfig(_Model):
         300.0, gt=0, description="Fail the run when every worker has been paused at its "
         "memory limit for this many seconds with work pending (a paused worker whose memory "
         "never drops would wait forever); null waits forever.")
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _sane_memory_limit(cls, v: str) -> str:
+        """'auto' or a size of at least 256 MiB: a worker below it dies (or pauses) on its
+        first block, and the run ends in a traceback from deep inside Dask."""
+        if v.strip().lower() == "auto":
+            return v
+        from dask.utils import parse_bytes
+
+        try:
+            n = parse_bytes(v)
+        except (ValueError, TypeError):
+            raise ValueError(f"memory_limit {v!r} is not a size; write e.g. '4GiB' or "
+                             "'auto'") from None
+        if n < MIN_WORKER_MEMORY:
+            raise ValueError(f"memory_limit {v!r} is below the minimum: a worker needs at "
+                             "least 256 MiB (e.g. '4GiB', or 'auto')")
+        return v
 
     @model_validator(mode="after")
     def _tls_matches_scheme(self):
@@ -395,9 +418,8 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
         p = Path(source)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist (or is not a file)")
-        size = p.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config file {p} is {size} bytes, more than a config can be "
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {p} is larger than a config can be "
                               f"({MAX_CONFIG_BYTES} bytes); point at the run's YAML file.")
         try:
             data = _safe_yaml(p.read_text())
