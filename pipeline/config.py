@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -42,7 +42,8 @@ SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
                "aws_secret_access_key", "aws_session_token", "client_secret",
                "account_key", "sas_token", "credentials", "session_token",
                # short names compared whole (as parts of other names they mean other things)
-               "sig", "sas", "auth", "pwd", "pass", "passphrase", "cookie", "apikey", "x-api-key"}
+               "sig", "sas", "auth", "pwd", "pass", "passphrase", "cookie", "apikey",
+               "x-api-key"}
 #: ... and words that mark a credential anywhere in a key's name (api_key, connection_string,
 #: an Authorization header, X-Amz-Security-Token, refresh_token...), case-insensitive.
 SECRET_WORDS = ("secret", "password", "passwd", "token", "signature", "credential",
@@ -133,7 +134,10 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # hide_input_in_errors: a refused credential is never echoed, also by pydantic's own
+    # error text (the Python API, Prefect parameters), not only by load_config's summary
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              hide_input_in_errors=True)
 
 
 class InputConfig(_Model):
@@ -245,8 +249,15 @@ class ChunkConfig(_Model):
 
     target_chunk_mb: float = Field(64.0, gt=0, description="Target size of one ingested row "
                                                            "chunk in MB (50-200 MB suits clusters).")
-    block_rows: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+    block_rows: int | Literal["auto"] = Field(
         "auto", description="Rows per block of the kernel partition ('auto': ~2048).")
+
+    @field_validator("block_rows")
+    @classmethod
+    def _positive_rows(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("block_rows must be >= 1 (or 'auto')")
+        return v
 
 
 class KernelStoreConfig(_Model):

@@ -79,7 +79,8 @@ def _secret(ctx, options):
 
 
 def _alias_bomb(ctx):
-    lines = ["input:", "  path: x.npy", "  storage_options:", "    a0: &a0 [x, x, x, x, x, x, x, x]"]
+    lines = ["input:", "  path: x.npy", "  storage_options:",
+             "    a0: &a0 [x, x, x, x, x, x, x, x]"]
     for i in range(1, 25):
         refs = ", ".join([f"*a{i - 1}"] * 8)
         lines.append(f"    a{i}: &a{i} [{refs}]")
