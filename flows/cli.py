@@ -254,6 +254,10 @@ def _environment_error(exc: BaseException) -> str | None:
     """One line for a failure of the machine or cluster rather than of the code: a full
     disk, or workers that kept dying on one task (out of memory, as a rule). None: a bug."""
     line = _disk_full(exc)
+    if line is None and isinstance(exc, OSError) and exc.errno == 30:  # EROFS
+        where = f" {exc.filename}" if exc.filename else ""
+        line = (f"cannot write{where}: the file system is read-only; set output.path (or "
+                "--output) to a writable folder.")
     if line is None and type(exc).__name__ == "KilledWorker":
         from dask.utils import key_split
 

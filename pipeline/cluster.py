@@ -207,6 +207,54 @@ def _watched(client, cfg: ClusterConfig) -> Iterator[object]:
             dog.stop()
 
 
+def _probe(cfg: ClusterConfig, security) -> None:
+    """Fail within ``connect_timeout`` when something that is not a Dask scheduler listens
+    at ``cfg.address`` (an HTTP server, the dashboard's port): distributed's Client waits
+    for its handshake for ever there. A port nobody listens on is left to the Client (its
+    own message); only "connected, but no Dask handshake" is decided here."""
+    import asyncio
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(cfg.address)
+    if parts.scheme not in ("tcp", "tls") or not parts.hostname or parts.port is None:
+        return
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=cfg.connect_timeout
+                                 ).close()
+    except OSError:
+        return  # unreachable: the Client says so in its own words
+
+    async def handshake() -> None:
+        from distributed.comm import connect
+
+        args = security.get_connection_args("client") if security is not None else {}
+        comm = await asyncio.wait_for(connect(cfg.address, timeout=cfg.connect_timeout,
+                                              **args), cfg.connect_timeout)
+        await comm.close()
+
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:  # its own thread and loop: the caller may be inside an event loop
+        try:
+            asyncio.run(handshake())
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    t = threading.Thread(target=run, name="kpca-scheduler-probe", daemon=True)
+    t.start()
+    t.join(cfg.connect_timeout + 5)
+    err = outcome[0] if outcome else TimeoutError("no answer")
+    if err is not None:
+        msg = " ".join(str(err).split())[:200] or "no Dask handshake"
+        raise ClusterError(
+            f"{cfg.address} accepts connections but did not answer as a Dask scheduler within "
+            f"{cfg.connect_timeout:g} s ({type(err).__name__}: {msg}); check cluster.address: "
+            "the scheduler's port (8786 by default), not the dashboard's or another "
+            "service's, and tls:// when the scheduler uses TLS.")
+
+
 @contextlib.contextmanager
 def dask_client(cfg: ClusterConfig) -> Iterator[object]:
     """A ``distributed.Client`` for the run; closes what it started.
@@ -220,8 +268,10 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
     from distributed import Client, LocalCluster
 
     if cfg.address:
+        security = _security(cfg)
+        _probe(cfg, security)
         try:
-            client = Client(cfg.address, security=_security(cfg), timeout=cfg.connect_timeout,
+            client = Client(cfg.address, security=security, timeout=cfg.connect_timeout,
                             set_as_default=True)
         except (OSError, TimeoutError) as exc:
             raise ClusterError(

@@ -11,6 +11,7 @@ options that look like credentials are refused.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,22 +40,66 @@ __all__ = [
 #: storage_options keys that carry credentials: refused in config files.
 SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
                "aws_secret_access_key", "aws_session_token", "client_secret",
-               "account_key", "sas_token", "credentials", "session_token"}
+               "account_key", "sas_token", "credentials", "session_token",
+               # short names compared whole (as parts of other names they mean other things)
+               "sig", "sas", "auth", "pwd", "pass", "passphrase", "cookie", "apikey",
+               "x-api-key"}
+#: ... and words that mark a credential anywhere in a key's name (api_key, connection_string,
+#: an Authorization header, X-Amz-Security-Token, refresh_token...), case-insensitive.
+SECRET_WORDS = ("secret", "password", "passwd", "token", "signature", "credential",
+                "private_key", "privatekey", "api_key", "api-key", "apikey", "access_key",
+                "accesskey", "account_key", "accountkey", "connection_string",
+                "connectionstring", "authorization", "sas_", "_sas", "bearer", "cookie")
+#: values that are credentials whatever their key is called (never echoed in messages)
+_SECRET_VALUES = (
+    ("an AWS access key id", re.compile(r"\b(AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b")),
+    ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+    ("an HTTP authorization value", re.compile(r"^\s*(Bearer|Basic|Token)\s+\S{8,}", re.I)),
+    ("an Azure connection string or SAS", re.compile(
+        r"(AccountKey|SharedAccessSignature|SharedAccessKey)=|[?&]sig=", re.I)),
+    ("a JSON web token", re.compile(r"\beyJ[\w-]{8,}\.[\w-]{8,}\.")),
+    ("an API token", re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|xox[abp]-[\w-]{10,}|"
+                                r"sk-[A-Za-z0-9]{20,}|AIza[\w-]{30,})")),
+    ("a long hex string", re.compile(r"^[0-9a-fA-F]{32,}$")),
+    ("a long base64 string", re.compile(
+        r"^(?=[^0-9]*[0-9])(?=[^a-z]*[a-z])(?=[^A-Z]*[A-Z])[A-Za-z0-9+/]{32,}={0,2}$")),
+)
+
+
+def _secret_value(v: Any) -> str | None:
+    """What kind of credential a string value looks like (None: it does not)."""
+    if not isinstance(v, str):
+        return None
+    for what, pattern in _SECRET_VALUES:
+        if pattern.search(v):
+            return what
+    return None
+
+
+def _is_secret_key(k: Any) -> bool:
+    name = str(k).lower()
+    return name in SECRET_KEYS or any(w in name for w in SECRET_WORDS)
 
 
 def _secret_keys(options: Any, prefix: str = "") -> list[str]:
-    """Keys (dotted, at any depth: client_kwargs, config_kwargs...) that carry credentials."""
+    """Keys (dotted, at any depth: client_kwargs, headers, config_kwargs...) that carry
+    credentials, by their name or by the shape of their value (a value is never returned,
+    only where it is)."""
     found = []
     if isinstance(options, dict):
         for k, v in options.items():
             name = f"{prefix}{k}"
-            if str(k).lower() in SECRET_KEYS | {"sig"} or any(
-                    w in str(k).lower() for w in ("secret", "password", "passwd", "token", "signature",
-                                                  "credential", "private_key")):
+            what = _secret_value(v)
+            if _is_secret_key(k):
                 found.append(name)
+            elif what:
+                found.append(f"{name} (its value looks like {what})")
             found += _secret_keys(v, name + ".")
     elif isinstance(options, (list, tuple)):
         for i, v in enumerate(options):
+            what = _secret_value(v)
+            if what:
+                found.append(f"{prefix}{i} (its value looks like {what})")
             found += _secret_keys(v, f"{prefix}{i}.")
     return found
 
@@ -68,11 +113,20 @@ def _check_url(v: str, what: str) -> str:
             raise ValueError("URLs with embedded credentials (user:password@host) are refused; "
                              "use the environment for credentials.")
         query = v.split("?", 1)[1] if "?" in v else ""
-        keys = [q.split("=", 1)[0] for q in query.replace(";", "&").split("&") if q]
-        if _secret_keys(dict.fromkeys(keys)):
-            raise ValueError("URLs with credentials in the query string are refused; use the "
-                             "environment for credentials.")
+        from urllib.parse import unquote
+
+        pairs = [q.split("=", 1) for q in query.replace(";", "&").split("&") if q]
+        params = {unquote(p[0]): unquote(p[1]) if len(p) > 1 else "" for p in pairs}
+        bad = _secret_keys(params)
+        if bad:
+            names = [b.split(" ", 1)[0] for b in bad]
+            raise ValueError(f"URLs with credentials in the query string ({names}) are "
+                             "refused; use the environment for credentials.")
     return v
+
+
+#: the smallest ``cluster.memory_limit`` a worker can run in
+MIN_WORKER_MEMORY = 256 << 20
 
 
 class ConfigError(ValueError):
@@ -80,7 +134,10 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # hide_input_in_errors: a refused credential is never echoed, also by pydantic's own
+    # error text (the Python API, Prefect parameters), not only by load_config's summary
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              hide_input_in_errors=True)
 
 
 class InputConfig(_Model):
@@ -195,6 +252,13 @@ class ChunkConfig(_Model):
     block_rows: int | Literal["auto"] = Field(
         "auto", description="Rows per block of the kernel partition ('auto': ~2048).")
 
+    @field_validator("block_rows")
+    @classmethod
+    def _positive_rows(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("block_rows must be >= 1 (or 'auto')")
+        return v
+
 
 class KernelStoreConfig(_Model):
     """Whether the exact path materialises the kernel matrix in zarr."""
@@ -249,6 +313,25 @@ class ClusterConfig(_Model):
         "memory limit for this many seconds with work pending (a paused worker whose memory "
         "never drops would wait forever); null waits forever.")
 
+    @field_validator("memory_limit")
+    @classmethod
+    def _sane_memory_limit(cls, v: str) -> str:
+        """'auto' or a size of at least 256 MiB: a worker below it dies (or pauses) on its
+        first block, and the run ends in a traceback from deep inside Dask."""
+        if v.strip().lower() == "auto":
+            return v
+        from dask.utils import parse_bytes
+
+        try:
+            n = parse_bytes(v)
+        except (ValueError, TypeError):
+            raise ValueError(f"memory_limit {v!r} is not a size; write e.g. '4GiB' or "
+                             "'auto'") from None
+        if n < MIN_WORKER_MEMORY:
+            raise ValueError(f"memory_limit {v!r} is below the minimum: a worker needs at "
+                             "least 256 MiB (e.g. '4GiB', or 'auto')")
+        return v
+
     @model_validator(mode="after")
     def _tls_matches_scheme(self):
         if self.address.startswith("tls://") and self.tls is None:
@@ -299,6 +382,44 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+#: bounds on a config file: its size, YAML aliases (an alias bomb expands exponentially
+#: when the mapping is walked) and nodes (scalars, lists and mappings)
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_ALIASES = 100
+MAX_YAML_NODES = 100_000
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no code runs) that stops at MAX_YAML_ALIASES aliases and
+    MAX_YAML_NODES nodes while composing, before anything is expanded."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = self._nodes = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _YamlBoundError(f"more than {MAX_YAML_ALIASES} YAML aliases (*name)")
+        self._nodes += 1
+        if self._nodes > MAX_YAML_NODES:
+            raise _YamlBoundError(f"more than {MAX_YAML_NODES} YAML nodes")
+        return super().compose_node(parent, index)
+
+
+class _YamlBoundError(Exception):
+    pass
+
+
+def _safe_yaml(text: str) -> Any:
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
     """Validate a config from a YAML path or a dict; raise ConfigError listing every problem."""
     name = str(source) if not isinstance(source, dict) else "the given mapping"
@@ -308,8 +429,17 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
         p = Path(source)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist (or is not a file)")
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {p} is larger than a config can be "
+                              f"({MAX_CONFIG_BYTES} bytes); point at the run's YAML file.")
         try:
-            data = yaml.safe_load(p.read_text())
+            data = _safe_yaml(p.read_text())
+        except _YamlBoundError as exc:
+            raise ConfigError(f"config file {p} has {exc}: refused (an alias bomb?); write "
+                              "the values out.") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {p} is not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start}); save it as UTF-8 YAML.") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

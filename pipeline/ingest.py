@@ -147,6 +147,13 @@ def _read_npy(cfg, loc, chunks) -> SourceData:
         raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
     except (OSError, EOFError) as exc:
         raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
+    if not isinstance(arr, np.ndarray):  # np.load opens NPZ archives whatever the name
+        names = list(getattr(arr, "files", []))[:10]
+        if hasattr(arr, "close"):
+            arr.close()
+        raise InputError(f"{cfg.path} is an NPZ archive (arrays {names}), not an NPY file; "
+                         "save the feature matrix with numpy.save and point input.path at "
+                         "it.")
     _check_matrix_dtype(arr.dtype, cfg.path)
     if arr.ndim != 2:
         raise InputError(f"{cfg.path} holds an array of shape {arr.shape}; need 2-D "
@@ -199,7 +206,11 @@ def _read_zarr(cfg, loc, chunks) -> SourceData:
         if name not in node:
             raise InputError(f"{cfg.path} is a zarr group without an array {name!r}; set "
                              f"input.zarr_array to one of {sorted(node.array_keys())}.")
-        node = node[name]
+        parent, node = node, node[name]
+        if isinstance(node, zarr.Group):
+            raise InputError(f"{cfg.path}: {name!r} is a zarr group, not an array; set "
+                             f"input.zarr_array to an array's path (arrays at the top: "
+                             f"{sorted(parent.array_keys())[:10]}).")
     _check_matrix_dtype(node.dtype, cfg.path)
     if node.ndim != 2:
         raise InputError(f"{cfg.path}: array of shape {node.shape}; need 2-D.")

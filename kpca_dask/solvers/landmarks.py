@@ -190,6 +190,20 @@ def _rejection_cholesky(H: np.ndarray, proposal: np.ndarray, lmax: int,
     return acc, L
 
 
+#: consecutive RPCholesky rounds that accept no pivot before the search stops
+MAX_EMPTY_ROUNDS = 50
+
+
+def _check_finite_kernel(K: np.ndarray) -> None:
+    if not np.isfinite(K).all():
+        from ..exceptions import InvalidInputError
+
+        raise InvalidInputError(
+            "The kernel returned NaN or infinity on the data (values so large that their "
+            "products overflow, e.g. near 1e300?); scale the data (e.g. standardise the "
+            "columns) or choose kernel parameters that keep the kernel finite.")
+
+
 def rpcholesky_landmarks(
     S: np.ndarray,
     m: int,
@@ -222,7 +236,7 @@ def rpcholesky_landmarks(
     F = np.zeros((s, m), dtype=np.float64, order="F")
     pivots: list[int] = []
     col_means: list[np.ndarray] = []
-    rounds = proposals = 0
+    rounds = proposals = empty = 0
     i = 0
     while i < m:
         total = float(d.sum())
@@ -234,14 +248,24 @@ def rpcholesky_landmarks(
         prop = np.minimum(np.searchsorted(cum, rng.random(b) * cum[-1], side="right"), s - 1)
         Fp = F[prop, :i]
         Sp = S[prop]
-        H = kernel(Sp, Sp, np.float64) - Fp @ Fp.T
+        with np.errstate(over="ignore", invalid="ignore"):
+            H = kernel(Sp, Sp, np.float64) - Fp @ Fp.T
+        _check_finite_kernel(H)
         acc, L = _rejection_cholesky(H, d[prop], m - i, rng)
         rounds += 1
         proposals += b
         if acc.size == 0:
+            # Rejection only accepts with positive probability; a round accepting nothing
+            # many times over means the residual is rounding noise: stop, never spin.
+            empty += 1
+            if empty >= MAX_EMPTY_ROUNDS:
+                break
             continue
+        empty = 0
         T = prop[acc]
-        G = kernel(S, S[T], np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            G = kernel(S, S[T], np.float64)
+        _check_finite_kernel(G)
         col_means.append(G.mean(axis=0))
         G -= F[:, :i] @ F[T, :i].T
         # G L^-T as a GEMM with the small inverse factor: a triangular solve

@@ -172,7 +172,11 @@ def nystroem_basis(landmarks: np.ndarray, kernel: Kernel, dtype: Any,
     dtype = np.dtype(dtype)
     Z = np.ascontiguousarray(landmarks, dtype=np.float64)
     with driver_blas():
-        W = np.asarray(kernel(Z, Z, dtype=dtype), dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            W = np.asarray(kernel(Z, Z, dtype=dtype), dtype=np.float64)
+        from .landmarks import _check_finite_kernel
+
+        _check_finite_kernel(W)  # NaN would reach LAPACK (and read as "no eigenvalue")
         W = (W + W.T) / 2
         S, U = scipy.linalg.eigh(W, check_finite=False)
     S, U = S[::-1], U[:, ::-1]

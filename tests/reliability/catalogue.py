@@ -733,9 +733,25 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
     unknown `schema_version`, a status other than `complete`, or any array, Parquet/report
     file or model whose checksum differs, each with its own message.
     `kpca_dask.load(<model folder>)` checks the model's own record (its attributes are
-    written last; format, schema version, SHA-256 of every array) but knows nothing of
-    runs: downstream jobs should load a run's model through `load_model(<run>)` or check
-    `verify_run(<run>)` first.
+    written last; format, schema version, SHA-256 of every array and, from model schema 4,
+    of the attributes themselves: an edited gamma is refused; schemas 1-3 load with an
+    `UnverifiedAttributesWarning`) but knows nothing of runs: downstream jobs should load a
+    run's model through `load_model(<run>)` or check `verify_run(<run>)` first. The
+    manifest records the model's attribute checksum too, so an edit whose checksum was
+    recomputed is refused as a replaced model.
+
+    ## Missing data is never zeros
+
+    zarr reads a missing chunk file as the array's fill value. Every reader here lists the
+    array's chunks first (one listing, no chunk read) and refuses a store that lacks any:
+    the pipeline's zarr input (unless `input.missing_chunks: fill`, deliberately),
+    `KernelPCA.fit`/`transform` on a `zarr.Array` (pass `dask.array.from_zarr(z)` to read
+    the fill value on purpose), and `work/ingest.zarr`. The ingest store writes every
+    chunk (also one equal to the fill value), records a digest per chunk and a content
+    hash of a local source, and is reused only when no chunk is missing, every digest
+    matches and the source's content is unchanged (else it is rebuilt from the input); a
+    copied run folder reuses its own copy, never the original's. Kernel store blocks are
+    checked against their CRC-32C done markers at every read.
 
     ## Security
 
@@ -745,9 +761,13 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
     array is a pickled zarr v2 object array is refused without running its payload.
     Store paths derived from a config never leave the output root (`..`, absolute
     paths and URLs are refused as store path parts; `input.zarr_array` must stay inside
-    its store). Credentials are refused in config files (storage options at any depth,
-    `user:password@` and signed query strings in URLs) and come from the environment
-    (or a Prefect block in the flows); a run with credentials in its environment leaves
+    its store). Credentials are refused in config files (storage options at any depth, by
+    name -- `api_key`, `connection_string`, an `Authorization` header, `sas`, tokens,
+    passwords -- and by the shape of the value -- AWS key ids, private keys, bearer
+    values, Azure keys, JWTs, long hex or base64 strings --, `user:password@` and such
+    query parameters in URLs; a message names where, never the value) and come from the
+    environment (or a Prefect block in the flows); config files are bounded (1 MiB, 100
+    YAML aliases, 100 000 nodes); a run with credentials in its environment leaves
     no trace of them in any output file. The Dask scheduler can be reached over TLS
     (`cluster.tls`: CA, client certificate and key; tested against `dask scheduler`
     started with a certificate generated in the test, which refuses plain `tcp://`
