@@ -833,14 +833,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             return
         unseen = [c for c in names if c not in set(fitted)]
         missing = [c for c in fitted if c not in set(names)]
-        msg = "The feature names should match those that were passed during fit.\n"
+        # scikit-learn's sentences (its checks look for them), on one line
+        msg = "The feature names should match those that were passed during fit."
         if unseen:
-            msg += f"Feature names unseen at fit time: {unseen[:5]}\n"
+            msg += f" Feature names unseen at fit time: {unseen[:5]}."
         if missing:
-            msg += f"Feature names seen at fit time, yet now missing: {missing[:5]}\n"
+            msg += f" Feature names seen at fit time, yet now missing: {missing[:5]}."
         if not unseen and not missing:
-            msg += ("Feature names must be in the same order as they were in fit: reorder "
-                    "the columns, e.g. X[model.feature_names_in_].\n")
+            msg += " Feature names must be in the same order as they were in fit."
+        msg += " Pass the fitted columns in their order, e.g. X[model.feature_names_in_]."
         raise InvalidInputError(msg)
 
     def _precomputed_matrix(self, Kd: da.Array, r: int) -> PrecomputedKernelMatrix:
