@@ -57,6 +57,10 @@ DENSE_MAX_SAMPLES = 2000
 #: ``benchmarks/bench_nystroem.py crossover``.
 NYSTROEM_MIN_SAMPLES = 50_000
 
+#: Largest n for which eigen_solver="arpack" with n_components >= n - 1 (which
+#: ARPACK cannot do) forms the centred matrix and calls eigh, as scipy does.
+ARPACK_FORMED_MAX_SAMPLES = DENSE_MAX_SAMPLES
+
 #: Randomized and Nyström passes when ``max_iter=None`` (scikit-learn's default).
 DEFAULT_MAX_ITER = 20
 
@@ -681,6 +685,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 )
             return solver
         if solver == "arpack":
+            k = n if self.n_components is None else self.n_components
+            if k >= n - 1 and n > ARPACK_FORMED_MAX_SAMPLES:
+                # ARPACK cannot compute n - 1 or more pairs; the fallback forms Kc (8 n^2 bytes)
+                raise InvalidParameterError(
+                    f"eigen_solver='arpack' computes at most n_samples - 2 components (asked "
+                    f"for {k} of {n} samples, which would form the {n} x {n} matrix); pass a "
+                    "smaller n_components, or eigen_solver='dense'.")
             return solver
         if self.n_components is None:
             if solver == "randomized":
@@ -879,6 +890,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 ConvergenceWarning, stacklevel=4)
         res.info["pass_seconds"] = list(op.pass_seconds)
         return res, op.row_means, float(op.grand_mean)
+
+    def _more_tags(self) -> dict[str, Any]:  # scikit-learn < 1.6 reads tags from here
+        return {"pairwise": self._is_precomputed(), "preserves_dtype": [np.float64, np.float32],
+                "X_types": ["2darray", "sparse"]}
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
