@@ -82,12 +82,14 @@ def select_eigenpairs(
     lo = float(w.min())
     if lo < -neg_ratio * scale:
         n_pos = int(np.sum(w > small * top))
+        n_neg = int(np.sum(w < -neg_ratio * scale))
+        # counts only, no computed digits: the message is the same on every CPU
         raise InvalidInputError(
-            f"There are significant negative eigenvalues ({-lo / scale:.3g} of the maximum "
-            f"positive) among the {w.size} requested components: the kernel matrix is not "
-            "positive semi-definite (a kernel such as sigmoid, or a precomputed matrix that "
-            f"is not a Gram matrix). Ask for n_components={n_pos} or fewer, or pass "
-            "remove_zero_eig=True to drop the non-positive components.")
+            f"There are significant negative eigenvalues among the {w.size} requested "
+            f"components ({n_neg} significantly negative, {n_pos} positive): the kernel "
+            "matrix is not positive semi-definite (a kernel such as sigmoid, or a precomputed "
+            f"matrix that is not a Gram matrix). Ask for n_components={n_pos} or fewer, or "
+            "pass remove_zero_eig=True to drop the non-positive components.")
     w = w.copy()
     zero = w < small * top
     residuals = np.asarray(residuals, dtype=np.float64).copy()

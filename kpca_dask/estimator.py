@@ -62,6 +62,10 @@ DENSE_FALLBACK_SAMPLES = 5000
 #: ``benchmarks/bench_nystroem.py crossover``.
 NYSTROEM_MIN_SAMPLES = 50_000
 
+#: Largest n for which eigen_solver="arpack" with n_components >= n - 1 (which
+#: ARPACK cannot do) forms the centred matrix and calls eigh, as scipy does.
+ARPACK_FORMED_MAX_SAMPLES = DENSE_MAX_SAMPLES
+
 #: Randomized and Nyström passes when ``max_iter=None`` (scikit-learn's default).
 DEFAULT_MAX_ITER = 20
 
@@ -695,6 +699,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 )
             return solver
         if solver == "arpack":
+            k = n if self.n_components is None else self.n_components
+            if k >= n - 1 and n > ARPACK_FORMED_MAX_SAMPLES:
+                # ARPACK cannot compute n - 1 or more pairs; the fallback forms Kc (8 n^2 bytes)
+                raise InvalidParameterError(
+                    f"eigen_solver='arpack' computes at most n_samples - 2 components (asked "
+                    f"for {k} of {n} samples, which would form the {n} x {n} matrix); pass a "
+                    "smaller n_components, or eigen_solver='dense'.")
             return solver
         if self.n_components is None:
             if solver == "randomized":
@@ -858,14 +869,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             return
         unseen = [c for c in names if c not in set(fitted)]
         missing = [c for c in fitted if c not in set(names)]
-        msg = "The feature names should match those that were passed during fit.\n"
+        # scikit-learn's sentences (its checks look for them), on one line
+        msg = "The feature names should match those that were passed during fit."
         if unseen:
-            msg += f"Feature names unseen at fit time: {unseen[:5]}\n"
+            msg += f" Feature names unseen at fit time: {unseen[:5]}."
         if missing:
-            msg += f"Feature names seen at fit time, yet now missing: {missing[:5]}\n"
+            msg += f" Feature names seen at fit time, yet now missing: {missing[:5]}."
         if not unseen and not missing:
-            msg += ("Feature names must be in the same order as they were in fit: reorder "
-                    "the columns, e.g. X[model.feature_names_in_].\n")
+            msg += " Feature names must be in the same order as they were in fit."
+        msg += " Pass the fitted columns in their order, e.g. X[model.feature_names_in_]."
         raise InvalidInputError(msg)
 
     def _precomputed_matrix(self, Kd: da.Array, r: int) -> PrecomputedKernelMatrix:
@@ -903,6 +915,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 ConvergenceWarning, stacklevel=4)
         res.info["pass_seconds"] = list(op.pass_seconds)
         return res, op.row_means, float(op.grand_mean)
+
+    def _more_tags(self) -> dict[str, Any]:  # scikit-learn < 1.6 reads tags from here
+        return {"pairwise": self._is_precomputed(), "preserves_dtype": [np.float64, np.float32],
+                "X_types": ["2darray", "sparse"]}
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -317,3 +317,15 @@ def test_sklearn_params():
     KernelPCA(2, tol=0, max_iter=None, n_jobs=-1, copy_X=False).fit(X)  # accepted
     with pytest.raises(InvalidParameterError, match="'remove_zero_eig'"):
         KernelPCA(2, remove_zero_eig="yes").fit(X)
+
+
+def test_arpack_all_components_small_n_only():
+    """n_components >= n - 1 (ARPACK cannot) forms Kc and uses eigh, for small n only."""
+    Xs = X[:30]
+    w_ref, _ = reference(rbf_kernel(Xs, gamma=0.2), 29)
+    m = KernelPCA(None, kernel="rbf", eigen_solver="arpack").fit(Xs)
+    np.testing.assert_allclose(m.eigenvalues_, w_ref[w_ref > 1e-12 * w_ref[0]], rtol=1e-9)
+    from kpca_dask import estimator
+
+    with pytest.raises(InvalidParameterError, match="at most n_samples - 2 components"):
+        KernelPCA(None, eigen_solver="arpack")._resolve_solver(estimator.ARPACK_FORMED_MAX_SAMPLES + 1)
