@@ -10,13 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import kernels
 from .exceptions import (
-    ConvergenceWarning,
     DroppedComponentsWarning,
     InvalidInputError,
     InvalidParameterError,
     KpcaError,
     ModelFormatError,
-    PreimageConvergenceWarning,
     UnsafeRemovalError,
 )
 
@@ -33,10 +31,11 @@ def __getattr__(name: str) -> Any:
         from .estimator import KernelPCA
 
         return KernelPCA
-    if name == "NotFittedError":  # subclasses scikit-learn's: built on first use
-        from .exceptions import NotFittedError
+    if name in ("NotFittedError", "ConvergenceWarning", "PreimageConvergenceWarning"):
+        # subclasses of scikit-learn's: built on first use
+        from . import exceptions
 
-        return NotFittedError
+        return getattr(exceptions, name)
     if name == "load":
         from .persistence import load
 

@@ -7,8 +7,6 @@ against plain Python or scikit-learn keeps working.
 
 from __future__ import annotations
 
-from sklearn.exceptions import ConvergenceWarning as _SklearnConvergenceWarning
-
 __all__ = [
     "KpcaError",
     "InvalidParameterError",
@@ -68,10 +66,15 @@ def _make_not_fitted_error() -> type:
     return cls
 
 
+_LAZY = {"NotFittedError": lambda: _make_not_fitted_error(),
+         "ConvergenceWarning": lambda: _make_convergence_warning(),
+         "PreimageConvergenceWarning": lambda: _make_preimage_warning()}
+
+
 def __getattr__(name: str):
-    if name == "NotFittedError":
-        cls = _make_not_fitted_error()
-        globals()["NotFittedError"] = cls
+    if name in _LAZY:
+        cls = _LAZY[name]()
+        globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -89,12 +92,21 @@ class KpcaWarning(UserWarning):
     """Base class of the warnings emitted by kpca_dask."""
 
 
-class ConvergenceWarning(KpcaWarning, _SklearnConvergenceWarning):
-    """An iterative solver could not certify its result to its tolerance.
-
-    Also a :class:`sklearn.exceptions.ConvergenceWarning`, so that code (and
-    scikit-learn's own tests) filtering on scikit-learn's class catch it.
-    """
+def _make_convergence_warning() -> type:
+    """``ConvergenceWarning``: an iterative solver could not certify its result to its
+    tolerance. Also a :class:`sklearn.exceptions.ConvergenceWarning`, so that code (and
+    scikit-learn's own tests) filtering on scikit-learn's class catch it. Built on first
+    access, like ``NotFittedError``, so that workers do not import scikit-learn."""
+    try:
+        from sklearn.exceptions import ConvergenceWarning as _SkConvergence
+    except ImportError:  # pragma: no cover
+        bases: tuple = (KpcaWarning,)
+    else:
+        bases = (KpcaWarning, _SkConvergence)
+    return type("ConvergenceWarning", bases, {
+        "__doc__": "An iterative solver could not certify its result to its tolerance "
+                   "(also a scikit-learn ConvergenceWarning).",
+        "__module__": __name__})
 
 
 class UnverifiedAttributesWarning(KpcaWarning):
@@ -105,9 +117,12 @@ class DroppedComponentsWarning(KpcaWarning):
     """Components with non-positive eigenvalues were removed from the result."""
 
 
-class PreimageConvergenceWarning(ConvergenceWarning):
-    """Fixed-point pre-images did not converge for some rows (they fell back to the
-    learned pre-image); the message counts them."""
+def _make_preimage_warning() -> type:
+    """``PreimageConvergenceWarning`` (a ``ConvergenceWarning``): fixed-point pre-images
+    did not converge for some rows (they fell back to the learned pre-image); the message
+    counts them."""
+    return type("PreimageConvergenceWarning", (__getattr__("ConvergenceWarning"),), {
+        "__doc__": _make_preimage_warning.__doc__, "__module__": __name__})
 
 
 class InvalidInputTypeError(InvalidInputError, TypeError):

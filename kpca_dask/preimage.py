@@ -62,7 +62,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from .exceptions import InvalidInputError, PreimageConvergenceWarning
+from . import exceptions as _exc
+from .exceptions import InvalidInputError
 from .gram import cross_products
 from .kernels import Kernel
 
@@ -290,7 +291,7 @@ def warn_not_converged(status: np.ndarray, max_iter: int) -> None:
             "had a vanishing or negative denominator or diverged); those rows hold the "
             "learned pre-image instead. Raise preimage_max_iter or preimage_tol, or use "
             "preimage='learned'.",
-            PreimageConvergenceWarning, stacklevel=3,
+            _exc.PreimageConvergenceWarning, stacklevel=3,
         )
 
 

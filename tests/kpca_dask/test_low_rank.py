@@ -188,15 +188,22 @@ def test_right_or_says_so(case, solver):
 
 def test_rank_below_k_returns_the_existing_pairs_only():
     """Rank 2 (linear kernel, 2-D data), 16 asked: the randomized solver finds two
-    pairs, certifies them (exact: the Krylov space is exhausted) in a few passes,
-    and the estimator reports the rest as dropped zero eigenvalues -- like dense."""
-    m, _, caught = fit("moons-linear-rank2", "block_krylov")
-    d, _, _ = fit("moons-linear-rank2", "dense")
-    assert m.n_components_ == d.n_components_ == 2
+    pairs and certifies them (exact: the Krylov space is exhausted) in a few passes.
+    The estimator then follows scikit-learn, like dense: the missing pairs are zero
+    eigenvalues with zero columns, dropped with ``remove_zero_eig=True``."""
+    m, E, caught = fit("moons-linear-rank2", "block_krylov")
+    d, Ed, _ = fit("moons-linear-rank2", "dense")
     assert m.solver_info_["rank_found"] == 2 and m.solver_info_["exhausted"]
     assert m.n_passes_ <= 4
     assert m.converged_
-    assert any(issubclass(w.category, DroppedComponentsWarning) for w in caught)
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert m.n_components_ == d.n_components_ == K
+    assert np.all(m.eigenvalues_[2:] == 0) and np.all(E[:, 2:] == 0)
+    np.testing.assert_allclose(m.eigenvalues_, d.eigenvalues_, rtol=1e-6, atol=1e-10)
+    np.testing.assert_allclose(np.abs(E), np.abs(Ed), atol=1e-4 * np.abs(Ed).max())
+    for solver in ("block_krylov", "dense"):
+        r, _, _ = fit("moons-linear-rank2", solver, remove_zero_eig=True)
+        assert r.n_components_ == 2
 
 
 def test_certificate_bounds_hold_on_a_low_rank_kernel():
@@ -271,16 +278,24 @@ def test_nystroem_fewer_landmarks_than_components_on_low_rank_data():
     """Data with 10 distinct rows (rank 9), 16 components, 20 landmarks: the landmark
     methods that adapt (rpcholesky, kmeans++) find the 10 distinct rows, the
     Nyström problem is then exact and the 9 pairs equal eigh's; the rest are
-    reported as dropped, never returned as noise."""
+    zero eigenvalues with zero columns (scikit-learn's contract), never noise, and
+    ``remove_zero_eig=True`` drops them."""
     X, params, _, _ = reference("rbf-10-distinct-rows-rank9")
     for lm in ("rpcholesky", "kmeans++"):
         for method in ("covariance", "randomized"):
             m = KernelPCA(K, **params, eigen_solver="nystroem", n_landmarks=20,
                           landmark_method=lm, nystroem_method=method, random_state=0)
+            E = np.asarray(m.fit_transform(X))
+            assert m.converged_ and m.n_components_ == K
+            assert np.all(m.eigenvalues_[9:] == 0)
+            assert np.abs(E[:, 9:]).max() <= 1e-12 * np.abs(E).max()  # rounding of the offset
+            r = KernelPCA(K, **params, eigen_solver="nystroem", n_landmarks=20,
+                          landmark_method=lm, nystroem_method=method, random_state=0,
+                          remove_zero_eig=True)
             with pytest.warns(DroppedComponentsWarning, match="Kept 9 of 16"):
-                E = m.fit_transform(X)
-            assert m.converged_ and m.n_components_ == 9
-            check_right(m, np.asarray(E), "rbf-10-distinct-rows-rank9")
+                Er = np.asarray(r.fit_transform(X))
+            assert r.n_components_ == 9
+            check_right(r, Er, "rbf-10-distinct-rows-rank9")
 
 
 def test_nystroem_auto_method_escalates_to_covariance():

@@ -305,7 +305,8 @@ def test_dataframe_feature_names_and_column_order():
         KernelPCA(2).fit(X).transform(df)
 
 
-def test_sklearn_params():
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_sklearn_params():  # three fixed passes need not certify: not this test's subject
     m = KernelPCA(2, kernel="rbf", eigen_solver="randomized", iterated_power=3,
                   random_state=0).fit(X)
     same = KernelPCA(2, kernel="rbf", eigen_solver="randomized", n_power_iter=3,
