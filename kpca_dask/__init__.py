@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import kernels
 from .exceptions import (
-    ConvergenceWarning,
     DroppedComponentsWarning,
     InvalidInputError,
     InvalidParameterError,
     KpcaError,
     ModelFormatError,
-    PreimageConvergenceWarning,
 )
+
+#: Subclasses of scikit-learn's classes, built on first use (kpca_dask.exceptions).
+_SKLEARN_SUBCLASSES = ("NotFittedError", "ConvergenceWarning", "PreimageConvergenceWarning")
 
 if TYPE_CHECKING:  # pragma: no cover
     from .estimator import KernelPCA
@@ -32,10 +33,10 @@ def __getattr__(name: str) -> Any:
         from .estimator import KernelPCA
 
         return KernelPCA
-    if name == "NotFittedError":  # subclasses scikit-learn's: built on first use
-        from .exceptions import NotFittedError
+    if name in _SKLEARN_SUBCLASSES:
+        from . import exceptions
 
-        return NotFittedError
+        return getattr(exceptions, name)
     if name == "load":
         from .persistence import load
 

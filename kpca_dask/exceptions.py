@@ -58,11 +58,38 @@ def _make_not_fitted_error() -> type:
     return cls
 
 
+def _make_convergence_warnings() -> tuple[type, type]:
+    """``ConvergenceWarning`` (also scikit-learn's ``ConvergenceWarning``, so filters on
+    scikit-learn's class catch it) and its subclass ``PreimageConvergenceWarning``,
+    built on first access like :func:`_make_not_fitted_error`."""
+    try:
+        from sklearn.exceptions import ConvergenceWarning as _SkConvergence
+    except ImportError:  # pragma: no cover
+        bases: tuple = (KpcaWarning,)
+    else:
+        bases = (KpcaWarning, _SkConvergence)
+    conv = type("ConvergenceWarning", bases, {
+        "__doc__": "An iterative solver could not certify its result to its tolerance "
+                   "(also a sklearn.exceptions.ConvergenceWarning).",
+        "__module__": __name__})
+    pre = type("PreimageConvergenceWarning", (conv,), {
+        "__doc__": "Fixed-point pre-images did not converge for some rows (they fell back "
+                   "to the learned pre-image); the message counts them.",
+        "__module__": __name__})
+    return conv, pre
+
+
 def __getattr__(name: str):
+    # Classes that subclass scikit-learn's are built on first use: importing kpca_dask
+    # (Dask workers import kpca_dask.gram and kpca_dask.kernels) must not import it.
     if name == "NotFittedError":
         cls = _make_not_fitted_error()
         globals()["NotFittedError"] = cls
         return cls
+    if name in ("ConvergenceWarning", "PreimageConvergenceWarning"):
+        conv, pre = _make_convergence_warnings()
+        globals().update(ConvergenceWarning=conv, PreimageConvergenceWarning=pre)
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -74,17 +101,8 @@ class KpcaWarning(UserWarning):
     """Base class of the warnings emitted by kpca_dask."""
 
 
-class ConvergenceWarning(KpcaWarning):
-    """An iterative solver stopped at its iteration cap before its tolerance."""
-
-
 class DroppedComponentsWarning(KpcaWarning):
     """Components with non-positive eigenvalues were removed from the result."""
-
-
-class PreimageConvergenceWarning(ConvergenceWarning):
-    """Fixed-point pre-images did not converge for some rows (they fell back to the
-    learned pre-image); the message counts them."""
 
 
 class InvalidInputTypeError(InvalidInputError, TypeError):
