@@ -301,7 +301,6 @@ def test_dataframe_feature_names_and_column_order():
     m = KernelPCA(2, kernel="rbf").fit(df)
     assert list(m.feature_names_in_) == cols
     np.testing.assert_array_equal(m.transform(pd.DataFrame(NEW, columns=cols)),
-                                  m.transform(NEW) if False else
                                   KernelPCA(2, kernel="rbf").fit(X).transform(NEW))
     with pytest.raises(InvalidInputError, match="same order as they were in fit"):
         m.transform(pd.DataFrame(NEW, columns=cols)[cols[::-1]])
