@@ -18,6 +18,9 @@ from .exceptions import (
     UnsafeRemovalError,
 )
 
+#: Subclasses of scikit-learn's classes, built on first use (kpca_dask.exceptions).
+_SKLEARN_SUBCLASSES = ("NotFittedError", "ConvergenceWarning", "PreimageConvergenceWarning")
+
 if TYPE_CHECKING:  # pragma: no cover
     from .estimator import KernelPCA
     from .persistence import load
@@ -31,8 +34,7 @@ def __getattr__(name: str) -> Any:
         from .estimator import KernelPCA
 
         return KernelPCA
-    if name in ("NotFittedError", "ConvergenceWarning", "PreimageConvergenceWarning"):
-        # subclasses of scikit-learn's: built on first use
+    if name in _SKLEARN_SUBCLASSES:
         from . import exceptions
 
         return getattr(exceptions, name)

@@ -66,16 +66,38 @@ def _make_not_fitted_error() -> type:
     return cls
 
 
-_LAZY = {"NotFittedError": lambda: _make_not_fitted_error(),
-         "ConvergenceWarning": lambda: _make_convergence_warning(),
-         "PreimageConvergenceWarning": lambda: _make_preimage_warning()}
+def _make_convergence_warnings() -> tuple[type, type]:
+    """``ConvergenceWarning`` (also scikit-learn's ``ConvergenceWarning``, so filters on
+    scikit-learn's class catch it) and its subclass ``PreimageConvergenceWarning``,
+    built on first access like :func:`_make_not_fitted_error`."""
+    try:
+        from sklearn.exceptions import ConvergenceWarning as _SkConvergence
+    except ImportError:  # pragma: no cover
+        bases: tuple = (KpcaWarning,)
+    else:
+        bases = (KpcaWarning, _SkConvergence)
+    conv = type("ConvergenceWarning", bases, {
+        "__doc__": "An iterative solver could not certify its result to its tolerance "
+                   "(also a sklearn.exceptions.ConvergenceWarning).",
+        "__module__": __name__})
+    pre = type("PreimageConvergenceWarning", (conv,), {
+        "__doc__": "Fixed-point pre-images did not converge for some rows (they fell back "
+                   "to the learned pre-image); the message counts them.",
+        "__module__": __name__})
+    return conv, pre
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        cls = _LAZY[name]()
-        globals()[name] = cls
+    # Classes that subclass scikit-learn's are built on first use: importing kpca_dask
+    # (Dask workers import kpca_dask.gram and kpca_dask.kernels) must not import it.
+    if name == "NotFittedError":
+        cls = _make_not_fitted_error()
+        globals()["NotFittedError"] = cls
         return cls
+    if name in ("ConvergenceWarning", "PreimageConvergenceWarning"):
+        conv, pre = _make_convergence_warnings()
+        globals().update(ConvergenceWarning=conv, PreimageConvergenceWarning=pre)
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -92,37 +114,12 @@ class KpcaWarning(UserWarning):
     """Base class of the warnings emitted by kpca_dask."""
 
 
-def _make_convergence_warning() -> type:
-    """``ConvergenceWarning``: an iterative solver could not certify its result to its
-    tolerance. Also a :class:`sklearn.exceptions.ConvergenceWarning`, so that code (and
-    scikit-learn's own tests) filtering on scikit-learn's class catch it. Built on first
-    access, like ``NotFittedError``, so that workers do not import scikit-learn."""
-    try:
-        from sklearn.exceptions import ConvergenceWarning as _SkConvergence
-    except ImportError:  # pragma: no cover
-        bases: tuple = (KpcaWarning,)
-    else:
-        bases = (KpcaWarning, _SkConvergence)
-    return type("ConvergenceWarning", bases, {
-        "__doc__": "An iterative solver could not certify its result to its tolerance "
-                   "(also a scikit-learn ConvergenceWarning).",
-        "__module__": __name__})
-
-
 class UnverifiedAttributesWarning(KpcaWarning):
     """A saved model of an older schema: its attributes carry no checksum."""
 
 
 class DroppedComponentsWarning(KpcaWarning):
     """Components with non-positive eigenvalues were removed from the result."""
-
-
-def _make_preimage_warning() -> type:
-    """``PreimageConvergenceWarning`` (a ``ConvergenceWarning``): fixed-point pre-images
-    did not converge for some rows (they fell back to the learned pre-image); the message
-    counts them."""
-    return type("PreimageConvergenceWarning", (__getattr__("ConvergenceWarning"),), {
-        "__doc__": _make_preimage_warning.__doc__, "__module__": __name__})
 
 
 class InvalidInputTypeError(InvalidInputError, TypeError):

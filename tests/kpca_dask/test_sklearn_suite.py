@@ -33,17 +33,12 @@ DELIBERATE = {
         "expects its error",
 }
 
-#: Failures another part of issue 13 fixes (the randomized solver on numerically
-#: low-rank kernels: here a linear kernel on 2-D data). Empty this once that part
-#: is merged; MIN_PASSED then becomes 39 - len(DELIBERATE) = 37 >= 36.
-PENDING = {
-    f"test_kernel_pca_solvers_equivalence[{k}]":
-        "eigen_solver='randomized' on a rank-2 kernel (linear, 2-D circles) is off by up "
-        "to 6e-3: issue 13 part 1 (solver deflation)"
-    for k in (4, 10, 20)
-}
+#: Failures another part of issue 13 fixes, listed with their reason until it is merged
+#: (the randomized solver on numerically low-rank kernels, branch solver-trust: merged;
+#: measured on main + this branch: 37 of 39 pass, the two above fail).
+PENDING: dict[str, str] = {}
 
-#: Tests in scikit-learn's file (1.9.x); at least 36 must pass (issue 13).
+#: Tests in scikit-learn's file (1.9.x); at least 36 must pass (issue 13): here 37.
 N_TESTS = 39
 MIN_PASSED = N_TESTS - len(DELIBERATE) - len(PENDING)
 
