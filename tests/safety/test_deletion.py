@@ -5,6 +5,7 @@ nothing wrong was published and the previous good run still verifies."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
@@ -236,14 +237,17 @@ def test_overwrite_with_a_typo_in_the_input_keeps_the_published_run(world, dask_
     _survived(world, before)
 
 
-def test_a_failed_run_puts_the_previous_run_back(world, dask_client):
+def test_a_failed_run_puts_the_previous_run_back(world, dask_client, caplog):
     """A run that fails after un-publishing (too many components, found at the kernel
     stage) restores the previous run, which verifies byte for byte as before."""
     run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     before = world.user_files()
-    with pytest.raises(ValueError, match="exceeds"):
+    with caplog.at_level(logging.INFO, logger="pipeline"), \
+            pytest.raises(ValueError, match="exceeds"):
         run_pipeline(_cfg(world, world.run, output={"overwrite": True},
                           solver={"n_components": 400}))
+    # un-published (kept in .kpca-prev) and put back, not merely left alone
+    assert "the previous run of" in caplog.text and "is published again" in caplog.text
     after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     assert after == run_before
     assert not (world.run / ".kpca-prev").exists()
