@@ -184,9 +184,14 @@ def restore_previous(out: Location) -> bool:
         if e.name in (MARKER_FILE, MANIFEST):
             continue
         target = p / e.name
-        if os.path.lexists(target):
-            Location(str(target)).remove(root=out)
-        os.rename(e.path, target)
+        try:
+            if os.path.lexists(target):
+                Location(str(target)).remove(root=out)
+            os.rename(e.path, target)
+        except OSError as exc:  # refused (not ours) or failed: leave the kept run where it is
+            logger.warning("publish: the run failed and the previous run could not be put "
+                           "back (%s); it is kept in %s", exc, snap)
+            return False
     os.rename(snap / MANIFEST, p / MANIFEST)  # the commit: the previous run is published again
     Location(str(snap)).remove(root=out)
     logger.warning("publish: the run failed; the previous run at %s is published again", p)
@@ -311,7 +316,10 @@ class OutputLock:
             raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            # the holder before us may have removed the file between our open and flock
+            if os.fstat(fd).st_ino != os.lstat(self.path).st_ino:
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
             os.close(fd)
             raise OutputLockedError(
                 f"output {self.out} is being written by another transform (lock "

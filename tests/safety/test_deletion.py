@@ -323,3 +323,59 @@ def test_the_primitive_removes_our_marked_folder_and_a_link_only_as_a_link(world
     before = world.user_files()
     assert remove_owned(link, root=world.tmp / "out", owned=lambda p: p.name == "link")
     assert not os.path.lexists(link) and world.user_files() == before
+
+
+def test_the_kept_run_comes_back_whole_with_its_report(world):
+    """The transaction itself: a run with a report/ folder is kept (hard links), the new
+    run replaces files the way every writer does (rename over, remove and recreate), and
+    putting the kept run back restores every file byte for byte."""
+    from pipeline.publish import restore_previous, snapshot_published
+
+    (world.run / "report").mkdir()
+    (world.run / "report" / "metrics.json").write_text('{"old": 1}')
+    before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
+    out = Location(str(world.run))
+    assert snapshot_published(out)
+    os.unlink(world.run / "manifest.json")  # un-published, as begin_run does
+    tmp = world.run / "report" / ".metrics.tmp"
+    tmp.write_text('{"new": 2}')
+    os.replace(tmp, world.run / "report" / "metrics.json")
+    shutil.rmtree(world.run / "model")
+    (world.run / "model").mkdir()  # a half-written new model: not yet a zarr node
+    assert restore_previous(out)
+    assert {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k} == before
+    verify_run(world.run)
+
+
+def test_two_transforms_at_once_never_publish_a_broken_output(world, dask_client):
+    """Two transforms to one output started together: each either publishes a complete
+    output or is refused by the lock; what is there at the end is complete and readable."""
+    import threading
+
+    out = world.tmp / "shared.zarr"
+    batches = [new_batch(world.tmp, seed=s, rows=11 + s) for s in (5, 6)]
+    results: list = [None, None]
+
+    def go(i):
+        from pipeline.config import InputConfig
+        from pipeline.transform import transform_to_store
+
+        try:
+            results[i] = transform_to_store(str(world.run), InputConfig(path=str(batches[i])),
+                                            str(out), overwrite=True)
+        except Exception as exc:  # noqa: BLE001 - the refusal is the result
+            results[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for r in results:
+        assert isinstance(r, dict) or "another transform" in str(r), r
+    g = zarr.open_group(str(out), mode="r")
+    assert g.attrs["status"] == "complete"
+    rows = g["embedding"].shape[0]
+    assert rows in {11 + 5, 11 + 6}
+    assert np.isfinite(g["embedding"][...]).all()
+    assert not [p for p in os.listdir(world.tmp) if p.startswith(".kpca-")]
