@@ -154,11 +154,11 @@ def snapshot_published(out: Location) -> bool:
     write_marker(snap, "previous-run")
     try:
         for e in sorted(os.scandir(p), key=lambda e: e.name):
-            if e.name in (MANIFEST, "work", ".kpca-run.lock", PREV) or e.name.startswith(".kpca-"):
+            if e.name in (MANIFEST, "work") or e.name.startswith(".kpca-"):
                 continue
-            if e.name not in RUN_NAMES and not (_marked(Path(e.path)) or
-                                                os.path.isfile(Path(e.path, "zarr.json"))):
-                continue  # a user's file beside the run: not part of it
+            if e.name not in RUN_NAMES and (e.is_symlink() or not (
+                    _marked(Path(e.path)) or os.path.isfile(Path(e.path, "zarr.json")))):
+                continue  # a user's file (or link) beside the run: not part of it
             _link_tree(Path(e.path), snap / e.name)
         _link_tree(p / MANIFEST, snap / MANIFEST)  # last: a snapshot without it is not one
     except BaseException:

@@ -101,7 +101,8 @@ def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
         for name, arr in (("ids", src.ids), ("labels", src.labels)):
             if arr is not None:
                 dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-                za = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(src.X.chunks[0][0],))
+                za = g.create_array(name, shape=arr.shape, dtype=dtype,
+                                    chunks=(src.X.chunks[0][0],))
                 stores.append(da.store(arr, za, lock=False, compute=False))
         compute(*stores, label="transform")
         g.attrs.update({"kind": "kpca-dask-transform", "model": model_path,

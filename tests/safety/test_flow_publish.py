@@ -15,8 +15,8 @@ from .conftest import tree_hashes
 pytestmark = pytest.mark.flows
 
 
-def test_a_failed_flow_run_puts_the_previous_run_back(world, dask_cluster, prefect_api,  # noqa: F811
-                                                      capfd):
+def test_a_failed_flow_run_puts_the_previous_run_back(
+        world, dask_cluster, prefect_api, capfd):  # noqa: F811
     """The flow un-publishes the run when its first writing task starts (claim_output);
     the solve then fails: the previous run is published again, byte for byte."""
     from flows.pipeline_flow import kpca_pipeline
@@ -39,8 +39,8 @@ def test_a_failed_flow_run_puts_the_previous_run_back(world, dask_cluster, prefe
 
 
 @pytest.mark.parametrize("output", ["", "."])
-def test_the_transform_flow_refuses_an_empty_or_dot_output(world, dask_cluster, prefect_api,  # noqa: F811
-                                                            output):
+def test_the_transform_flow_refuses_an_empty_or_dot_output(
+        world, dask_cluster, prefect_api, output):  # noqa: F811
     from flows.transform_flow import kpca_transform
 
     before = world.user_files()

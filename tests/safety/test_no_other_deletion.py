@@ -72,7 +72,8 @@ NOT_FILES = {"str", "list", "set", "dict", "_HELD", "warnings", "handlers"}
 
 
 def _is_file_op(name: str, owner: str) -> bool:
-    if name in {"rmtree", "unlink", "rmdir", "removedirs", "rm", "rm_file", "delete_dir", "rm_rf"}:
+    if name in {"rmtree", "unlink", "rmdir", "removedirs", "rm", "rm_file", "delete_dir",
+                "rm_rf"}:
         return True
     if name in {"remove", "rename", "renames", "replace"}:
         return owner in {"os", "shutil"} or owner.startswith(("os.", "Path("))
