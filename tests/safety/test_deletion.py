@@ -379,3 +379,39 @@ def test_two_transforms_at_once_never_publish_a_broken_output(world, dask_client
     assert rows in {11 + 5, 11 + 6}
     assert np.isfinite(g["embedding"][...]).all()
     assert not [p for p in os.listdir(world.tmp) if p.startswith(".kpca-")]
+
+
+def test_unlock_never_removes_a_linked_lock_or_its_target(world):
+    """`kpca unlock` on an output whose .kpca-run.lock is a link: refused in one line, the
+    link and the file it points to unchanged."""
+    link = world.run / ".kpca-run.lock"
+    link.symlink_to(world.victim / "precious.txt")
+    before = world.user_files()
+    rc, err = kpca("unlock", world.run)
+    assert rc == 2 and "symbolic link" in error_line(err)
+    assert link.is_symlink() and world.user_files() == before
+
+
+@pytest.mark.parametrize("what", ["folder", "file", "link"])
+def test_model_save_never_replaces_what_is_not_a_model(world, what):
+    """KernelPCA.save(path, overwrite=True) replaces a saved model only: a folder or file of
+    the user's, or a link, at that path is refused and left byte for byte."""
+    from kpca_dask import KernelPCA
+    from tests.reliability.helpers import blobs
+
+    model = KernelPCA(n_components=2, kernel="rbf", gamma=0.1).fit(blobs(40, 3))
+    target = world.tmp / "model"
+    if what == "folder":
+        target.mkdir()
+        (target / "theirs.txt").write_bytes(b"theirs\n")
+    elif what == "file":
+        target.write_bytes(b"theirs\n")
+    else:
+        target.symlink_to(world.victim, target_is_directory=True)
+    before, theirs = world.user_files(), tree_hashes(target)
+    with pytest.raises(UnsafeRemovalError, match="not written by kpca"):
+        model.save(target, overwrite=True)
+    assert tree_hashes(target) == theirs and world.user_files() == before
+    assert not [p for p in os.listdir(world.tmp) if p.startswith(".model.tmp")]
+    model.save(world.tmp / "mine", overwrite=False)
+    model.save(world.tmp / "mine", overwrite=True)  # its own model: replaced
