@@ -48,7 +48,6 @@ ALLOWED = {
 
 def _calls(path: Path):
     tree = ast.parse(path.read_text(), filename=str(path))
-    stack: list[str] = []
 
     def visit(node, func):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -63,12 +62,7 @@ def _calls(path: Path):
         for child in ast.iter_child_nodes(node):
             yield from visit(child, func)
 
-    del stack
     yield from visit(tree, "<module>")
-
-
-#: receivers whose .remove/.delete/.replace are not file operations
-NOT_FILES = {"str", "list", "set", "dict", "_HELD", "warnings", "handlers"}
 
 
 def _is_file_op(name: str, owner: str) -> bool:
