@@ -350,18 +350,19 @@ class OutputLock:
             self._fd = None
 
 
-def publish_beside(out: Location, write, verify) -> None:
+def publish_beside(out: Location, write, verify, protect: tuple = ()) -> None:
     """Write a transform output beside ``out`` (``.kpca-new-<token>.<name>``), check it,
     swap it in, then retire the old one: a failure leaves ``out`` as it was.
 
     ``write(tmp: Location)`` writes the new output; ``verify(tmp)`` raises if it is not
     complete. Object stores have no rename: there the old output (ours, checked) is
-    removed first and the new one written in place.
+    removed first and the new one written in place. ``protect``: the command's inputs
+    (and model), never removed whatever happens.
     """
     import uuid
 
     if not out.is_local:
-        out.remove(root=out, owned=None) if out.exists() else None
+        out.remove(root=out, protect=protect) if out.exists() else None
         write(out)
         verify(out)
         return
@@ -386,9 +387,11 @@ def publish_beside(out: Location, write, verify) -> None:
         os.rename(tmp, p)
     except BaseException:
         if os.path.lexists(tmp):
-            Location(str(tmp)).remove(root=Location(str(tmp)), owned=by_name(tmp.name))
+            Location(str(tmp)).remove(root=Location(str(tmp)), owned=by_name(tmp.name),
+                                      protect=protect)
         if os.path.lexists(old) and not os.path.lexists(p):
             os.rename(old, p)
         raise
     if os.path.lexists(old):
-        Location(str(old)).remove(root=Location(str(old)), owned=by_name(old.name))
+        Location(str(old)).remove(root=Location(str(old)), owned=by_name(old.name),
+                                  protect=protect)
