@@ -114,7 +114,7 @@ def removal_refusal(path: Any, *, root: Any, protect: Iterable[Any] = ()) -> str
         if p == g or real == g:
             return f"it is {what}"
     root_p = Path(os.path.realpath(os.fspath(root)))
-    if not _contains(root_p, p):
+    if not (_contains(root_p, p) or _contains(placed_path(root), p)):  # root may be a link
         return f"it is outside the output it belongs to ({root_p})"
     for q in protect:
         if q is None or os.fspath(q) in ("",):

@@ -327,7 +327,7 @@ def denoise_to_store(model_path: str, input_cfg: Any, output: str, *, chunks: An
     with OutputLock(out):
         check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
                                overwrite=overwrite)
-        publish_beside(out, write, verify)
+        publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
     counts = counts_box[-1]
     return {"rows": int(src.X.shape[0]), "n_features": int(den.shape[1]), "output": output,
             "fixed_point_not_converged": int(counts[1] + counts[2]),

@@ -284,8 +284,9 @@ class RunLock:
                     raise
                 from .export import RunError
 
-                raise RunError(f"{path} is a symbolic link, not a lock file of ours; remove "
-                               "the link (kpca never writes through links) and re-run.") from None
+                raise RunError(f"{path} is a symbolic link, not a lock file of ours; "
+                               "remove the link (kpca never writes through links) and "
+                               "re-run.") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 flock_ok = True

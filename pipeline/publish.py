@@ -154,11 +154,11 @@ def snapshot_published(out: Location) -> bool:
     write_marker(snap, "previous-run")
     try:
         for e in sorted(os.scandir(p), key=lambda e: e.name):
-            if e.name in (MANIFEST, "work", ".kpca-run.lock", PREV) or e.name.startswith(".kpca-"):
+            if e.name in (MANIFEST, "work") or e.name.startswith(".kpca-"):
                 continue
-            if e.name not in RUN_NAMES and not (_marked(Path(e.path)) or
-                                                os.path.isfile(Path(e.path, "zarr.json"))):
-                continue  # a user's file beside the run: not part of it
+            if e.name not in RUN_NAMES and (e.is_symlink() or not (
+                    _marked(Path(e.path)) or os.path.isfile(Path(e.path, "zarr.json")))):
+                continue  # a user's file (or link) beside the run: not part of it
             _link_tree(Path(e.path), snap / e.name)
         _link_tree(p / MANIFEST, snap / MANIFEST)  # last: a snapshot without it is not one
     except BaseException:
@@ -184,9 +184,14 @@ def restore_previous(out: Location) -> bool:
         if e.name in (MARKER_FILE, MANIFEST):
             continue
         target = p / e.name
-        if os.path.lexists(target):
-            Location(str(target)).remove(root=out)
-        os.rename(e.path, target)
+        try:
+            if os.path.lexists(target):
+                Location(str(target)).remove(root=out)
+            os.rename(e.path, target)
+        except OSError as exc:  # refused (not ours) or failed: leave the kept run where it is
+            logger.warning("publish: the run failed and the previous run could not be put "
+                           "back (%s); it is kept in %s", exc, snap)
+            return False
     os.rename(snap / MANIFEST, p / MANIFEST)  # the commit: the previous run is published again
     Location(str(snap)).remove(root=out)
     logger.warning("publish: the run failed; the previous run at %s is published again", p)
@@ -311,7 +316,10 @@ class OutputLock:
             raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            # the holder before us may have removed the file between our open and flock
+            if os.fstat(fd).st_ino != os.lstat(self.path).st_ino:
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
             os.close(fd)
             raise OutputLockedError(
                 f"output {self.out} is being written by another transform (lock "
@@ -342,18 +350,19 @@ class OutputLock:
             self._fd = None
 
 
-def publish_beside(out: Location, write, verify) -> None:
+def publish_beside(out: Location, write, verify, protect: tuple = ()) -> None:
     """Write a transform output beside ``out`` (``.kpca-new-<token>.<name>``), check it,
     swap it in, then retire the old one: a failure leaves ``out`` as it was.
 
     ``write(tmp: Location)`` writes the new output; ``verify(tmp)`` raises if it is not
     complete. Object stores have no rename: there the old output (ours, checked) is
-    removed first and the new one written in place.
+    removed first and the new one written in place. ``protect``: the command's inputs
+    (and model), never removed whatever happens.
     """
     import uuid
 
     if not out.is_local:
-        out.remove(root=out, owned=None) if out.exists() else None
+        out.remove(root=out, protect=protect) if out.exists() else None
         write(out)
         verify(out)
         return
@@ -378,9 +387,11 @@ def publish_beside(out: Location, write, verify) -> None:
         os.rename(tmp, p)
     except BaseException:
         if os.path.lexists(tmp):
-            Location(str(tmp)).remove(root=Location(str(tmp)), owned=by_name(tmp.name))
+            Location(str(tmp)).remove(root=Location(str(tmp)), owned=by_name(tmp.name),
+                                      protect=protect)
         if os.path.lexists(old) and not os.path.lexists(p):
             os.rename(old, p)
         raise
     if os.path.lexists(old):
-        Location(str(old)).remove(root=Location(str(old)), owned=by_name(old.name))
+        Location(str(old)).remove(root=Location(str(old)), owned=by_name(old.name),
+                                  protect=protect)

@@ -109,7 +109,8 @@ def check_output(cfg: PipelineConfig) -> None:
     a run would replace that are not its own (or links), an output overlapping the input,
     and an input that does not exist."""
     raw = str(cfg.output.path).strip()
-    if raw.rstrip("/") in ("", ".", "..") or raw.removeprefix("file://").rstrip("/") in ("", "."):
+    bare = raw.removeprefix("file://").rstrip("/")
+    if raw.rstrip("/") in ("", ".", "..") or bare in ("", ".", ".."):
         raise RunError(f"output.path {cfg.output.path!r} names no folder of its own (empty or "
                        "'.'); set output.path to a new folder, e.g. kpca-output.")
     out = stage_locations(cfg)["out"]

@@ -33,6 +33,10 @@ __all__ = ["Location", "atomic_write_json", "read_json", "fingerprint_arrays",
 
 #: files of ours inside a folder we marked (a run, a store)
 OUR_FILES = ("manifest.json", "zarr.json", ".kpca-run.lock", MARKER_FILE)
+#: folders a run writes at its top level: inside a run folder they are the run's, also
+#: half-written (a folder of the user's under these names is refused before a run starts)
+RUN_FOLDERS = ("report", "work", "embedding.parquet", "model", "embedding", "spectrum",
+               "labels", "ids", "split", "denoised")
 #: name prefixes of the temporary/retired entries we create beside what we publish
 OUR_PREFIXES = (".kpca-new-", ".kpca-old-", ".kpca-prev", ".kpca-lock.")
 
@@ -106,6 +110,9 @@ def is_ours(p: Path) -> bool:
     if stat.S_ISDIR(st.st_mode):
         if _marked(p):
             return True
+        run_kind = (zarr_attrs(p.parent) or {}).get("kind")
+        if p.name in RUN_FOLDERS and run_kind == "kpca-dask-run":
+            return True
         return (zarr_attrs(p) is not None or p.name.startswith(OUR_PREFIXES)
                 or (p.name.endswith(".parquet") and _dask_parquet(p))) and _inside_marked(p)
     if stat.S_ISREG(st.st_mode):
@@ -126,7 +133,8 @@ def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
     def marked(folder: str) -> bool:
         a = attrs(folder)
         return fs.exists(f"{folder}/{MARKER_FILE}") or (a is not None and (
-            a.get("format") == "kpca-dask-model" or str(a.get("kind", "")).startswith("kpca-dask")))
+            a.get("format") == "kpca-dask-model"
+            or str(a.get("kind", "")).startswith("kpca-dask")))
 
     def inside_marked(folder: str) -> bool:
         while folder and "/" in folder.strip("/"):  # up to the bucket

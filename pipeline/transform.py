@@ -101,7 +101,8 @@ def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
         for name, arr in (("ids", src.ids), ("labels", src.labels)):
             if arr is not None:
                 dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-                za = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(src.X.chunks[0][0],))
+                za = g.create_array(name, shape=arr.shape, dtype=dtype,
+                                    chunks=(src.X.chunks[0][0],))
                 stores.append(da.store(arr, za, lock=False, compute=False))
         compute(*stores, label="transform")
         g.attrs.update({"kind": "kpca-dask-transform", "model": model_path,
@@ -115,7 +116,7 @@ def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
         # checked again under the lock: another transform may have published meanwhile
         check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
                                overwrite=overwrite)
-        publish_beside(out, write, verify)
+        publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
     secs = time.perf_counter() - t0
     logger.info("transform: %d rows -> %s in %.1f s", n, output, secs)
     return {"rows": n, "components": int(emb.shape[1]), "output": output, "seconds": secs}

@@ -172,7 +172,8 @@ CASES = [
     Case("safe-tr-dot-output", "transform", "transform output \".\" with --overwrite",
          lambda c: _cwd(c, "."), ("names no new folder", "give the output a name of its own")),
     Case("safe-tr-output-is-input", "transform", "transform output equal to its input, "
-         "--overwrite", _tr_input, ("lies inside the input", "write the output somewhere else")),
+         "--overwrite", _tr_input,
+         ("lies inside the input", "write the output somewhere else")),
     Case("safe-tr-output-is-model-run", "transform", "transform output equal to the model's "
          "run folder", _tr_model_run,
          ("lies inside the model's run or folder", "write the output somewhere else")),

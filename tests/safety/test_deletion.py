@@ -5,6 +5,7 @@ nothing wrong was published and the previous good run still verifies."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
@@ -236,14 +237,17 @@ def test_overwrite_with_a_typo_in_the_input_keeps_the_published_run(world, dask_
     _survived(world, before)
 
 
-def test_a_failed_run_puts_the_previous_run_back(world, dask_client):
+def test_a_failed_run_puts_the_previous_run_back(world, dask_client, caplog):
     """A run that fails after un-publishing (too many components, found at the kernel
     stage) restores the previous run, which verifies byte for byte as before."""
     run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     before = world.user_files()
-    with pytest.raises(ValueError, match="exceeds"):
+    with caplog.at_level(logging.INFO, logger="pipeline"), \
+            pytest.raises(ValueError, match="exceeds"):
         run_pipeline(_cfg(world, world.run, output={"overwrite": True},
                           solver={"n_components": 400}))
+    # un-published (kept in .kpca-prev) and put back, not merely left alone
+    assert "the previous run of" in caplog.text and "is published again" in caplog.text
     after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     assert after == run_before
     assert not (world.run / ".kpca-prev").exists()
@@ -319,3 +323,95 @@ def test_the_primitive_removes_our_marked_folder_and_a_link_only_as_a_link(world
     before = world.user_files()
     assert remove_owned(link, root=world.tmp / "out", owned=lambda p: p.name == "link")
     assert not os.path.lexists(link) and world.user_files() == before
+
+
+def test_the_kept_run_comes_back_whole_with_its_report(world):
+    """The transaction itself: a run with a report/ folder is kept (hard links), the new
+    run replaces files the way every writer does (rename over, remove and recreate), and
+    putting the kept run back restores every file byte for byte."""
+    from pipeline.publish import restore_previous, snapshot_published
+
+    (world.run / "report").mkdir()
+    (world.run / "report" / "metrics.json").write_text('{"old": 1}')
+    before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
+    out = Location(str(world.run))
+    assert snapshot_published(out)
+    os.unlink(world.run / "manifest.json")  # un-published, as begin_run does
+    tmp = world.run / "report" / ".metrics.tmp"
+    tmp.write_text('{"new": 2}')
+    os.replace(tmp, world.run / "report" / "metrics.json")
+    shutil.rmtree(world.run / "model")
+    (world.run / "model").mkdir()  # a half-written new model: not yet a zarr node
+    assert restore_previous(out)
+    assert {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k} == before
+    verify_run(world.run)
+
+
+def test_two_transforms_at_once_never_publish_a_broken_output(world, dask_client):
+    """Two transforms to one output started together: each either publishes a complete
+    output or is refused by the lock; what is there at the end is complete and readable."""
+    import threading
+
+    out = world.tmp / "shared.zarr"
+    batches = [new_batch(world.tmp, seed=s, rows=11 + s) for s in (5, 6)]
+    results: list = [None, None]
+
+    def go(i):
+        from pipeline.config import InputConfig
+        from pipeline.transform import transform_to_store
+
+        try:
+            results[i] = transform_to_store(str(world.run), InputConfig(path=str(batches[i])),
+                                            str(out), overwrite=True)
+        except Exception as exc:  # noqa: BLE001 - the refusal is the result
+            results[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for r in results:
+        assert isinstance(r, dict) or "another transform" in str(r), r
+    g = zarr.open_group(str(out), mode="r")
+    assert g.attrs["status"] == "complete"
+    rows = g["embedding"].shape[0]
+    assert rows in {11 + 5, 11 + 6}
+    assert np.isfinite(g["embedding"][...]).all()
+    assert not [p for p in os.listdir(world.tmp) if p.startswith(".kpca-")]
+
+
+def test_unlock_never_removes_a_linked_lock_or_its_target(world):
+    """`kpca unlock` on an output whose .kpca-run.lock is a link: refused in one line, the
+    link and the file it points to unchanged."""
+    link = world.run / ".kpca-run.lock"
+    link.symlink_to(world.victim / "precious.txt")
+    before = world.user_files()
+    rc, err = kpca("unlock", world.run)
+    assert rc == 2 and "symbolic link" in error_line(err)
+    assert link.is_symlink() and world.user_files() == before
+
+
+@pytest.mark.parametrize("what", ["folder", "file", "link"])
+def test_model_save_never_replaces_what_is_not_a_model(world, what):
+    """KernelPCA.save(path, overwrite=True) replaces a saved model only: a folder or file of
+    the user's, or a link, at that path is refused and left byte for byte."""
+    from kpca_dask import KernelPCA
+    from tests.reliability.helpers import blobs
+
+    model = KernelPCA(n_components=2, kernel="rbf", gamma=0.1).fit(blobs(40, 3))
+    target = world.tmp / "model"
+    if what == "folder":
+        target.mkdir()
+        (target / "theirs.txt").write_bytes(b"theirs\n")
+    elif what == "file":
+        target.write_bytes(b"theirs\n")
+    else:
+        target.symlink_to(world.victim, target_is_directory=True)
+    before, theirs = world.user_files(), tree_hashes(target)
+    with pytest.raises(UnsafeRemovalError, match="not written by kpca"):
+        model.save(target, overwrite=True)
+    assert tree_hashes(target) == theirs and world.user_files() == before
+    assert not [p for p in os.listdir(world.tmp) if p.startswith(".model.tmp")]
+    model.save(world.tmp / "mine", overwrite=False)
+    model.save(world.tmp / "mine", overwrite=True)  # its own model: replaced

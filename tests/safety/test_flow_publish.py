@@ -1,0 +1,50 @@
+"""The Prefect flows keep the same promises as the plain stages: a failed flow run puts
+the previous published run back, and the transform flow refuses an unsafe output before
+it starts a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.export import verify_run
+from tests.flows.test_flows import prefect_api  # noqa: F401  (the session's Prefect API)
+from tests.reliability.helpers import small_config
+
+from .conftest import tree_hashes
+
+pytestmark = pytest.mark.flows
+
+
+def test_a_failed_flow_run_puts_the_previous_run_back(
+        world, dask_cluster, prefect_api, capfd):  # noqa: F811
+    """The flow un-publishes the run when its first writing task starts (claim_output);
+    the solve then fails: the previous run is published again, byte for byte."""
+    from flows.pipeline_flow import kpca_pipeline
+
+    run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
+    before = world.user_files()
+    cfg = small_config(world.data, world.run, output={"overwrite": True},
+                       solver={"n_components": 400},
+                       cluster={"address": dask_cluster.scheduler_address})
+    with pytest.raises(ValueError, match="exceeds"):
+        kpca_pipeline(cfg)
+    # it was un-published (kept in .kpca-prev) and put back, not left alone (the flow's
+    # log handler writes the pipeline's records to the console)
+    text = "".join(capfd.readouterr())
+    assert "the previous run of" in text and "is published again" in text
+    after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
+    assert after == run_before
+    verify_run(world.run)
+    assert world.user_files() == before
+
+
+@pytest.mark.parametrize("output", ["", "."])
+def test_the_transform_flow_refuses_an_empty_or_dot_output(
+        world, dask_cluster, prefect_api, output):  # noqa: F811
+    from flows.transform_flow import kpca_transform
+
+    before = world.user_files()
+    with pytest.raises(ValueError, match="names no new folder"):
+        kpca_transform(model=str(world.run), input={"path": str(world.new)}, output=output,
+                       cluster={"address": dask_cluster.scheduler_address}, overwrite=True)
+    assert world.user_files() == before
