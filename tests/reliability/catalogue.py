@@ -651,7 +651,7 @@ CASES = ESTIMATOR + CONFIG + INPUT + FIT + OUTPUT + CLUSTER + TRANSFORM
 # from ``Case``/``Ctx`` above). Run as ``python -m``, this file is ``__main__``: the real
 # module (imported below) loads them, so they are not loaded twice.
 EXTENSIONS = ("cases_safety", "cases_integrity", "cases_solver")
-if __name__ != "__main__":
+if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: a spawned worker
     import importlib
 
     for _name in EXTENSIONS:
