@@ -247,12 +247,15 @@ def _probe(cfg: ClusterConfig, security) -> None:
     t.join(cfg.connect_timeout + 5)
     err = outcome[0] if outcome else TimeoutError("no answer")
     if err is not None:
-        msg = " ".join(str(err).split())[:200] or "no Dask handshake"
+        # which error ends the wait (our timeout, distributed's, the peer closing) is a race:
+        # the detail goes to the log, the message stays the same
+        logger.debug("scheduler probe of %s: %s: %s", cfg.address, type(err).__name__, err)
         raise ClusterError(
-            f"{cfg.address} accepts connections but did not answer as a Dask scheduler within "
-            f"{cfg.connect_timeout:g} s ({type(err).__name__}: {msg}); check cluster.address: "
-            "the scheduler's port (8786 by default), not the dashboard's or another "
-            "service's, and tls:// when the scheduler uses TLS.")
+            f"{cfg.address} accepts connections but did not complete a Dask handshake within "
+            f"{cfg.connect_timeout:g} s: another service on that port (the dashboard's?), a "
+            "tcp:// address for a TLS scheduler, or certificates the scheduler does not "
+            "accept; check cluster.address (the scheduler's port, 8786 by default) and "
+            "cluster.tls.")
 
 
 @contextlib.contextmanager

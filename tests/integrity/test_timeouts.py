@@ -46,7 +46,7 @@ def silent_server():
 def test_silent_service_on_the_scheduler_address_fails_within_the_timeout(silent_server):
     cfg = ClusterConfig(address=f"tcp://127.0.0.1:{silent_server}", connect_timeout=1.5)
     t0 = time.perf_counter()
-    with pytest.raises(ClusterError, match="did not answer as a Dask scheduler within 1.5 s"):
+    with pytest.raises(ClusterError, match="did not complete a Dask handshake within 1.5 s"):
         with dask_client(cfg):
             pass
     assert time.perf_counter() - t0 < 1.5 + 5

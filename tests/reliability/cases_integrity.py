@@ -182,7 +182,7 @@ CASES = [
     Case("int-yaml-too-big", "config", "config file over 1 MiB", _huge_config,
          ("is larger than a config can be (1048576 bytes)",)),
     Case("int-cluster-http", "cluster", "an HTTP server at cluster.address", _http_scheduler,
-         ("accepts connections but did not answer as a Dask scheduler within 2 s",
+         ("accepts connections but did not complete a Dask handshake within 2 s",
           "check cluster.address")),
     Case("int-nystroem-huge", "fit", "values near 1e300 (Nyström: the kernel overflows)",
          _huge_values, ("The kernel returned NaN or infinity on the data", "scale the data")),
