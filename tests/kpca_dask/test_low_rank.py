@@ -12,7 +12,7 @@ independent reference (scikit-learn's kernel matrix, ``scipy.linalg.eigh``):
   rounding level have no relative accuracy, for eigh neither);
 * every eigenvalue above 1e-8 of the largest returned;
 * embeddings within 1e-4 of their scale up to sign -- for a cluster of nearly
-  equal eigenvalues (relative gaps below 1e-3) up to a rotation inside the
+  equal eigenvalues (relative gaps below 1e-2) up to a rotation inside the
   cluster, since only its invariant subspace is defined; a cluster cut by
   n_components only has to lie in that subspace;
 
@@ -37,7 +37,7 @@ from kpca_dask.exceptions import DroppedComponentsWarning
 
 K = 16
 N = 400
-CLUSTER_RTOL = 1e-3  # the solver's default for tol=1e-8: 10 * sqrt(tol)
+CLUSTER_RTOL = 1e-2  # the solver's default for tol=1e-8: min(0.05, 100 * sqrt(tol))
 
 
 def _moons():
