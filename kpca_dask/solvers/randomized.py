@@ -47,8 +47,9 @@ residuals and the gaps between Ritz values (:func:`certify`):
 
 Stopping: with ``n_power_iter="auto"`` the iteration stops as soon as the
 certificate holds for every returned pair: eigenvalue bound ``<= tol * theta
-+ tau`` and angle bound ``<= sqrt(tol)`` (both up to the rounding level
-``tau``). One last pass computes ``A V`` for the returned vectors: a
++ tau`` (``tol**0.75`` inside a cluster) and angle bound, weighted by the
+embedding scale ``sqrt(theta / theta_1)``, ``<= sqrt(tol)`` (up to the
+rounding level ``tau``; docs/solvers.md). One last pass computes ``A V`` for the returned vectors: a
 Rayleigh-Ritz step on them sharpens the eigenvalues and gives their exact
 residuals (``residuals_``), and the certificate is re-checked on them:
 ``converged`` is True only if it holds for every returned pair. Otherwise a
