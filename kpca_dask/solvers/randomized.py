@@ -35,16 +35,21 @@ residuals and the gaps between Ritz values (:func:`certify`):
 
 * eigenvalues: ``|theta - lambda| <= min(r, R_C^2 / gap_C)`` (Weyl;
   Kato-Temple / quadratic residual bound for the cluster C of the pair);
+  isolated eigenvalues are certified to ``tol``, those inside a cluster of
+  nearly equal ones to ``tol**0.75`` (1e-6 for tol=1e-8, a ten-thousandth of
+  the cluster's width at most), which keeps flat tails cheaper;
 * vectors: for a cluster C of nearly equal Ritz values (relative gaps below
   ``cluster_rtol``) only the invariant subspace is well defined, and
   ``sin angle <= R_C / gap_C`` (Davis-Kahan) certifies it; a lone pair is a
   cluster of one. A flat spectral tail is thus certified as a subspace, not
-  vector by vector.
+  vector by vector; when ``k`` cuts a cluster, the returned part of it is not
+  defined by the problem and only its eigenvalues are certified.
 
 Stopping: with ``n_power_iter="auto"`` the iteration stops as soon as the
 certificate holds for every returned pair: eigenvalue bound ``<= tol * theta
-+ tau`` and angle bound ``<= sqrt(tol)`` (both up to the rounding level
-``tau``). One last pass computes ``A V`` for the returned vectors: a
++ tau`` (``tol**0.75`` inside a cluster) and angle bound, weighted by the
+embedding scale ``sqrt(theta / theta_1)``, ``<= sqrt(tol)`` (up to the
+rounding level ``tau``; docs/solvers.md). One last pass computes ``A V`` for the returned vectors: a
 Rayleigh-Ritz step on them sharpens the eigenvalues and gives their exact
 residuals (``residuals_``), and the certificate is re-checked on them:
 ``converged`` is True only if it holds for every returned pair. Otherwise a
@@ -220,6 +225,8 @@ class Certificate(dict):
     ``angle_bounds`` (bound on the sine of the angle between the pair's
     cluster's Ritz subspace and the invariant subspace it approximates),
     ``clusters`` (cluster index per returned pair), ``cluster_sizes``,
+    ``cut_cluster`` (index of the cluster that ``n_components`` cuts, whose
+    vectors are not certified individually nor as a subspace, or None),
     ``rounding_level`` (``tau``, absolute), ``eigenvalue_ok``/``vector_ok``.
     """
 
@@ -237,7 +244,8 @@ def _clusters(theta: np.ndarray, rtol: float) -> list[tuple[int, int]]:
 
 def certify(theta: np.ndarray, res: np.ndarray, k: int,
             block_residual: Callable[[int, int], float], *, tol: float, floor: float,
-            cluster_rtol: float, angle_tol: float, below: float | None = None) -> Certificate:
+            cluster_rtol: float, angle_tol: float, below: float | None = None,
+            cluster_tol: float | None = None) -> Certificate:
     """Certify the first ``k`` of the Ritz pairs ``theta`` (descending, all known
     ones: those beyond ``k`` give the gaps) with residual norms ``res``.
 
@@ -246,8 +254,12 @@ def certify(theta: np.ndarray, res: np.ndarray, k: int,
     ``floor`` is the rounding level added to every tolerance. The gap of a
     cluster is the distance of its Ritz values to the nearest other Ritz value,
     each shrunk by that value's residual (a Ritz value within r of an
-    eigenvalue); below the last known Ritz value nothing is assumed (no gap).
+    eigenvalue). Below the last known Ritz value nothing is assumed (no gap)
+    unless ``below`` bounds the rest of the spectrum (an exhausted, invariant
+    basis: the rest is zero to the rounding level). Eigenvalues of pairs in a
+    cluster of more than one are certified to ``cluster_tol`` (default ``tol``).
     """
+    ctol = tol if cluster_tol is None else float(cluster_tol)
     m = len(theta)
     eig_b = np.full(k, np.inf)
     ang_b = np.full(k, np.inf)
@@ -255,6 +267,7 @@ def certify(theta: np.ndarray, res: np.ndarray, k: int,
     eig_ok = np.zeros(k, dtype=bool)
     vec_ok = np.zeros(k, dtype=bool)
     sizes = []
+    cut = None
     for c, (a, b) in enumerate(_clusters(theta, cluster_rtol)):
         if a >= k:
             break
@@ -271,15 +284,24 @@ def certify(theta: np.ndarray, res: np.ndarray, k: int,
             bound = min(float(res[i]), quad)
             scale = abs(float(theta[i]))
             eig_b[i] = bound / scale if scale > 0 else np.inf
-            eig_ok[i] = bound <= tol * scale + floor
+            eig_ok[i] = bound <= (tol if b - a == 1 else ctol) * scale + floor
             ang_b[i] = min(1.0, R / gap) if gap > 0 else 1.0
-            vec_ok[i] = R <= angle_tol * gap + floor and gap > 0
+            # a cluster cut by k: the returned vectors are an arbitrary part of its
+            # subspace, not defined by the problem: only their eigenvalues are
+            # certified (which bounds their distance to that subspace too)
+            # the angle moves the embedding (v sqrt(theta)) by angle * sqrt(theta):
+            # measured against the leading component's scale sqrt(theta_1)
+            weight = np.sqrt(abs(float(theta[a])) / abs(float(theta[0]))) if theta[0] else 1.0
+            vec_ok[i] = b > k or (R * weight <= angle_tol * gap + floor and gap > 0)
             cid[i] = c
+        if a < k < b:
+            cut = c
     cert = Certificate(
         ok=bool(eig_ok.all() and vec_ok.all()),
         eigenvalue_ok=eig_ok.tolist(), vector_ok=vec_ok.tolist(),
         eigenvalue_bounds=[float(x) for x in eig_b], angle_bounds=[float(x) for x in ang_b],
-        clusters=cid.tolist(), cluster_sizes=sizes, rounding_level=float(floor),
+        clusters=cid.tolist(), cluster_sizes=sizes, cut_cluster=cut,
+        rounding_level=float(floor),
     )
     return cert
 
@@ -329,8 +351,9 @@ def randomized_eigh(
         (at most ``max_passes``).
     method : {"block_krylov", "subspace"}, default="block_krylov"
     tol : float, default=1e-7
-        Relative eigenvalue accuracy certified; eigenvectors (or the invariant
-        subspaces of clusters) are certified to an angle of ``sqrt(tol)``.
+        Relative eigenvalue accuracy certified (``tol**0.75`` inside clusters of
+        nearly equal eigenvalues); eigenvectors (or the invariant subspaces of
+        clusters) are certified to an angle of ``sqrt(tol)``.
     max_passes : int, default=20
         Cap on the iteration passes for "auto" (the certification pass is extra).
     max_basis : int, default=512
@@ -360,7 +383,7 @@ def randomized_eigh(
     cluster_rtol : float, optional
         Ritz values closer than this (relative) form a cluster whose invariant
         subspace is certified instead of its individual vectors (default
-        ``10 * sqrt(tol)``).
+        ``min(0.05, 100 * sqrt(tol))``: 1e-2 for tol=1e-8, 0.05 for 1e-5).
     warn : bool, default=True
         Emit a ConvergenceWarning when the result is not certified.
     """
@@ -372,7 +395,8 @@ def randomized_eigh(
     fixed = n_power_iter != "auto"
     n_passes_target = int(n_power_iter) + 1 if fixed else int(max_passes)
     rank_rtol = default_rank_rtol(eps) if rank_rtol is None else float(rank_rtol)
-    cluster_rtol = min(0.1, 10.0 * np.sqrt(tol)) if cluster_rtol is None else float(cluster_rtol)
+    cluster_rtol = (min(0.05, 100.0 * np.sqrt(tol)) if cluster_rtol is None
+                    else float(cluster_rtol))
     angle_tol = float(np.sqrt(tol))
     noise = float(eps) * np.sqrt(n)  # rounding level of a product, relative to ||A||
     rng = _generator(random_state)
@@ -424,7 +448,8 @@ def randomized_eigh(
         below = tau if (exhausted if method == "block_krylov" else Q.shape[1] < l) else None
         k_ret = _n_existing(theta, k, rank_rtol, tau)
         cert = certify(theta, res, k_ret, block_res, tol=tol, floor=tau,
-                       cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below)
+                       cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below,
+                   cluster_tol=tol**0.75)
         est = theta[:k]
         if prev is not None and len(prev) == len(est):
             scale = np.maximum(np.abs(est), np.finfo(float).tiny)
@@ -474,7 +499,8 @@ def randomized_eigh(
         return float(np.hypot(inner, outer))
 
     cert = certify(th_all, res_all, k_ret, final_block_res, tol=tol, floor=tau,
-                   cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below)
+                   cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below,
+                   cluster_tol=tol**0.75)
     converged = bool(cert["ok"])
     with np.errstate(divide="ignore", invalid="ignore"):
         residuals = r2 / np.abs(th2)

@@ -12,7 +12,7 @@ independent reference (scikit-learn's kernel matrix, ``scipy.linalg.eigh``):
   rounding level have no relative accuracy, for eigh neither);
 * every eigenvalue above 1e-8 of the largest returned;
 * embeddings within 1e-4 of their scale up to sign -- for a cluster of nearly
-  equal eigenvalues (relative gaps below 1e-3) up to a rotation inside the
+  equal eigenvalues (relative gaps below 1e-2) up to a rotation inside the
   cluster, since only its invariant subspace is defined; a cluster cut by
   n_components only has to lie in that subspace;
 
@@ -37,7 +37,7 @@ from kpca_dask.exceptions import DroppedComponentsWarning
 
 K = 16
 N = 400
-CLUSTER_RTOL = 1e-3  # the solver's default for tol=1e-8: 10 * sqrt(tol)
+CLUSTER_RTOL = 1e-2  # the solver's default for tol=1e-8: min(0.05, 100 * sqrt(tol))
 
 
 def _moons():
@@ -309,3 +309,21 @@ def test_nystroem_auto_method_escalates_to_covariance():
         m.fit(X)
     assert m.nystroem_method_ == "covariance" and m.converged_
     assert m.solver_info_["escalated_from"]["n_passes"] >= 1
+
+
+@pytest.mark.parametrize("case", ["moons-poly-rank9", "rbf-10-distinct-rows-rank9",
+                                  "ring-rbf-equal-pairs", "full-rank-blobs-rbf"])
+def test_float32_kernel_evaluation_is_as_right_as_dense_float32(case):
+    """float32 kernel values: the randomized solver certifies its pairs (tol 1e-5) and its
+    eigenvalues are as close to float64 eigh as dense eigh on the same float32 kernel
+    (within 1e-5 relative plus 1e-7 of the largest: the rounding of the kernel)."""
+    m, _, caught = fit(case, "block_krylov", dtype="float32")
+    d, _, _ = fit(case, "dense", dtype="float32")
+    assert m.converged_ and not any(w.category is ConvergenceWarning for w in caught)
+    _, _, w, _ = reference(case)
+    k = m.n_components_
+    assert k == d.n_components_
+    top = w[0]
+    err_m = np.abs(m.eigenvalues_ - w[:k])
+    err_d = np.abs(d.eigenvalues_ - w[:k])
+    assert np.all(err_m <= 1e-5 * w[:k] + 1e-7 * top + 10 * err_d)
