@@ -210,12 +210,19 @@ def files_under(cfg: PipelineConfig, folder: str) -> dict[str, str]:
 
 
 def _check_ingest(cfg: PipelineConfig, inputs: dict, res: dict) -> str | None:
-    attrs = dict(stages.stage_locations(cfg)["ingest"].open_group("r").attrs)
+    from pipeline.ingest import stale_ingest
+
+    store = stages.stage_locations(cfg)["ingest"]
+    attrs = dict(store.open_group("r").attrs)
     if attrs.get("status") != "complete":
         return "the ingest store is incomplete"
     if (attrs.get("result") or {}).get("fingerprint") != res["fingerprint"]:
         return "the ingest store holds other data"
-    return None
+    if res.get("path") != str(store):
+        return "the ingest result names another store (a copied run folder?)"
+    # the source's content (not only its file metadata, which the cache key holds) and
+    # every chunk of the store, as the ingest stage checks before reusing it
+    return stale_ingest(cfg.input, cfg.chunks, store)
 
 
 _SPLIT_ARRAYS = ("split", "labels", "ids")

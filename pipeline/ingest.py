@@ -30,7 +30,7 @@ from .progress import compute
 from .store import Location, _digest_blocks
 
 __all__ = ["InputError", "IngestResult", "SourceData", "read_input", "ingest", "load_ingested",
-           "detect_format"]
+           "detect_format", "stale_ingest"]
 
 logger = logging.getLogger("pipeline")
 
@@ -417,6 +417,22 @@ def _store_problem(store: Location, attrs: dict[str, Any]) -> str | None:
                ) if arrays else {}
     bad = sorted(k for k in want if got.get(k) != want[k])
     return f"the content of {bad} differs from what was written" if bad else None
+
+
+def stale_ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location) -> str | None:
+    """Why the ingest store cannot stand for this input now (None: it can): incomplete,
+    built from other input or config, or damaged (a chunk missing or changed). The same
+    test the ingest stage applies before reusing it; the flows' cache asks it too."""
+    try:
+        attrs = dict(store.open_group("r").attrs)
+    except Exception as exc:  # noqa: BLE001 - absent or unreadable: not reusable
+        return f"the ingest store cannot be opened ({type(exc).__name__})"
+    if attrs.get("status") != "complete":
+        return "the ingest store is incomplete"
+    if attrs.get("source") != _source_signature(cfg, chunks):
+        return "the input or its config changed since it was ingested"
+    problem = _store_problem(store, attrs)
+    return f"the ingest store is damaged: {problem}" if problem else None
 
 
 def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,

@@ -143,3 +143,18 @@ def test_source_edited_in_place_with_same_size_and_mtime_is_reingested(tmp_path)
     res = ingest(_cfg(tmp_path / "x.npy"), ChunkConfig(target_chunk_mb=0.002), store)
     assert not res.reused and res.fingerprint != first.fingerprint
     np.testing.assert_array_equal(load_ingested(res).X.compute(), other)
+
+
+def test_stale_ingest_says_why_a_store_cannot_be_reused(tmp_path):
+    """The check the flows' cache applies to a cached ingest result (its key holds only the
+    source's file metadata)."""
+    from pipeline.ingest import stale_ingest
+
+    _, store = _npy_ingest(tmp_path)
+    cfg, chunks = _cfg(tmp_path / "x.npy"), ChunkConfig(target_chunk_mb=0.002)
+    assert stale_ingest(cfg, chunks, store) is None
+    assert "changed since it was ingested" in stale_ingest(
+        cfg, ChunkConfig(target_chunk_mb=0.004), store)
+    (store.local_path / "X" / "c" / "0" / "0").unlink()
+    assert "damaged: array 'X': 1 of" in stale_ingest(cfg, chunks, store)
+    assert "cannot be opened" in stale_ingest(cfg, chunks, Location(str(tmp_path / "none")))
