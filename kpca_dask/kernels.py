@@ -67,7 +67,8 @@ class Kernel:
 
     name: str = ""
     #: True when every Gram matrix of the kernel is positive semi-definite
-    #: (exact arithmetic); solvers use it to choose a Nyström finish.
+    #: (exact arithmetic); recorded in solver_info_ (the randomized solver's
+    #: Rayleigh-Ritz finish serves both cases).
     psd: bool = True
 
     def params(self) -> dict[str, Any]:
@@ -327,7 +328,7 @@ class CallableKernel(Kernel):
     ``fn`` receives float64 blocks of shape (p, d) and (q, d) and must return a
     (p, q) array. A function written for scikit-learn (two 1-D rows in, one
     number out: detected on the first pair) is called once per pair, as
-    scikit-learn's ``pairwise_kernels`` does: correct but slow. It is treated as possibly indefinite (no Nyström finish) and
+    scikit-learn's ``pairwise_kernels`` does: correct but slow. It is treated as possibly indefinite and
     cannot be saved without pickle, so models using it cannot be saved.
     """
 
@@ -402,7 +403,7 @@ class PrecomputedKernel(Kernel):
     A marker: fit takes the n x n kernel matrix and transform the n_new x n
     kernel between new and training rows (see
     :class:`kpca_dask.gram.PrecomputedKernelMatrix`); nothing is evaluated.
-    Treated as possibly indefinite (no Nyström finish).
+    Treated as possibly indefinite.
     """
 
     name = "precomputed"
