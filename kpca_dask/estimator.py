@@ -728,6 +728,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 f"eigen_solver='randomized' needs n_components < n_samples (got "
                 f"{self.n_components} for {n} samples); use eigen_solver='dense'."
             )
+        if solver == "randomized" and self.n_components + self.n_oversamples >= n:
+            # The block spans all n columns: Rayleigh-Ritz on the whole space is a dense
+            # eigh of the centred matrix (n <= l, so small). Done directly it costs one
+            # pass and its result does not depend on the BLAS kernels' rounding (the
+            # randomized arithmetic differed in the last bit between CPUs here).
+            logger.info("eigen_solver='randomized' with a block of %d columns >= n=%d: "
+                        "solving densely (eigen_solver_='dense')",
+                        self.n_components + self.n_oversamples, n)
+            return "dense"
         return solver
 
     def _resolve_n_landmarks(self, n: int) -> int:
