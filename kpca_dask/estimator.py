@@ -183,7 +183,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         hundreds of passes: accurate, for small and medium n);
         "randomized" never forms it (block Krylov or subspace iteration on
         the implicit centred matrix, deflated for low-rank kernels, certified
-        a posteriori: docs/solvers.md); "nystroem" approximates
+        a posteriori: docs/solvers.md; when its block of ``n_components +
+        n_oversamples`` columns covers all n samples it solves densely, and
+        ``eigen_solver_`` says so); "nystroem" approximates
         kernel PCA with ``n_landmarks`` landmarks at a cost linear in n;
         "auto" uses dense up to 2000 samples or when the requested block is
         at least half of n, Nyström above 50 000 samples (measured crossover,
