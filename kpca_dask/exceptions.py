@@ -44,59 +44,45 @@ class _NotFittedBase(KpcaError, ValueError, AttributeError):
     """What :class:`NotFittedError` is when scikit-learn is not installed."""
 
 
-def _make_not_fitted_error() -> type:
-    """``NotFittedError``: subclasses scikit-learn's own ``NotFittedError`` (itself a
-    ValueError and an AttributeError), so ``except sklearn.exceptions.NotFittedError``
-    and scikit-learn's ``check_is_fitted`` tooling catch it.
-
-    Built on first access (module ``__getattr__``): importing scikit-learn costs
-    about 2 s and 100 MB, which Dask workers importing kpca_dask.gram and
-    kpca_dask.kernels must not pay.
-    """
+def _sklearn_subclass(name: str, base: type, sklearn_name: str, doc: str) -> type:
+    """``name``: a subclass of ``base`` and of ``sklearn.exceptions.<sklearn_name>``, so
+    that ``except``/warning filters on scikit-learn's class (and its tooling, e.g.
+    ``check_is_fitted``) catch ours. Built on first access (module ``__getattr__``):
+    importing scikit-learn costs about 2 s and 100 MB, which Dask workers importing
+    kpca_dask.gram and kpca_dask.kernels must not pay."""
     try:
-        from sklearn.exceptions import NotFittedError as _SkNotFitted
+        import sklearn.exceptions as sk
     except ImportError:  # pragma: no cover
-        bases: tuple = (_NotFittedBase,)
+        bases: tuple = (base,)
     else:
-        bases = (_NotFittedBase, _SkNotFitted)
-    cls = type("NotFittedError", bases, {
-        "__doc__": "The estimator is used before ``fit`` (a subclass of scikit-learn's "
-                   "NotFittedError, ValueError and AttributeError).",
-        "__module__": __name__})
-    return cls
+        bases = (base, getattr(sk, sklearn_name))
+    return type(name, bases, {"__doc__": doc, "__module__": __name__})
 
 
-def _make_convergence_warnings() -> tuple[type, type]:
-    """``ConvergenceWarning`` (also scikit-learn's ``ConvergenceWarning``, so filters on
-    scikit-learn's class catch it) and its subclass ``PreimageConvergenceWarning``,
-    built on first access like :func:`_make_not_fitted_error`."""
-    try:
-        from sklearn.exceptions import ConvergenceWarning as _SkConvergence
-    except ImportError:  # pragma: no cover
-        bases: tuple = (KpcaWarning,)
-    else:
-        bases = (KpcaWarning, _SkConvergence)
-    conv = type("ConvergenceWarning", bases, {
-        "__doc__": "An iterative solver could not certify its result to its tolerance "
-                   "(also a sklearn.exceptions.ConvergenceWarning).",
-        "__module__": __name__})
-    pre = type("PreimageConvergenceWarning", (conv,), {
-        "__doc__": "Fixed-point pre-images did not converge for some rows (they fell back "
-                   "to the learned pre-image); the message counts them.",
-        "__module__": __name__})
-    return conv, pre
+#: The classes built on first use, each from the ones before it.
+_LAZY = {
+    "NotFittedError": lambda: _sklearn_subclass(
+        "NotFittedError", _NotFittedBase, "NotFittedError",
+        "The estimator is used before ``fit`` (a subclass of scikit-learn's "
+        "NotFittedError, ValueError and AttributeError)."),
+    "ConvergenceWarning": lambda: _sklearn_subclass(
+        "ConvergenceWarning", KpcaWarning, "ConvergenceWarning",
+        "An iterative solver could not certify its result to its tolerance "
+        "(also a sklearn.exceptions.ConvergenceWarning)."),
+    "PreimageConvergenceWarning": lambda: type(
+        "PreimageConvergenceWarning", (__getattr__("ConvergenceWarning"),), {
+            "__doc__": "Fixed-point pre-images did not converge for some rows (they fell "
+                       "back to the learned pre-image); the message counts them.",
+            "__module__": __name__}),
+}
 
 
 def __getattr__(name: str):
-    # Classes that subclass scikit-learn's are built on first use: importing kpca_dask
-    # (Dask workers import kpca_dask.gram and kpca_dask.kernels) must not import it.
-    if name == "NotFittedError":
-        cls = _make_not_fitted_error()
-        globals()["NotFittedError"] = cls
-        return cls
-    if name in ("ConvergenceWarning", "PreimageConvergenceWarning"):
-        conv, pre = _make_convergence_warnings()
-        globals().update(ConvergenceWarning=conv, PreimageConvergenceWarning=pre)
+    # Python calls it for names not yet in the module; _LAZY calls it for a base class
+    # that may be built already: build once, then keep (one class per name).
+    if name in _LAZY:
+        if name not in globals():
+            globals()[name] = _LAZY[name]()
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -13,17 +13,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import sklearn
-from sklearn.utils.estimator_checks import check_estimator
+from sklearn.utils.estimator_checks import check_estimator, parametrize_with_checks
 
 from kpca_dask import KernelPCA
 from kpca_dask.exceptions import KpcaWarning
-
-_SK = tuple(int(p) for p in sklearn.__version__.split(".")[:2])
-if _SK < (1, 6):  # expected_failed_checks and check_estimator(on_fail=None) are 1.6+
-    pytest.skip("scikit-learn >= 1.6 needed for these checks", allow_module_level=True)
-
-from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 ESTIMATORS = [KernelPCA(), KernelPCA(kernel="precomputed")]
 

@@ -295,7 +295,8 @@ def test_object_arrays_of_numbers_are_accepted_others_refused():
 
 
 def test_dataframe_feature_names_and_column_order():
-    pd = pytest.importorskip("pandas")
+    import pandas as pd  # a core dependency (pyproject.toml)
+
     cols = [f"f{i}" for i in range(5)]
     df = pd.DataFrame(X, columns=cols)
     m = KernelPCA(2, kernel="rbf").fit(df)

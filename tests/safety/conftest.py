@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.reliability.helpers import blobs, make_published_run
+from tests.reliability.helpers import blobs
 
 
 def tree_hashes(*roots: Path) -> dict[str, str]:
@@ -38,15 +38,9 @@ def tree_hashes(*roots: Path) -> dict[str, str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def published(tmp_path_factory, dask_cluster):
-    """A complete run of 300 x 5 rows (x.npy) with a 20-row batch new.npy beside it."""
-    from distributed import Client
-
-    folder = tmp_path_factory.mktemp("published")
-    with Client(dask_cluster):
-        make_published_run(folder)
-    return folder
+# A complete run of 300 x 5 rows (x.npy) with a 20-row batch new.npy beside it, made once
+# per module: the same fixture as the publishing tests'.
+from tests.reliability.test_atomic_publish import published  # noqa: E402,F401,I001
 
 
 class World:
