@@ -311,6 +311,37 @@ def test_deleted_stores_are_rebuilt_not_trusted(first_run):
 
 
 @pytest.mark.distributed
+def test_a_stage_added_to_the_registry_runs_in_the_flow_and_is_cached(first_run, monkeypatch):
+    """Registering a toy stage is the only edit: the flow runs it as a task (the other
+    stages stay cached), an identical re-run serves it from its cache record, and with the
+    stage removed again the flow is back to the registered stages, all cached."""
+    from pipeline import stages
+
+    cfg = first_run[0]
+    out = Path(cfg.output.path)
+    run_flow(cfg)  # whatever ran before, start from a complete, cached state
+    calls: list[int] = []
+
+    def stage_count(cfg, ing):
+        calls.append(ing["n_rows"])
+        return {"rows": ing["n_rows"], "block_rows": cfg.chunks.block_rows}
+
+    toy = stages.Stage("count", stage_count, config=("chunks.block_rows",), inputs=("ing",),
+                       result="count")
+    monkeypatch.setattr(stages, "REGISTRY", stages.REGISTRY.with_stage(toy, before="export"))
+    result, states = run_flow(cfg)
+    assert states == {**dict.fromkeys(STAGES, "Cached"), "count": "Completed"}
+    assert calls == [N] and "count" in result["timings"]
+    assert len(cache_records(out, "count")) == 1
+    _, states = run_flow(cfg)
+    assert states["count"] == "Cached" and calls == [N]  # served from its record
+
+    monkeypatch.setattr(stages, "REGISTRY", stages.REGISTRY.without("count"))
+    _, states = run_flow(cfg)
+    assert states == dict.fromkeys(STAGES, "Cached") and calls == [N]
+
+
+@pytest.mark.distributed
 def test_transform_flow_embeds_a_new_batch(first_run, data_dir, dask_cluster):
     """kpca_transform on the cluster equals the saved model's transform; artifacts recorded."""
     import kpca_dask
