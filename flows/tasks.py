@@ -31,6 +31,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pipeline.config import ChunkConfig, InputConfig, PipelineConfig
+from pipeline.errors import is_transient
 from pipeline.export import begin_run
 from pipeline.layout import run_layout
 from pipeline.stages import Stage
@@ -43,33 +44,8 @@ __all__ = ["is_transient", "retry_transient", "RETRY_OPTIONS", "claim_output", "
 
 
 # ------------------------------------------------------------------- retries
-def _not_transient() -> tuple[type[BaseException], ...]:
-    from kpca_dask.exceptions import KpcaError
-    from pipeline.cluster import ClusterError
-    from pipeline.kernel import KernelStoreError
-
-    # ValueError covers ConfigError, InputError, RunError and pydantic's
-    # ValidationError; the OSError subclasses listed here are user errors.
-    return (ValueError, TypeError, KeyError, KpcaError, KernelStoreError, ClusterError,
-            MemoryError, FileNotFoundError, FileExistsError, PermissionError,
-            IsADirectoryError, NotADirectoryError)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: I/O and network errors, timeouts, lost Dask workers.
-
-    Invalid input, parameters or artifacts fail at once, whatever else they
-    subclass (``RunExistsError`` is also a ``FileExistsError``).
-    """
-    if isinstance(exc, _not_transient()):
-        return False
-    if isinstance(exc, OSError):  # ConnectionError, TimeoutError, distributed CommClosedError
-        return True
-    try:
-        from distributed.scheduler import KilledWorker
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, KilledWorker)
+# is_transient (pipeline/errors.py) is the taxonomy the CLI's exit codes use too: I/O and
+# network errors and lost Dask workers are retried; user errors and bugs fail at once.
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
