@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .layout import LOCK
 from .store import Location
 
 __all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock", "lock_status",
@@ -42,7 +43,7 @@ __all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock
 
 logger = logging.getLogger("pipeline")
 
-LOCK_NAME = ".kpca-run.lock"
+LOCK_NAME = LOCK  # pipeline/layout.py
 
 #: tokens of the locks this process holds (``check_unlocked`` lets them through)
 _HELD: dict[str, str] = {}

@@ -135,6 +135,17 @@ def test_the_layout_names_every_store_under_the_output(tmp_path):
     assert run_layout(remote).model.url == "s3://bucket/run/model"
 
 
+def test_the_store_module_knows_the_layout_names():
+    """pipeline/store.py sits below the layout (it defines Location), so it keeps its own
+    lists of a run's names for ownership checks: they must be the layout's."""
+    from kpca_dask._removal import MARKER_FILE
+    from pipeline import layout, store
+
+    assert set(store.RUN_FOLDERS) <= layout.RUN_NAMES
+    assert set(store.OUR_FILES) <= layout.RUN_NAMES | {MARKER_FILE}
+    assert layout.PREV in store.OUR_PREFIXES
+
+
 def test_an_old_run_folder_with_a_centre_store_still_runs(tmp_path):
     """Earlier versions wrote work/centre.zarr; nothing reads it and a re-run works."""
     cfg = config(tmp_path)
