@@ -39,8 +39,14 @@ from pipeline.transform import transform_to_store
 
 from .caching import jsonable, result_serializer, stage_cache_key
 
-__all__ = ["is_transient", "retry_transient", "RETRY_OPTIONS", "claim_output", "stage_task",
-           "transform"]
+__all__ = [
+    "RETRY_OPTIONS",
+    "claim_output",
+    "is_transient",
+    "retry_transient",
+    "stage_task",
+    "transform",
+]
 
 
 # ------------------------------------------------------------------- retries
@@ -90,25 +96,42 @@ def stage_task(stage: Stage) -> Any:
             claim_output(cfg)
         return jsonable(stage.with_fingerprint(cfg, stage(cfg, **inputs)))
 
-    params = [inspect.Parameter("cfg", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                annotation=PipelineConfig)]
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Any)
-               for name in stage.inputs + stage.run_info]
+    params = [
+        inspect.Parameter(
+            "cfg", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=PipelineConfig
+        )
+    ]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Any)
+        for name in stage.inputs + stage.run_info
+    ]
     body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     body.__name__ = body.__qualname__ = f"{stage.name}_stage"
     body.__doc__ = stage.doc or stage.run.__doc__
-    return task(body, name=stage.name, cache_key_fn=stage_cache_key(stage),
-                persist_result=True, result_serializer=result_serializer(), **RETRY_OPTIONS)
+    return task(
+        body,
+        name=stage.name,
+        cache_key_fn=stage_cache_key(stage),
+        persist_result=True,
+        result_serializer=result_serializer(),
+        **RETRY_OPTIONS,
+    )
 
 
 # ----------------------------------------------------------------- transform
 @task(name="transform", cache_policy=NO_CACHE, **RETRY_OPTIONS)
-def transform(model: str, input: InputConfig, output: str,
-              chunks: ChunkConfig | None = None, overwrite: bool = False) -> dict[str, Any]:
+def transform(
+    model: str,
+    input: InputConfig,
+    output: str,
+    chunks: ChunkConfig | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Embed a batch with a saved model (streaming).
 
     The output is written beside its final name and swapped in only when complete, so a
     failed attempt leaves nothing behind and a retry starts clean.
     """
-    return jsonable(transform_to_store(model, input, output, chunks=chunks,
-                                       overwrite=overwrite))
+    return jsonable(
+        transform_to_store(model, input, output, chunks=chunks, overwrite=overwrite)
+    )
