@@ -93,19 +93,32 @@ def run_flow(cfg, with_id: bool = False):
     state = kpca_pipeline(config=cfg, return_state=True)
     assert state.is_completed(), state
     flow_run_id = state.state_details.flow_run_id
-    out = state.result(), api_task_states(flow_run_id)
+    result = state.result()
+    out = result, api_task_states(flow_run_id, expect=set(result["states"]))
     return (*out, flow_run_id) if with_id else out
 
 
-def api_task_states(flow_run_id) -> dict[str, str]:
+def api_task_states(flow_run_id, expect: set[str] = frozenset()) -> dict[str, str]:
+    """Task run states as the API recorded them. Task runs report their states to the
+    server in the background: on a loaded machine the last ones arrive after the flow
+    returns, so wait (up to a minute) until every ``expect``-ed stage has a final state."""
+    import time
+
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter
     from prefect.client.schemas.sorting import TaskRunSort
 
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}),
-                                     sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=100)
-    states = {tr.name.rsplit("-", 1)[0]: tr.state.name for tr in runs}
+    deadline = time.monotonic() + 60
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}),
+                sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=100)
+        states = {tr.name.rsplit("-", 1)[0]: tr.state.name for tr in runs}
+        final = all(tr.state.is_final() for tr in runs)
+        if (final and expect <= set(states)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert len(states) == len(runs), [tr.name for tr in runs]  # one task run per stage
     return states
 
