@@ -25,7 +25,7 @@ from kpca_dask.estimator import _auto_block_rows
 
 from .centre import save_centring
 from .cluster import release_worker_memory
-from .config import PipelineConfig
+from .config import ConfigError, PipelineConfig
 from .denoise import stage_denoise  # the denoise stage, with the others here
 from .evaluate import make_split
 from .export import RunError, begin_run, write_manifest, write_spectrum
@@ -66,7 +66,7 @@ def evaluation_wanted(cfg: PipelineConfig, ing: IngestResult) -> bool:
     if enabled == "auto":
         return ing.has_labels
     if enabled and not ing.has_labels:
-        raise ValueError("evaluate.enabled is true but the input has no label column; set "
+        raise ConfigError("evaluate.enabled is true but the input has no label column; set "
                          "input.label_column or evaluate.enabled: auto.")
     return bool(enabled)
 
@@ -218,7 +218,7 @@ def stage_kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]
     X_train, r = _training_rows(cfg, ing, split)
     n_train = int(X_train.shape[0])
     if cfg.solver.n_components > n_train:
-        raise ValueError(f"solver.n_components={cfg.solver.n_components} exceeds the "
+        raise ConfigError(f"solver.n_components={cfg.solver.n_components} exceeds the "
                          f"{n_train} training rows; ask for fewer components.")
     solver = make_estimator(cfg)._resolve_solver(n_train)
     materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
