@@ -256,7 +256,8 @@ class SolverConfig(_Model):
 class ChunkConfig(_Model):
     """How data are chunked."""
 
-    target_chunk_mb: float = Field(64.0, gt=0, description="Target size of one ingested row "
+    target_chunk_mb: float = Field(64.0, gt=0, allow_inf_nan=False,
+                                   description="Target size of one ingested row "
                                                            "chunk in MB (50-200 MB suits clusters).")
     block_rows: int | Literal["auto"] = Field(
         "auto", description="Rows per block of the kernel partition ('auto': ~2048).")
