@@ -27,14 +27,14 @@ Layout (docs/artifacts.md)::
 from __future__ import annotations
 
 import logging
-import re
 import time
-from typing import Any, Literal
+from typing import Any
 
 import dask.array as da
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .config import DenoiseConfig
+from .errors import UserError
 from .progress import compute
 from .store import Location
 
@@ -43,65 +43,8 @@ __all__ = ["DenoiseConfig", "DenoiseError", "estimator_params", "select_rows",
 
 logger = logging.getLogger("pipeline")
 
-#: Names an output array may not take: the other artifacts of a run.
-RESERVED_NAMES = {"embedding", "spectrum", "labels", "ids", "split", "model", "report", "work",
-                  "manifest", "embedding.parquet"}
-
-
-class DenoiseError(ValueError):
+class DenoiseError(UserError, ValueError):
     """Denoising cannot run as configured; the message says what to change."""
-
-
-class DenoiseConfig(BaseModel):
-    """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    enabled: bool = Field(
-        False, description="Write denoised rows (pre-images of their embedding). The solve "
-                            "stage then also fits the pre-image map (fit_inverse_transform).")
-    preimage: Literal["auto", "learned", "fixed_point", "exact"] = Field(
-        "auto", description="'learned': kernel ridge regression from the embedding back to the "
-                            "inputs (scikit-learn's map); 'fixed_point': Mika et al.'s iteration "
-                            "(rbf only), started from the learned one; 'exact': linear kernel "
-                            "only (linear PCA's reconstruction); 'auto': exact for the linear "
-                            "kernel, learned otherwise.")
-    alpha: float = Field(1.0, ge=0, description="Ridge term of the learned pre-image "
-                                                "(scikit-learn's alpha).")
-    sample_size: int | Literal["auto"] = Field(
-        "auto", description="Training rows the learned pre-image is fitted on (one "
-                            "sample_size^2 solve): 'auto' is the landmarks for Nyström, "
-                            "min(n_train, 2048) rows for exact solvers; all rows if larger "
-                            "than the training set.")
-    tol: float = Field(1e-5, gt=0, description="Fixed point: converged when a step moves a row "
-                                               "by at most tol times the data scale.")
-    max_iter: int = Field(100, ge=1, description="Fixed point: iteration cap; rows that do not "
-                                                 "converge keep the learned pre-image.")
-    rows: Literal["all", "held_out", "train"] = Field(
-        "all", description="Which ingested rows to denoise: every row, only the held-out "
-                           "(evaluation) rows, or only the training rows.")
-    max_rows: int | None = Field(
-        None, ge=1, description="Denoise at most this many of the selected rows (the first "
-                                "ones, in row order); null for all of them.")
-    output_name: str = Field(
-        "denoised", description="Array name under the run folder; the row index of a subset "
-                                "goes to '<output_name>_rows'.")
-
-    @field_validator("sample_size")
-    @classmethod
-    def _positive_sample(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError("sample_size must be >= 1 (or 'auto')")
-        return v
-
-    @field_validator("output_name")
-    @classmethod
-    def _plain_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", v) or v in RESERVED_NAMES \
-                or v.startswith(".."):
-            raise ValueError(f"output_name {v!r} must be a plain array name (letters, digits, "
-                             f"_ . -) other than {sorted(RESERVED_NAMES)}")
-        return v
 
 
 def estimator_params(cfg: DenoiseConfig) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import pandas as pd
 from kpca_dask._validation import describe_missing_chunks, missing_zarr_chunks
 
 from .config import ChunkConfig, InputConfig
+from .errors import UserError
 from .progress import compute
 from .store import Location, _digest_blocks
 
@@ -35,7 +36,7 @@ __all__ = ["InputError", "IngestResult", "SourceData", "read_input", "ingest", "
 logger = logging.getLogger("pipeline")
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """The input cannot be used as it is; the message names the problem and the fix."""
 
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
 from .store import Location
 
 __all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock", "lock_status",
@@ -48,7 +49,7 @@ LOCK_NAME = ".kpca-run.lock"
 _HELD: dict[str, str] = {}
 
 
-class OutputLockedError(FileExistsError):
+class OutputLockedError(UserError, FileExistsError):
     """Another run holds the output's lock (or held it on a host we cannot check)."""
 
 
@@ -282,7 +283,7 @@ class RunLock:
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
                     raise
-                from .export import RunError
+                from .errors import RunError
 
                 raise RunError(f"{path} is a symbolic link, not a lock file of ours; "
                                "remove the link (kpca never writes through links) and "
@@ -338,7 +339,7 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         if self.out.exists() and self.out.is_local and not self.out.local_path.is_dir():
-            from .export import RunError
+            from .errors import RunError
 
             raise RunError(f"output path {self.out} is a file, not a folder; choose another "
                            "output.path.")

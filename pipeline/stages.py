@@ -39,7 +39,7 @@ import numpy as np
 from kpca_dask.estimator import _auto_block_rows
 
 from .cluster import release_worker_memory
-from .config import PipelineConfig
+from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
 from .evaluate import make_split
 from .export import file_checksums, write_manifest, write_spectrum
@@ -301,8 +301,8 @@ def evaluation_wanted(cfg: Any, ing: IngestResult) -> bool:
     if enabled == "auto":
         return ing.has_labels
     if enabled and not ing.has_labels:
-        raise ValueError("evaluate.enabled is true but the input has no label column; set "
-                         "input.label_column or evaluate.enabled: auto.")
+        raise ConfigError("evaluate.enabled is true but the input has no label column; set "
+                          "input.label_column or evaluate.enabled: auto.")
     return bool(enabled)
 
 
@@ -414,8 +414,8 @@ def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[s
     X_train, r = _training_rows(cfg, ing, split)
     n_train = int(X_train.shape[0])
     if cfg.solver.n_components > n_train:
-        raise ValueError(f"solver.n_components={cfg.solver.n_components} exceeds the "
-                         f"{n_train} training rows; ask for fewer components.")
+        raise ConfigError(f"solver.n_components={cfg.solver.n_components} exceeds the "
+                          f"{n_train} training rows; ask for fewer components.")
     solver = make_planner(cfg)._resolve_solver(n_train)
     materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
     logger.info("plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)", n_train, r,

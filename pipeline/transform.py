@@ -132,7 +132,7 @@ def _parent_and_name(loc: Location) -> tuple[Location, str]:
 def verify_transform_output(target: Location, *, n_rows: int, n_components: int | None,
                             parquet: bool, array: str = "embedding") -> None:
     """Raise RunError unless ``target`` is a complete transform output of ``n_rows`` rows."""
-    from .export import RunError
+    from .errors import RunError
 
     if parquet:
         import pyarrow.dataset as pads
