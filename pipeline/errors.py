@@ -5,10 +5,12 @@
   prints that one line and exits with status 2; the flow never retries it.
 - :class:`TransientError`: the environment failed (I/O, network, a lost worker). The
   same command may succeed when run again; the flow retries it.
-- Anything else is unexpected, a bug: the CLI keeps its traceback and exits with its
+- :class:`InternalError`: a defect in the pipeline itself that it detects on purpose (a
+  stage reading config outside its declared slice). Like any unexpected exception it is
+  a bug: the CLI keeps its traceback and exits with its
   own status, so it is reported rather than mistaken for bad input.
 
-Every pipeline error class derives from :class:`PipelineError` and one of the two kinds,
+Every pipeline error class derives from :class:`PipelineError` and one of the three kinds,
 and keeps the built-in base it always had (``ConfigError`` is still a ``ValueError``,
 ``ClusterError`` still a ``RuntimeError``), so existing ``except`` clauses keep working.
 :func:`is_user_error` and :func:`is_transient` also classify exceptions the pipeline does
@@ -27,6 +29,7 @@ __all__ = [
     "RunError",
     "RunExistsError",
     "RunIncompleteError",
+    "InternalError",
     "TransientError",
     "UserError",
     "is_transient",
@@ -44,6 +47,11 @@ class UserError(PipelineError):
 
 class TransientError(PipelineError):
     """The environment failed (I/O, network, a lost worker): running again may succeed."""
+
+
+class InternalError(PipelineError):
+    """A defect in the pipeline caught by its own checks: never the user's, never retried;
+    the CLI keeps the traceback, as for any bug."""
 
 
 # ------------------------------------------------- run folders (export, publish, transform)
