@@ -22,6 +22,7 @@ import sys
 
 __all__ = [
     "USER_OS_ERRORS",
+    "EvaluationError",
     "PipelineError",
     "RunCorruptError",
     "RunError",
@@ -61,6 +62,10 @@ class RunIncompleteError(RunError):
 
 class RunCorruptError(RunError):
     """An array does not match its manifest checksum, or the schema is unknown."""
+
+
+class EvaluationError(UserError, ValueError):
+    """The run folder cannot be evaluated as configured (the message names the fix)."""
 
 
 # ---------------------------------------------------------------- classification
