@@ -145,18 +145,20 @@ def stage_denoise(cfg: Any, ing: dict[str, Any], split: dict[str, Any],
     """
     import kpca_dask
 
-    from .run import _ingested, _read_split, stage_locations
+    from .layout import run_layout
+    from .stage_data import ingested, read_split
 
     dcfg = cfg.denoise
-    out = stage_locations(cfg)["out"]
+    layout = run_layout(cfg)
+    out = layout.out
     g = out.open_group("a")
     _drop_previous(g)  # a re-run (disabled, or to another name) leaves no stale rows behind
     if not dcfg.enabled:
         return {"enabled": False}
     t0 = time.perf_counter()
-    res, src = _ingested(ing)
+    res, src = ingested(ing)
     model = kpca_dask.load(solved["path"])
-    mask = _read_split(cfg, split)
+    mask = read_split(layout, split)
     den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=solved["path"])
     X_sel = src.X if idx is None else src.X[idx]
     sq_change = ((den.astype(np.float64) - X_sel.rechunk({0: den.chunks[0]})) ** 2).sum()
