@@ -15,6 +15,7 @@ from pipeline.cluster import ClusterError
 from pipeline.config import ChunkConfig, ConfigError
 from pipeline.denoise import DenoiseError
 from pipeline.errors import (
+    InternalError,
     PipelineError,
     RunCorruptError,
     RunExistsError,
@@ -71,6 +72,7 @@ TRANSIENT = [
     KilledWorker("('chunk-1', 0)", "tcp://w:1", 3),
 ]
 BUGS = [
+    InternalError("x"),
     ValueError("x"),
     TypeError("x"),
     KeyError("x"),
@@ -128,7 +130,7 @@ def test_every_pipeline_error_class_has_a_kind():
 
     import pipeline
 
-    kinds = (UserError, TransientError)
+    kinds = (UserError, TransientError, InternalError)
     loose = []
     for mod in pkgutil.iter_modules(pipeline.__path__):
         m = importlib.import_module(f"pipeline.{mod.name}")
@@ -141,4 +143,6 @@ def test_every_pipeline_error_class_has_a_kind():
             )
             if ours and obj not in (PipelineError, *kinds) and not issubclass(obj, kinds):
                 loose.append(f"{m.__name__}.{name}")
-    assert not loose, f"derive these from pipeline.errors.UserError or TransientError: {loose}"
+    assert not loose, (
+        f"derive these from pipeline.errors.UserError, TransientError or InternalError: {loose}"
+    )
