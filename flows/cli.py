@@ -357,10 +357,22 @@ def main(argv: list[str] | None = None) -> int:
         return _report_error(args.command, exc)
 
 
+def _user_message(exc: BaseException) -> str:
+    """The error's message; pydantic's (a parameter given on the command line) in the
+    config's words: the field and the problem, without pydantic's URLs."""
+    from pydantic import ValidationError
+
+    from pipeline.config import format_validation_error
+
+    if isinstance(exc, ValidationError):
+        return format_validation_error(exc, "the command-line arguments")
+    return str(exc)
+
+
 def _report_error(command: str, exc: Exception) -> int:
     """Print what went wrong as the taxonomy says (pipeline/errors.py); the exit status."""
     if is_user_error(exc):
-        msg = str(exc).strip().splitlines()
+        msg = _user_message(exc).strip().splitlines()
         print(f"kpca {command}: error: {msg[0] if msg else type(exc).__name__}",
               file=sys.stderr)
         for line in msg[1:]:

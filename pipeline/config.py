@@ -44,6 +44,7 @@ __all__ = [
     "SGD_MIN_ROWS",
     "ConfigError",
     "load_config",
+    "format_validation_error",
 ]
 
 #: storage_options keys that carry credentials: refused in config files.
@@ -579,7 +580,7 @@ class PipelineConfig(_Model):
         return json.loads(self.model_dump_json())
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str) -> str:
     """One line for one problem ("invalid configuration in run.yaml: kernel.gamma: ..."),
     else a header line and one line per problem."""
     lines = [f"invalid configuration in {source}:"]
@@ -665,7 +666,7 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, name)) from None
+        raise ConfigError(format_validation_error(exc, name)) from None
 
 
 def _type_name(t: Any) -> str:

@@ -37,6 +37,7 @@ from .config import DenoiseConfig
 from .errors import UserError
 from .progress import compute
 from .store import Location
+from .transform import embed_rows
 
 __all__ = ["DenoiseConfig", "DenoiseError", "estimator_params", "select_rows",
            "denoise_rows", "stage_denoise", "denoise_to_store"]
@@ -92,31 +93,6 @@ def _check_model(model: Any, cfg: DenoiseConfig, where: str) -> str | None:
     return None if cfg.preimage == "auto" else cfg.preimage
 
 
-def _embedding_of_rows(model: Any, X: da.Array, split: np.ndarray | None,
-                       idx: np.ndarray | None, training_data: bool = True) -> da.Array:
-    """Embedding of rows ``idx`` of X (all when None), row-chunked like X.
-
-    ``training_data``: X is the data the model was fitted on (its rows with
-    ``split == 1``, or all rows without a split); False for new data.
-    """
-    rows = X.chunks[0]
-    n = int(X.shape[0])
-    sel = np.arange(n) if idx is None else idx
-    exact = getattr(model, "eigen_solver_", None) in ("dense", "randomized")
-    if not exact or not training_data:
-        Xs = X if idx is None else X[idx]
-        return model.transform(Xs.rechunk({0: rows[0]})).rechunk({0: rows[0], 1: -1})
-    train = model.eigenvectors_ * np.sqrt(model.eigenvalues_)
-    is_train = np.ones(n, dtype=bool) if split is None else split.astype(bool)
-    pos = np.cumsum(is_train) - 1  # training row r is row pos[r] of the model's embedding
-    Z = np.empty((sel.size, train.shape[1]), dtype=np.float64)
-    t = is_train[sel]
-    Z[t] = train[pos[sel[t]]]
-    if (~t).any():
-        (Z[~t],) = compute(model.transform(X[sel[~t]]), label="embed held-out rows")
-    return da.from_array(Z, chunks=(rows[0], -1))
-
-
 def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
                  split: np.ndarray | None = None, where: str = "the model",
                  training_data: bool = True
@@ -132,7 +108,8 @@ def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
     if X.shape[1] != model.n_features_in_:
         raise DenoiseError(f"the data have {X.shape[1]} features but the model was fitted on "
                            f"{model.n_features_in_}.")
-    Z = _embedding_of_rows(model, X, split, idx, training_data)
+    Z = embed_rows(model, X, split=split, idx=idx, training_data=training_data,
+                   batch_rows=X.chunks[0][0])
     den, status = model.inverse_transform(Z, method=method, return_status=True)
     return den, status, idx
 

@@ -5,10 +5,9 @@
   prints that one line and exits with status 2; the flow never retries it.
 - :class:`TransientError`: the environment failed (I/O, network, a lost worker). The
   same command may succeed when run again; the flow retries it.
-- :class:`InternalError`: a defect in the pipeline itself that it detects on purpose (a
-  stage reading config outside its declared slice). Like any unexpected exception it is
-  a bug: the CLI keeps its traceback and exits with its
-  own status, so it is reported rather than mistaken for bad input.
+- :class:`InternalError`, and anything else unexpected, is a bug: the CLI keeps its
+  traceback and exits with its own status, so it is reported rather than mistaken for
+  bad input.
 
 Every pipeline error class derives from :class:`PipelineError` and one of the three kinds,
 and keeps the built-in base it always had (``ConfigError`` is still a ``ValueError``,
@@ -24,12 +23,13 @@ import sys
 
 __all__ = [
     "USER_OS_ERRORS",
+    "EvaluationError",
+    "InternalError",
     "PipelineError",
     "RunCorruptError",
     "RunError",
     "RunExistsError",
     "RunIncompleteError",
-    "InternalError",
     "TransientError",
     "UserError",
     "is_transient",
@@ -50,8 +50,8 @@ class TransientError(PipelineError):
 
 
 class InternalError(PipelineError):
-    """A defect in the pipeline caught by its own checks: never the user's, never retried;
-    the CLI keeps the traceback, as for any bug."""
+    """A bug the pipeline caught itself (an invariant broken, e.g. a stage reading outside
+    its config slice): never retried; the CLI keeps its traceback."""
 
 
 # ------------------------------------------------- run folders (export, publish, transform)
@@ -69,6 +69,10 @@ class RunIncompleteError(RunError):
 
 class RunCorruptError(RunError):
     """An array does not match its manifest checksum, or the schema is unknown."""
+
+
+class EvaluationError(UserError, ValueError):
+    """The run folder cannot be evaluated as configured (the message names the fix)."""
 
 
 # ---------------------------------------------------------------- classification

@@ -41,6 +41,7 @@ from kpca_dask.estimator import _auto_block_rows
 from .cluster import release_worker_memory
 from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
+from .errors import InternalError
 from .evaluate import make_split
 from .errors import InternalError
 from .export import file_checksums, write_manifest, write_spectrum
