@@ -5,10 +5,11 @@
   prints that one line and exits with status 2; the flow never retries it.
 - :class:`TransientError`: the environment failed (I/O, network, a lost worker). The
   same command may succeed when run again; the flow retries it.
-- Anything else is unexpected, a bug: the CLI keeps its traceback and exits with its
-  own status, so it is reported rather than mistaken for bad input.
+- :class:`InternalError`, and anything else unexpected, is a bug: the CLI keeps its
+  traceback and exits with its own status, so it is reported rather than mistaken for
+  bad input.
 
-Every pipeline error class derives from :class:`PipelineError` and one of the two kinds,
+Every pipeline error class derives from :class:`PipelineError` and one of the three kinds,
 and keeps the built-in base it always had (``ConfigError`` is still a ``ValueError``,
 ``ClusterError`` still a ``RuntimeError``), so existing ``except`` clauses keep working.
 :func:`is_user_error` and :func:`is_transient` also classify exceptions the pipeline does
@@ -22,6 +23,8 @@ import sys
 
 __all__ = [
     "USER_OS_ERRORS",
+    "EvaluationError",
+    "InternalError",
     "PipelineError",
     "RunCorruptError",
     "RunError",
@@ -46,6 +49,11 @@ class TransientError(PipelineError):
     """The environment failed (I/O, network, a lost worker): running again may succeed."""
 
 
+class InternalError(PipelineError):
+    """A bug the pipeline caught itself (an invariant broken, e.g. a stage reading outside
+    its config slice): never retried; the CLI keeps its traceback."""
+
+
 # ------------------------------------------------- run folders (export, publish, transform)
 class RunError(UserError, ValueError):
     """A run folder cannot be used as a result; the message says why."""
@@ -61,6 +69,10 @@ class RunIncompleteError(RunError):
 
 class RunCorruptError(RunError):
     """An array does not match its manifest checksum, or the schema is unknown."""
+
+
+class EvaluationError(UserError, ValueError):
+    """The run folder cannot be evaluated as configured (the message names the fix)."""
 
 
 # ---------------------------------------------------------------- classification

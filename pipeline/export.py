@@ -18,6 +18,7 @@ import numpy as np
 
 from kpca_dask.persistence import read_model_group
 
+from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
 from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST
 from .store import Location, array_checksum, atomic_write_json, read_json
 
@@ -34,22 +35,6 @@ REQUIRED_FIELDS = ("schema_version", "status", "created", "config", "input", "mo
                    "checksums")
 _PACKAGES = ("kpca-dask", "dask", "distributed", "numpy", "scipy", "zarr", "scikit-learn",
              "prefect", "pandas", "pyarrow")
-
-
-class RunError(ValueError):
-    """A run folder cannot be used as a result; the message says why."""
-
-
-class RunExistsError(RunError, FileExistsError):
-    """A complete run is already at the output path."""
-
-
-class RunIncompleteError(RunError):
-    """The manifest is missing or does not say complete."""
-
-
-class RunCorruptError(RunError):
-    """An array does not match its manifest checksum, or the schema is unknown."""
 
 
 def _versions() -> dict[str, str]:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from kpca_dask._removal import MARKER_FILE, has_marker, write_marker
 
+from .errors import UserError
 from .layout import MANIFEST, PREV, RUN_NAMES
 from .store import Location, _marked, read_json
 
@@ -46,7 +47,7 @@ logger = logging.getLogger("pipeline")
 
 
 def _run_error(msg: str) -> Exception:
-    from .export import RunError
+    from .errors import RunError
 
     return RunError(msg)
 
@@ -209,7 +210,7 @@ def retire_previous(out: Location) -> bool:
 TRANSFORM_KINDS = ("kpca-dask-transform", "kpca-dask-denoised")
 
 
-class TransformOutputError(ValueError):
+class TransformOutputError(UserError, ValueError):
     """A transform's output path is unsafe or not ours to replace; the message says why."""
 
 

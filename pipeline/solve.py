@@ -14,6 +14,7 @@ from kpca_dask import KernelPCA
 from kpca_dask.exceptions import (ConstantKernelError, ConvergenceWarning,
                                   DroppedComponentsWarning)
 
+from .errors import UserError
 from .config import PipelineConfig
 from .denoise import estimator_params
 from .store import Location
@@ -23,7 +24,7 @@ __all__ = ["make_estimator", "make_planner", "solve", "SolveError", "check_fit"]
 logger = logging.getLogger("pipeline")
 
 
-class SolveError(ValueError):
+class SolveError(UserError, ValueError):
     """The fit is not good enough to publish; the message says why and what to change."""
 
 

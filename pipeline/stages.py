@@ -41,7 +41,9 @@ from kpca_dask.estimator import _auto_block_rows
 from .cluster import release_worker_memory
 from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
+from .errors import InternalError
 from .evaluate import make_split
+from .errors import InternalError
 from .export import file_checksums, write_manifest, write_spectrum
 from .ingest import IngestResult, ingest, stale_ingest
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
@@ -100,7 +102,7 @@ VOLATILE = frozenset(
 
 
 # ------------------------------------------------------------------ config slices
-class ConfigSliceError(RuntimeError):
+class ConfigSliceError(InternalError, RuntimeError):
     """A stage read a config field outside its declared slice: a bug in the stage or in
     its declaration (pipeline/stages.py), never the user's."""
 
