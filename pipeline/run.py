@@ -21,7 +21,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from kpca_dask.estimator import _auto_block_rows
+from kpca_dask.plan import auto_block_rows
 
 from .centre import save_centring
 from .cluster import release_worker_memory
@@ -90,7 +90,7 @@ def _training_rows(cfg: PipelineConfig, ing: dict, split: dict) -> tuple[da.Arra
     mask = _read_split(cfg, split)
     X = src.X if mask is None else src.X[mask.astype(bool)]
     n = int(X.shape[0])
-    r = _auto_block_rows(n) if cfg.chunks.block_rows == "auto" else min(int(cfg.chunks.block_rows), n)
+    r = auto_block_rows(n) if cfg.chunks.block_rows == "auto" else min(int(cfg.chunks.block_rows), n)
     return X.rechunk({0: r, 1: -1}), r
 
 
@@ -203,15 +203,6 @@ def stage_split(cfg: PipelineConfig, ing: dict[str, Any]) -> dict[str, Any]:
             "n_test": res.n_rows - n_train, "split_id": split_id}
 
 
-def _resolved_kernel(cfg: PipelineConfig, X_train: da.Array, n_features: int):
-    # TODO: a public KernelPCA.resolve_kernel(X) once the estimator API settles.
-    est = make_estimator(cfg)
-    est._check_params()
-    est._dtype = np.dtype(cfg.solver.dtype)
-    est.gamma_ = est._resolve_gamma(X_train, int(X_train.shape[0]), n_features)
-    return est, est._make_kernel()
-
-
 def stage_kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]) -> dict[str, Any]:
     """Decide whether to materialise K; if so, build the upper-block store (resumable)."""
     res = IngestResult.from_dict(ing)
@@ -220,7 +211,8 @@ def stage_kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]
     if cfg.solver.n_components > n_train:
         raise ValueError(f"solver.n_components={cfg.solver.n_components} exceeds the "
                          f"{n_train} training rows; ask for fewer components.")
-    solver = make_estimator(cfg)._resolve_solver(n_train)
+    est = make_estimator(cfg)
+    solver = est.plan(X_train, kernel=False).solver  # reads no data
     materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
     logger.info("plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)", n_train, r,
                 solver, "materialised" if materialize else "recomputed per pass", why)
@@ -228,12 +220,12 @@ def stage_kernel(cfg: PipelineConfig, ing: dict[str, Any], split: dict[str, Any]
                             "block_rows": r}
     if materialize:
         X_train = X_train.persist()
-        est, kernel = _resolved_kernel(cfg, X_train, res.n_features)
-        ks = build_kernel_store(X_train, kernel, cfg.solver.dtype, stage_locations(cfg)["kernel"],
+        plan = est.plan(X_train)  # gamma="scale": a sample of the persisted rows
+        ks = build_kernel_store(X_train, plan.kernel, cfg.solver.dtype, stage_locations(cfg)["kernel"],
                                 input_fingerprint=f"{res.fingerprint}:split={split['split_id']}",
                                 verify=cfg.kernel_store.verify)
         info.update(ks.to_dict())
-        info["gamma"] = est.gamma_
+        info["gamma"] = plan.gamma
     return info
 
 
