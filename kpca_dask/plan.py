@@ -53,9 +53,9 @@ __all__ = [
 
 logger = logging.getLogger("kpca_dask")
 
-#: Below this many samples "auto" uses the dense solver: the measured crossover
-#: with the randomized solver (benchmarks/bench_exact.py); dense memory grows as
-#: 8 n^2 bytes.
+#: Below this many samples "auto" uses the dense solver: the crossover with the
+#: randomized solver (benchmarks/bench_exact.py, benchmarks/results/exact-*.json);
+#: dense memory grows as 8 n^2 bytes.
 DENSE_MAX_SAMPLES = 2000
 
 #: ``eigen_solver="auto"``: a randomized solve that is not certified falls back
