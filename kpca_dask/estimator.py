@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from typing import Any
 
 import dask
@@ -551,44 +550,6 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     def _is_precomputed(self) -> bool:
         return isinstance(self.kernel, str) and self.kernel == "precomputed"
 
-    def _check_feature_names(self, X: Any) -> None:
-        """scikit-learn's rule: columns given by name must be the fitted ones, in order."""
-        fitted = getattr(self, "feature_names_in_", None)
-        names = V.feature_names(X)
-        if fitted is None and names is None:
-            return
-        if fitted is None:
-            warnings.warn(
-                "X has feature names, but KernelPCA was fitted without feature names",
-                UserWarning,
-                stacklevel=4,
-            )
-            return
-        if names is None:
-            if hasattr(X, "columns"):
-                return
-            warnings.warn(
-                "X does not have valid feature names, but KernelPCA was fitted with "
-                "feature names",
-                UserWarning,
-                stacklevel=4,
-            )
-            return
-        if len(names) == len(fitted) and np.all(names == fitted):
-            return
-        unseen = [c for c in names if c not in set(fitted)]
-        missing = [c for c in fitted if c not in set(names)]
-        # scikit-learn's sentences (its checks look for them), on one line
-        msg = "The feature names should match those that were passed during fit."
-        if unseen:
-            msg += f" Feature names unseen at fit time: {unseen[:5]}."
-        if missing:
-            msg += f" Feature names seen at fit time, yet now missing: {missing[:5]}."
-        if not unseen and not missing:
-            msg += " Feature names must be in the same order as they were in fit."
-        msg += " Pass the fitted columns in their order, e.g. X[model.feature_names_in_]."
-        raise InvalidInputError(msg)
-
     def _more_tags(self) -> dict[str, Any]:  # scikit-learn < 1.6 reads tags from here
         return {
             "pairwise": self._is_precomputed(),
@@ -634,7 +595,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
     def _project(self, X: Any, what: str) -> Any:
         self._check_fitted()
-        self._check_feature_names(X)
+        V.check_feature_names(getattr(self, "feature_names_in_", None), X)
         Xd, kind = V.as_dask_array(X)
         if self._is_precomputed():
             n_fit = self.n_samples_fit_
