@@ -59,9 +59,22 @@ from pipeline.layout import run_layout
 from pipeline.stages import RUN_CONTROL, VOLATILE, Stage, identity
 from pipeline.store import Location, json_default
 
-__all__ = ["CACHE_SCHEMA", "RUN_CONTROL", "VOLATILE", "jsonable", "identity",
-           "source_state", "code_version", "stage_key", "stage_cache_key",
-           "result_storage", "result_serializer", "encode_result_object"]
+__all__ = [
+    "CACHE_SCHEMA",
+    "CODE_PACKAGES",
+    "RUN_CONTROL",
+    "VOLATILE",
+    "code_version",
+    "encode_result_object",
+    "identity",
+    "jsonable",
+    "result_serializer",
+    "result_storage",
+    "source_hash",
+    "source_state",
+    "stage_cache_key",
+    "stage_key",
+]
 
 logger = logging.getLogger("flows")
 
@@ -94,22 +107,37 @@ def source_state(inp: InputConfig) -> list[list[Any]]:
         files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
     except (OSError, ImportError, ValueError) as exc:  # missing input: ingest will say so
         return [["unavailable", inp.path, type(exc).__name__]]
-    return sorted([str(k), v.get("size"), str(v.get("mtime") or v.get("LastModified")
-                                              or v.get("ETag") or v.get("created") or "")]
-                  for k, v in files.items())
+    return sorted(
+        [
+            str(k),
+            v.get("size"),
+            str(
+                v.get("mtime")
+                or v.get("LastModified")
+                or v.get("ETag")
+                or v.get("created")
+                or ""
+            ),
+        ]
+        for k, v in files.items()
+    )
+
+
+def source_hash(roots: dict[str, Path]) -> str:
+    """SHA-256 over every ``*.py`` file under each named root (name/relative path + bytes)."""
+    h = hashlib.sha256()
+    for name, root in sorted(roots.items()):
+        for f in sorted(root.rglob("*.py")):
+            h.update(f"{name}/{f.relative_to(root).as_posix()}\0".encode())
+            h.update(f.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()
 
 
 @functools.cache
 def _package_code() -> str:
-    """SHA-256 over every source file of :data:`CODE_PACKAGES` (relative path + bytes)."""
-    h = hashlib.sha256()
-    for pkg in CODE_PACKAGES:
-        root = Path(pkg.__file__).parent
-        for f in sorted(root.rglob("*.py")):
-            h.update(f"{pkg.__name__}/{f.relative_to(root).as_posix()}\0".encode())
-            h.update(f.read_bytes())
-            h.update(b"\0")
-    return h.hexdigest()
+    """:func:`source_hash` of :data:`CODE_PACKAGES`, once per process."""
+    return source_hash({pkg.__name__: Path(pkg.__file__).parent for pkg in CODE_PACKAGES})
 
 
 def code_version(stage: Stage) -> str:
@@ -138,8 +166,9 @@ def stage_key(stage: Stage, inputs: dict[str, Any]) -> str:
     }
     if stage.reads_source:  # its input is outside the run: the source files' state
         payload["source"] = source_state(cfg.input)
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=json_default)
-                            .encode()).hexdigest()
+    digest = hashlib.sha256(
+        json.dumps(payload, sort_keys=True, default=json_default).encode()
+    ).hexdigest()
     return f"kpca-{stage.name}-{digest[:40]}"
 
 
@@ -154,13 +183,17 @@ def stage_cache_key(stage: Stage) -> Callable[[Any, dict[str, Any]], str]:
             record = store.read(key)
             why = stage.stale_reason(inputs["cfg"], inputs, record.result)
             if why is not None:
-                _log(ctx).info("cached %s result is stale (%s): running the stage again",
-                               stage.name, why)
+                _log(ctx).info(
+                    "cached %s result is stale (%s): running the stage again", stage.name, why
+                )
                 # An expired record reads as absent, so the task runs and its new
                 # record replaces this one under the same key.
-                store.write(obj=record.result, key=key,
-                            expiration=datetime.datetime.now(datetime.timezone.utc)
-                            - datetime.timedelta(seconds=1))
+                store.write(
+                    obj=record.result,
+                    key=key,
+                    expiration=datetime.datetime.now(datetime.UTC)
+                    - datetime.timedelta(seconds=1),
+                )
         return key
 
     cache_key.__name__ = f"{stage.name}_cache_key"
@@ -173,7 +206,7 @@ def _log(ctx: Any) -> Any:
         from prefect.logging import get_run_logger
 
         return get_run_logger()
-    except Exception:
+    except Exception:  # noqa: BLE001 - no run context: the module logger
         return logger
 
 
@@ -204,5 +237,6 @@ def result_serializer() -> Any:
     """Plain JSON: no pickle, and no object hook that could build classes on read."""
     from prefect.serializers import JSONSerializer
 
-    return JSONSerializer(object_encoder=f"{__name__}.encode_result_object",
-                          object_decoder=None)
+    return JSONSerializer(
+        object_encoder=f"{__name__}.encode_result_object", object_decoder=None
+    )

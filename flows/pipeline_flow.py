@@ -31,10 +31,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from pipeline import stages
 from pipeline.cluster import dask_client
 from pipeline.config import PipelineConfig
 from pipeline.export import verify_run
-from pipeline import stages
 from pipeline.layout import run_layout
 from pipeline.run import RunSummary, run_lock, run_pipeline, run_stages, stage_begin
 
@@ -43,7 +43,7 @@ from .artifacts import publish_run_artifacts
 from .caching import result_storage
 from .runtime import check_prefect_api, dashboard_line, forward_library_logs
 
-__all__ = ["kpca_pipeline", "FlowRunSummary", "run_flow", "run_flow_or_plain", "begin"]
+__all__ = ["FlowRunSummary", "begin", "kpca_pipeline", "run_flow", "run_flow_or_plain"]
 
 
 def begin(cfg: PipelineConfig) -> str:
@@ -59,9 +59,12 @@ def begin(cfg: PipelineConfig) -> str:
     return "begun"
 
 
-@flow(name="kpca-pipeline", validate_parameters=True,
-      description="Kernel PCA batch job: ingest, exact/Nyström fit, embedding, evaluation and "
-                  "a verified manifest, on a Dask cluster.")
+@flow(
+    name="kpca-pipeline",
+    validate_parameters=True,
+    description="Kernel PCA batch job: ingest, exact/Nyström fit, embedding, evaluation and "
+    "a verified manifest, on a Dask cluster.",
+)
 def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Run every stage of the pipeline ``config`` describes; returns the run summary."""
     cfg = config
@@ -90,12 +93,22 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
         results = run_stages(registry, call, timings=timings, t_run=t_run)
         manifest = verify_run(out)  # what a reader checks: complete, checksums match
     ran = [s for s in registry.names if states[s] != "Cached"]
-    log.info("run verified at %s: %s", out,
-             f"ran {', '.join(ran)}" if ran else "every stage cached, nothing recomputed")
-    artifacts = publish_run_artifacts(out, manifest, states, timings, results.get("evaluation"),
-                                      cluster)
-    return {"out": str(out), "manifest": manifest, "states": states, "timings": timings,
-            "cluster": cluster, "artifacts": artifacts}
+    log.info(
+        "run verified at %s: %s",
+        out,
+        f"ran {', '.join(ran)}" if ran else "every stage cached, nothing recomputed",
+    )
+    artifacts = publish_run_artifacts(
+        out, manifest, states, timings, results.get("evaluation"), cluster
+    )
+    return {
+        "out": str(out),
+        "manifest": manifest,
+        "states": states,
+        "timings": timings,
+        "cluster": cluster,
+        "artifacts": artifacts,
+    }
 
 
 @dataclass
@@ -109,8 +122,9 @@ def run_flow(cfg: PipelineConfig) -> FlowRunSummary:
     """Run ``kpca_pipeline`` against ``PREFECT_API_URL`` or an ephemeral local API."""
     check_prefect_api()
     res = kpca_pipeline(cfg)
-    return FlowRunSummary(out=res["out"], manifest=res["manifest"], timings=res["timings"],
-                          states=res["states"])
+    return FlowRunSummary(
+        out=res["out"], manifest=res["manifest"], timings=res["timings"], states=res["states"]
+    )
 
 
 def run_flow_or_plain(cfg: PipelineConfig, *, use_prefect: bool = True) -> RunSummary:

@@ -31,6 +31,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pipeline.config import ChunkConfig, InputConfig, PipelineConfig
+from pipeline.errors import is_transient
 from pipeline.export import begin_run
 from pipeline.layout import run_layout
 from pipeline.stages import Stage
@@ -38,38 +39,19 @@ from pipeline.transform import transform_to_store
 
 from .caching import jsonable, result_serializer, stage_cache_key
 
-__all__ = ["is_transient", "retry_transient", "RETRY_OPTIONS", "claim_output", "stage_task",
-           "transform"]
+__all__ = [
+    "RETRY_OPTIONS",
+    "claim_output",
+    "is_transient",
+    "retry_transient",
+    "stage_task",
+    "transform",
+]
 
 
 # ------------------------------------------------------------------- retries
-def _not_transient() -> tuple[type[BaseException], ...]:
-    from kpca_dask.exceptions import KpcaError
-    from pipeline.cluster import ClusterError
-    from pipeline.kernel import KernelStoreError
-
-    # ValueError covers ConfigError, InputError, RunError and pydantic's
-    # ValidationError; the OSError subclasses listed here are user errors.
-    return (ValueError, TypeError, KeyError, KpcaError, KernelStoreError, ClusterError,
-            MemoryError, FileNotFoundError, FileExistsError, PermissionError,
-            IsADirectoryError, NotADirectoryError)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: I/O and network errors, timeouts, lost Dask workers.
-
-    Invalid input, parameters or artifacts fail at once, whatever else they
-    subclass (``RunExistsError`` is also a ``FileExistsError``).
-    """
-    if isinstance(exc, _not_transient()):
-        return False
-    if isinstance(exc, OSError):  # ConnectionError, TimeoutError, distributed CommClosedError
-        return True
-    try:
-        from distributed.scheduler import KilledWorker
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, KilledWorker)
+# is_transient (pipeline/errors.py) is the taxonomy the CLI's exit codes use too: I/O and
+# network errors and lost Dask workers are retried; user errors and bugs fail at once.
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -114,25 +96,42 @@ def stage_task(stage: Stage) -> Any:
             claim_output(cfg)
         return jsonable(stage.with_fingerprint(cfg, stage(cfg, **inputs)))
 
-    params = [inspect.Parameter("cfg", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                annotation=PipelineConfig)]
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Any)
-               for name in stage.inputs + stage.run_info]
+    params = [
+        inspect.Parameter(
+            "cfg", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=PipelineConfig
+        )
+    ]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Any)
+        for name in stage.inputs + stage.run_info
+    ]
     body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     body.__name__ = body.__qualname__ = f"{stage.name}_stage"
     body.__doc__ = stage.doc or stage.run.__doc__
-    return task(body, name=stage.name, cache_key_fn=stage_cache_key(stage),
-                persist_result=True, result_serializer=result_serializer(), **RETRY_OPTIONS)
+    return task(
+        body,
+        name=stage.name,
+        cache_key_fn=stage_cache_key(stage),
+        persist_result=True,
+        result_serializer=result_serializer(),
+        **RETRY_OPTIONS,
+    )
 
 
 # ----------------------------------------------------------------- transform
 @task(name="transform", cache_policy=NO_CACHE, **RETRY_OPTIONS)
-def transform(model: str, input: InputConfig, output: str,
-              chunks: ChunkConfig | None = None, overwrite: bool = False) -> dict[str, Any]:
+def transform(
+    model: str,
+    input: InputConfig,
+    output: str,
+    chunks: ChunkConfig | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Embed a batch with a saved model (streaming).
 
     The output is written beside its final name and swapped in only when complete, so a
     failed attempt leaves nothing behind and a retry starts clean.
     """
-    return jsonable(transform_to_store(model, input, output, chunks=chunks,
-                                       overwrite=overwrite))
+    return jsonable(
+        transform_to_store(model, input, output, chunks=chunks, overwrite=overwrite)
+    )

@@ -21,7 +21,7 @@ from ._threads import blas_threads_for_dask
 from .centering import CentredKernel
 from .exceptions import (ConvergenceWarning, InvalidInputError, InvalidParameterError,
                          NotFittedError)
-from .gram import BlockKernelMatrix, cross_products
+from .gram import KERNEL_CACHE_MODES, BlockKernelMatrix, cross_products
 from .kernels import Kernel, make_kernel
 from ._eigvals import inv_sqrt, select_eigenpairs
 from .gram import PrecomputedKernelMatrix
@@ -301,6 +301,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_jobs : int or None, default=None
         Accepted for scikit-learn compatibility and ignored: parallelism is the
         active Dask scheduler's (threads, a LocalCluster, a remote cluster).
+    kernel_cache : {"auto", "memory", "recompute"}, default="auto"
+        Exact solvers: where the kernel blocks come from at every pass after
+        the first. "memory": evaluated once and kept in memory (the workers' on
+        a cluster) until the fit ends; "recompute": evaluated again at every
+        pass; "auto": "memory" when the upper blocks (``n^2 / 2`` values in
+        ``dtype``) fit half of the workers' memory limits, or of the available
+        RAM on the threaded scheduler (dask config ``kpca.kernel-cache-budget``
+        overrides), else "recompute". The choice is in
+        ``solver_info_["kernel_cache"]`` (docs/solvers.md).
 
     Attributes
     ----------
@@ -425,6 +434,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         iterated_power: Any = "auto",
         copy_X: bool = True,
         n_jobs: int | None = None,
+        kernel_cache: str = "auto",
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -455,6 +465,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.iterated_power = iterated_power
         self.copy_X = copy_X
         self.n_jobs = n_jobs
+        self.kernel_cache = kernel_cache
 
     # ------------------------------------------------------------------ params
     def _check_params(self) -> None:
@@ -488,6 +499,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 "preimage_sample_size": V.int_range(1, allow=("auto",)),
                 "preimage_tol": V.real_range(0, lo_open=True),
                 "preimage_max_iter": V.int_range(1),
+                "kernel_cache": V.options(*KERNEL_CACHE_MODES),
                 **_SKLEARN_PARAM_RULES,
             },
         )
@@ -601,12 +613,14 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 K = BlockKernelMatrix(Xb, self.kernel_, self._dtype, block_reader=kernel_blocks)
             with blas_threads_for_dask():
                 (trace_K,) = dask.compute(K.diag().sum())
-            if solver == "dense":
-                res, mu, g = self._solve_dense(K)
-            elif solver == "arpack":
-                res, mu, g = self._solve_arpack(K, float(trace_K), centring)
-            else:
-                res, mu, g = self._solve_randomized(K, n, centring)
+            with K.kernel_cache(self.kernel_cache, solver) as cache_info:  # released after
+                if solver == "dense":
+                    res, mu, g = self._solve_dense(K)
+                elif solver == "arpack":
+                    res, mu, g = self._solve_arpack(K, float(trace_K), centring)
+                else:
+                    res, mu, g = self._solve_randomized(K, n, centring)
+            res.info["kernel_cache"] = cache_info
             # The training rows come to the driver after the solve, not during it: the
             # solver's basis (n x up to 552 floats) and X (n x d) are never held at once
             # (at n = 100k, d = 1024 they are 0.44 and 0.82 GB).

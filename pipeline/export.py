@@ -19,6 +19,7 @@ import numpy as np
 from kpca_dask.persistence import read_model_group
 
 from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
+from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST
 from .store import Location, array_checksum, atomic_write_json, read_json
 
 __all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
@@ -28,12 +29,7 @@ __all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
 logger = logging.getLogger("pipeline")
 
 SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-#: arrays of the run group covered by manifest checksums (when present)
-CHECKSUMMED = ("embedding", "spectrum/eigenvalues", "spectrum/explained_variance_ratio",
-               "spectrum/residuals", "labels", "ids", "split")
-#: folders of the run whose files are covered by manifest checksums (when present)
-CHECKSUMMED_FILES = ("embedding.parquet", "report")
+# MANIFEST, CHECKSUMMED (arrays) and CHECKSUMMED_FILES (folders): see pipeline/layout.py
 #: what a manifest of this schema version must hold; a manifest without them is incomplete
 REQUIRED_FIELDS = ("schema_version", "status", "created", "config", "input", "model", "timings",
                    "checksums")

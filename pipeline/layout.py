@@ -15,10 +15,32 @@ from dataclasses import dataclass
 
 from .store import Location
 
-__all__ = ["RunLayout", "run_layout", "MANIFEST", "LOCK", "PREV", "WORK", "MODEL",
-           "INGEST_STORE", "KERNEL_STORE", "FLOW_CACHE", "EMBEDDING", "SPECTRUM",
-           "SPECTRUM_ARRAYS", "ROW_ARRAYS", "PARQUET", "REPORT", "METRICS", "REPORT_MD",
-           "LEGACY"]
+__all__ = [
+    "CHECKSUMMED",
+    "CHECKSUMMED_FILES",
+    "DENOISED",
+    "EMBEDDING",
+    "FLOW_CACHE",
+    "GROUP_FILE",
+    "INGEST_STORE",
+    "KERNEL_STORE",
+    "LEGACY",
+    "LOCK",
+    "MANIFEST",
+    "METRICS",
+    "MODEL",
+    "PARQUET",
+    "PREV",
+    "REPORT",
+    "REPORT_MD",
+    "ROW_ARRAYS",
+    "RUN_NAMES",
+    "SPECTRUM",
+    "SPECTRUM_ARRAYS",
+    "WORK",
+    "RunLayout",
+    "run_layout",
+]
 
 #: written last, atomically: a run is a result only when this says ``complete``
 MANIFEST = "manifest.json"
@@ -37,8 +59,11 @@ FLOW_CACHE = "flow-cache"
 #: (n, k) embedding of every ingested row, and the spectrum arrays
 EMBEDDING = "embedding"
 SPECTRUM = "spectrum"
-SPECTRUM_ARRAYS = ("spectrum/eigenvalues", "spectrum/explained_variance_ratio",
-                   "spectrum/residuals")
+SPECTRUM_ARRAYS = (
+    "spectrum/eigenvalues",
+    "spectrum/explained_variance_ratio",
+    "spectrum/residuals",
+)
 #: per-row arrays written by the split stage next to the embedding
 ROW_ARRAYS = ("split", "labels", "ids")
 #: optional Parquet copy of the embedding, and the evaluation report
@@ -46,6 +71,32 @@ PARQUET = "embedding.parquet"
 REPORT = "report"
 METRICS = "metrics.json"
 REPORT_MD = "report.md"
+#: the denoise stage's default array name (``denoise.output_name``)
+DENOISED = "denoised"
+#: the zarr group's own metadata file: the run folder is a zarr v3 group
+GROUP_FILE = "zarr.json"
+
+#: arrays of the run group covered by the manifest's checksums (when present)
+CHECKSUMMED = (EMBEDDING, *SPECTRUM_ARRAYS, "labels", "ids", "split")
+#: folders of the run whose files are covered by the manifest's checksums (when present)
+CHECKSUMMED_FILES = (PARQUET, REPORT)
+#: top-level names a run writes (and may replace) in its output folder
+RUN_NAMES = frozenset(
+    {
+        MANIFEST,
+        GROUP_FILE,
+        MODEL,
+        EMBEDDING,
+        PARQUET,
+        SPECTRUM,
+        *ROW_ARRAYS,
+        REPORT,
+        WORK,
+        DENOISED,
+        LOCK,
+    }
+)
+
 #: paths earlier versions wrote that nothing reads any more; a run ignores them
 #: (they are inside ``work/``, so they are the run's own and go with it)
 LEGACY = ("work/centre.zarr",)
@@ -103,8 +154,13 @@ class RunLayout:
 
     def stores(self) -> dict[str, Location]:
         """The run's stores by name (``out``, ``work``, ``ingest``, ``kernel``, ``model``)."""
-        return {"out": self.out, "work": self.work, "ingest": self.ingest,
-                "kernel": self.kernel, "model": self.model}
+        return {
+            "out": self.out,
+            "work": self.work,
+            "ingest": self.ingest,
+            "kernel": self.kernel,
+            "model": self.model,
+        }
 
 
 def run_layout(cfg) -> RunLayout:

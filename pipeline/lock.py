@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .layout import LOCK
 from .store import Location
 
 __all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock", "lock_status",
@@ -43,7 +44,7 @@ __all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock
 
 logger = logging.getLogger("pipeline")
 
-LOCK_NAME = ".kpca-run.lock"
+LOCK_NAME = LOCK  # pipeline/layout.py
 
 #: tokens of the locks this process holds (``check_unlocked`` lets them through)
 _HELD: dict[str, str] = {}

@@ -22,13 +22,24 @@ from .export import RunError, begin_run
 from .ingest import _check_exists
 from .layout import run_layout
 from .lock import RunLock, check_unlocked
-from .publish import (check_not_overlapping, check_output_folder, restore_previous,
-                      retire_previous)
+from .publish import (
+    check_not_overlapping,
+    check_output_folder,
+    restore_previous,
+    retire_previous,
+)
 from .stages import Registry, Stage
 from .store import Location
 
-__all__ = ["RunSummary", "run_pipeline", "run_stages", "run_lock", "stage_locations",
-           "check_output", "stage_begin"]
+__all__ = [
+    "RunSummary",
+    "check_output",
+    "run_lock",
+    "run_pipeline",
+    "run_stages",
+    "stage_begin",
+    "stage_locations",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -53,8 +64,10 @@ def check_output(cfg: PipelineConfig) -> None:
     raw = str(cfg.output.path).strip()
     bare = raw.removeprefix("file://").rstrip("/")
     if raw.rstrip("/") in ("", ".", "..") or bare in ("", ".", ".."):
-        raise RunError(f"output.path {cfg.output.path!r} names no folder of its own (empty or "
-                       "'.'); set output.path to a new folder, e.g. kpca-output.")
+        raise RunError(
+            f"output.path {cfg.output.path!r} names no folder of its own (empty or "
+            "'.'); set output.path to a new folder, e.g. kpca-output."
+        )
     out = run_layout(cfg).out
     check_not_overlapping(out, [cfg.input.path])
     name = cfg.denoise.output_name
@@ -112,8 +125,13 @@ def run_lock(cfg: PipelineConfig) -> RunLock:
     return RunTransaction(cfg)
 
 
-def run_stages(registry: Registry, call: Callable[[Stage, dict[str, Any]], Any], *,
-               timings: dict[str, float], t_run: float) -> dict[str, Any]:
+def run_stages(
+    registry: Registry,
+    call: Callable[[Stage, dict[str, Any]], Any],
+    *,
+    timings: dict[str, float],
+    t_run: float,
+) -> dict[str, Any]:
     """Every stage of ``registry`` in order, through ``call(stage, arguments)``.
 
     A stage's arguments are the results of the stages it declared as inputs, plus the
@@ -125,8 +143,10 @@ def run_stages(registry: Registry, call: Callable[[Stage, dict[str, Any]], Any],
         args = {name: results[name] for name in stage.inputs}
         for fact in stage.run_info:
             if fact != "timings":
-                raise ValueError(f"stage {stage.name!r} asks for run fact {fact!r}; the runner "
-                                 "supplies only 'timings'")
+                raise ValueError(
+                    f"stage {stage.name!r} asks for run fact {fact!r}; the runner "
+                    "supplies only 'timings'"
+                )
             timings["total"] = time.perf_counter() - t_run
             args["timings"] = dict(timings)
         t = time.perf_counter()
@@ -144,7 +164,9 @@ def run_pipeline(cfg: PipelineConfig, registry: Registry | None = None) -> RunSu
         t = time.perf_counter()
         stage_begin(cfg)
         timings["begin"] = time.perf_counter() - t
-        results = run_stages(registry, lambda stage, args: stage(cfg, **args),
-                             timings=timings, t_run=t_run)
-    return RunSummary(out=str(run_layout(cfg).out), manifest=results.get("manifest"),
-                      timings=timings)
+        results = run_stages(
+            registry, lambda stage, args: stage(cfg, **args), timings=timings, t_run=t_run
+        )
+    return RunSummary(
+        out=str(run_layout(cfg).out), manifest=results.get("manifest"), timings=timings
+    )

@@ -15,10 +15,12 @@ from .layout import RunLayout
 
 __all__ = ["ingested", "read_split"]
 
+
 def ingested(ing: dict[str, Any]) -> tuple[IngestResult, SourceData]:
     """The ingest stage's descriptor and the ingested arrays it names (lazy)."""
     res = IngestResult.from_dict(ing)
     return res, load_ingested(res)
+
 
 def read_split(layout: RunLayout, split: dict[str, Any]) -> np.ndarray | None:
     """The split stage's mask (1 = training row), or None when no rows are held out."""

@@ -43,20 +43,47 @@ from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
 from .evaluate import make_split
+from .errors import InternalError
 from .export import file_checksums, write_manifest, write_spectrum
 from .ingest import IngestResult, ingest, stale_ingest
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
-from .layout import (MODEL, PARQUET, REPORT, ROW_ARRAYS, SPECTRUM_ARRAYS, EMBEDDING,
-                     RunLayout, run_layout)
+from .layout import (
+    EMBEDDING,
+    MODEL,
+    PARQUET,
+    REPORT,
+    ROW_ARRAYS,
+    SPECTRUM_ARRAYS,
+    RunLayout,
+    run_layout,
+)
 from .project import write_embedding, write_parquet
 from .solve import make_planner, solve
 from .stage_data import ingested, read_split
 from .store import array_checksum, json_default, read_json
 
-__all__ = ["Stage", "Registry", "REGISTRY", "ConfigView", "ConfigSliceError",
-           "LAYOUT_FIELDS", "RUN_CONTROL", "VOLATILE", "identity", "evaluation_wanted",
-           "stage_ingest", "stage_split", "stage_kernel", "stage_solve", "stage_project",
-           "stage_denoise", "stage_evaluate", "stage_export", "checksums", "files_under"]
+__all__ = [
+    "LAYOUT_FIELDS",
+    "REGISTRY",
+    "RUN_CONTROL",
+    "VOLATILE",
+    "ConfigSliceError",
+    "ConfigView",
+    "Registry",
+    "Stage",
+    "checksums",
+    "evaluation_wanted",
+    "files_under",
+    "identity",
+    "stage_denoise",
+    "stage_evaluate",
+    "stage_export",
+    "stage_ingest",
+    "stage_kernel",
+    "stage_project",
+    "stage_solve",
+    "stage_split",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -69,8 +96,9 @@ RUN_CONTROL = ("output.overwrite", "cluster")
 
 #: Run statistics in stage results: they differ between two runs that produce identical
 #: stores, so they never enter a dependant's key.
-VOLATILE = frozenset({"seconds", "fit_seconds", "reused", "computed", "skipped",
-                      "bytes_written", "timings"})
+VOLATILE = frozenset(
+    {"seconds", "fit_seconds", "reused", "computed", "skipped", "bytes_written", "timings"}
+)
 
 
 # ------------------------------------------------------------------ config slices
@@ -96,13 +124,14 @@ def _slice_error(stage: str, field: str, allowed: Iterable[str]) -> ConfigSliceE
     return ConfigSliceError(
         f"stage {stage!r} read config field {field!r}, which is outside its declared config "
         f"slice ({', '.join(sorted(allowed))}); add {field!r} to the stage's config in "
-        "pipeline/stages.py (it is part of the stage's cache key).")
+        "pipeline/stages.py (it is part of the stage's cache key)."
+    )
 
 
 class _SectionView:
     """One config section, restricted to the fields a stage declared."""
 
-    __slots__ = ("_section", "_stage", "_name", "_fields")
+    __slots__ = ("_fields", "_name", "_section", "_stage")
 
     def __init__(self, section: Any, stage: str, name: str, fields: frozenset[str]):
         object.__setattr__(self, "_section", section)
@@ -114,8 +143,9 @@ class _SectionView:
         if attr.startswith("_"):
             raise AttributeError(attr)
         if attr not in self._fields:
-            raise _slice_error(self._stage, f"{self._name}.{attr}",
-                               (f"{self._name}.{f}" for f in self._fields))
+            raise _slice_error(
+                self._stage, f"{self._name}.{attr}", (f"{self._name}.{f}" for f in self._fields)
+            )
         return getattr(self._section, attr)
 
     def __setattr__(self, attr: str, value: Any) -> None:
@@ -129,7 +159,7 @@ class ConfigView:
     """What a stage sees of the validated :class:`~pipeline.config.PipelineConfig`: the
     sections and fields it declared, and nothing else (:class:`ConfigSliceError`)."""
 
-    __slots__ = ("_cfg", "_stage", "_fields", "_sections")
+    __slots__ = ("_cfg", "_fields", "_sections", "_stage")
 
     def __init__(self, cfg: PipelineConfig, stage: str, fields: Iterable[str]):
         if isinstance(cfg, ConfigView):
@@ -160,8 +190,9 @@ class ConfigView:
         data = self._cfg.to_json_dict()
         out: dict[str, Any] = {}
         for section, names in self._sections.items():
-            out[section] = (data[section] if names is None
-                            else {n: data[section][n] for n in sorted(names)})
+            out[section] = (
+                data[section] if names is None else {n: data[section][n] for n in sorted(names)}
+            )
         return out
 
     def model_copy(self, *, deep: bool = False) -> ConfigView:
@@ -176,8 +207,10 @@ def _check_fields(stage: str, fields: Iterable[str]) -> None:
         section, _, name = f.partition(".")
         sec = PipelineConfig.model_fields.get(section)
         if sec is None or (name and name not in sec.annotation.model_fields):
-            raise ValueError(f"stage {stage!r} declares config field {f!r}, which the "
-                             "pipeline config does not have")
+            raise ValueError(
+                f"stage {stage!r} declares config field {f!r}, which the "
+                "pipeline config does not have"
+            )
 
 
 # ---------------------------------------------------------------------- registry
@@ -218,8 +251,9 @@ class Stage:
     def with_fingerprint(self, cfg: PipelineConfig, result: Any) -> Any:
         return result if self.fingerprint is None else self.fingerprint(self.view(cfg), result)
 
-    def stale_reason(self, cfg: PipelineConfig, inputs: dict[str, Any],
-                     result: Any) -> str | None:
+    def stale_reason(
+        self, cfg: PipelineConfig, inputs: dict[str, Any], result: Any
+    ) -> str | None:
         """Why a cached ``result`` no longer describes the stores (None: it still does)."""
         try:
             return self.fresh(self.view(cfg), inputs, result)
@@ -252,8 +286,9 @@ class Registry:
                 raise ValueError(f"stage {s.name!r}: its name or result name is taken")
             missing = [i for i in s.inputs if i not in seen]
             if missing:
-                raise ValueError(f"stage {s.name!r} takes {missing}, which no earlier stage "
-                                 "returns")
+                raise ValueError(
+                    f"stage {s.name!r} takes {missing}, which no earlier stage returns"
+                )
             _check_fields(s.name, s.config)
             names.add(s.name)
             seen.add(s.result)
@@ -302,8 +337,10 @@ def evaluation_wanted(cfg: Any, ing: IngestResult) -> bool:
     if enabled == "auto":
         return ing.has_labels
     if enabled and not ing.has_labels:
-        raise ConfigError("evaluate.enabled is true but the input has no label column; set "
-                          "input.label_column or evaluate.enabled: auto.")
+        raise ConfigError(
+            "evaluate.enabled is true but the input has no label column; set "
+            "input.label_column or evaluate.enabled: auto."
+        )
     return bool(enabled)
 
 
@@ -313,7 +350,11 @@ def _training_rows(cfg: Any, ing: dict, split: dict) -> tuple[da.Array, int]:
     mask = read_split(run_layout(cfg), split)
     X = src.X if mask is None else src.X[mask.astype(bool)]
     n = int(X.shape[0])
-    r = _auto_block_rows(n) if cfg.chunks.block_rows == "auto" else min(int(cfg.chunks.block_rows), n)
+    r = (
+        _auto_block_rows(n)
+        if cfg.chunks.block_rows == "auto"
+        else min(int(cfg.chunks.block_rows), n)
+    )
     return X.rechunk({0: r, 1: -1}), r
 
 
@@ -339,8 +380,9 @@ def files_under(layout: RunLayout, folder: str) -> dict[str, str]:
 
 def _same(a: Any, b: Any) -> bool:
     """Equal as JSON (so NaN equals NaN, and tuples equal lists)."""
-    return (json.dumps(a, sort_keys=True, default=json_default)
-            == json.dumps(b, sort_keys=True, default=json_default))
+    return json.dumps(a, sort_keys=True, default=json_default) == json.dumps(
+        b, sort_keys=True, default=json_default
+    )
 
 
 # ---------------------------------------------------------------------- stages
@@ -371,9 +413,12 @@ def stage_split(cfg: Any, ing: dict[str, Any]) -> dict[str, Any]:
     mask = None
     if evaluation_wanted(cfg, res):
         # stratified by class, seeded by evaluate.random_state (labels are n ints)
-        mask = make_split(np.asarray(src.labels.compute()), cfg.evaluate.test_fraction,
-                          random_state=cfg.evaluate.random_state,
-                          stratify=cfg.evaluate.stratify)
+        mask = make_split(
+            np.asarray(src.labels.compute()),
+            cfg.evaluate.test_fraction,
+            random_state=cfg.evaluate.random_state,
+            stratify=cfg.evaluate.stratify,
+        )
         _store_array(g, "split", da.from_array(mask, chunks=rows), rows)
     elif "split" in g:
         del g["split"]
@@ -384,10 +429,16 @@ def stage_split(cfg: Any, ing: dict[str, Any]) -> dict[str, Any]:
             del g[name]
     if src.labels is not None:
         g["labels"].attrs["classes"] = src.classes
-    split_id = "all" if mask is None else hashlib.blake2b(mask.tobytes(), digest_size=8).hexdigest()
+    split_id = (
+        "all" if mask is None else hashlib.blake2b(mask.tobytes(), digest_size=8).hexdigest()
+    )
     n_train = res.n_rows if mask is None else int(mask.sum())
-    return {"held_out": mask is not None, "n_train": n_train,
-            "n_test": res.n_rows - n_train, "split_id": split_id}
+    return {
+        "held_out": mask is not None,
+        "n_train": n_train,
+        "n_test": res.n_rows - n_train,
+        "split_id": split_id,
+    }
 
 
 def _fingerprint_split(cfg: Any, res: dict) -> dict:
@@ -415,20 +466,37 @@ def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[s
     X_train, r = _training_rows(cfg, ing, split)
     n_train = int(X_train.shape[0])
     if cfg.solver.n_components > n_train:
-        raise ConfigError(f"solver.n_components={cfg.solver.n_components} exceeds the "
-                          f"{n_train} training rows; ask for fewer components.")
+        raise ConfigError(
+            f"solver.n_components={cfg.solver.n_components} exceeds the "
+            f"{n_train} training rows; ask for fewer components."
+        )
     solver = make_planner(cfg)._resolve_solver(n_train)
     materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
-    logger.info("plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)", n_train, r,
-                solver, "materialised" if materialize else "recomputed per pass", why)
-    info: dict[str, Any] = {"materialized": materialize, "reason": why, "solver": solver,
-                            "block_rows": r}
+    logger.info(
+        "plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)",
+        n_train,
+        r,
+        solver,
+        "materialised" if materialize else "recomputed per pass",
+        why,
+    )
+    info: dict[str, Any] = {
+        "materialized": materialize,
+        "reason": why,
+        "solver": solver,
+        "block_rows": r,
+    }
     if materialize:
         X_train = X_train.persist()
         est, kernel = _resolved_kernel(cfg, X_train, res.n_features)
-        ks = build_kernel_store(X_train, kernel, cfg.solver.dtype, run_layout(cfg).kernel,
-                                input_fingerprint=f"{res.fingerprint}:split={split['split_id']}",
-                                verify=cfg.kernel_store.verify)
+        ks = build_kernel_store(
+            X_train,
+            kernel,
+            cfg.solver.dtype,
+            run_layout(cfg).kernel,
+            input_fingerprint=f"{res.fingerprint}:split={split['split_id']}",
+            verify=cfg.kernel_store.verify,
+        )
         info.update(ks.to_dict())
         info["gamma"] = est.gamma_
     return info
@@ -439,9 +507,13 @@ def _fresh_kernel(cfg: Any, inputs: dict, res: dict) -> str | None:
         return None  # nothing on disk: the solver evaluates blocks itself
     g = run_layout(cfg).kernel.open_group("r")
     ing, split = inputs["ing"], inputs["split"]
-    expected = {"input_fingerprint": f"{ing['fingerprint']}:split={split['split_id']}",
-                "kernel": res["kernel"], "dtype": res["dtype"],
-                "block_rows": res["block_rows"], "n": res["n"]}
+    expected = {
+        "input_fingerprint": f"{ing['fingerprint']}:split={split['split_id']}",
+        "kernel": res["kernel"],
+        "dtype": res["dtype"],
+        "block_rows": res["block_rows"],
+        "n": res["n"],
+    }
     if not all(_same(g.attrs.get(k), v) for k, v in expected.items()):
         return "the kernel store belongs to another input or kernel"
     done = np.asarray(g["done"][...], dtype=np.uint64)
@@ -504,17 +576,25 @@ def stage_project(cfg: Any, ing: dict, split: dict, solved: dict) -> dict[str, A
     write_spectrum(out, model)
     if cfg.output.parquet:
         g = out.open_group("r")
-        pq = write_parquet(out, da.from_zarr(g[EMBEDDING]), ids=src.ids, labels=src.labels,
-                           classes=src.classes,
-                           split=None if mask is None else da.from_array(mask, chunks=src.X.chunks[0]))
+        pq = write_parquet(
+            out,
+            da.from_zarr(g[EMBEDDING]),
+            ids=src.ids,
+            labels=src.labels,
+            classes=src.classes,
+            split=None if mask is None else da.from_array(mask, chunks=src.X.chunks[0]),
+        )
         info["parquet"] = pq["path"]
     return info
 
 
 def _fingerprint_project(cfg: Any, res: dict) -> dict:
     layout = run_layout(cfg)
-    return {**res, "checksums": checksums(layout.out.open_group("r"), _PROJECT_ARRAYS),
-            "files": files_under(layout, PARQUET)}
+    return {
+        **res,
+        "checksums": checksums(layout.out.open_group("r"), _PROJECT_ARRAYS),
+        "files": files_under(layout, PARQUET),
+    }
 
 
 def _fresh_project(cfg: Any, inputs: dict, res: dict) -> str | None:
@@ -543,8 +623,9 @@ def _fresh_denoise(cfg: Any, inputs: dict, res: dict) -> str | None:
     return None
 
 
-def stage_evaluate(cfg: Any, ing: dict, split: dict, solved: dict,
-                   projected: dict) -> dict[str, Any] | None:
+def stage_evaluate(
+    cfg: Any, ing: dict, split: dict, solved: dict, projected: dict
+) -> dict[str, Any] | None:
     """Classifier on the embedding vs linear PCA, and the report (labelled input only).
 
     Reads the ingested rows, the model and the embedding from the run folder: ``ing``,
@@ -577,27 +658,48 @@ def _fresh_evaluate(cfg: Any, inputs: dict, res: dict | None) -> str | None:
     return None
 
 
-def stage_export(cfg: Any, ing: dict, split: dict, kernel: dict, solved: dict,
-                 projected: dict, evaluation: dict | None, denoised: dict | None,
-                 timings: dict[str, float]) -> dict[str, Any]:
+def stage_export(
+    cfg: Any,
+    ing: dict,
+    split: dict,
+    kernel: dict,
+    solved: dict,
+    projected: dict,
+    evaluation: dict | None,
+    denoised: dict | None,
+    timings: dict[str, float],
+) -> dict[str, Any]:
     """Checksums and the manifest, written last and atomically: the run is now a result.
 
     ``timings`` are this run's and not part of any cache key.
     """
     model = {k: v for k, v in solved.items() if k != MODEL_CHECKSUMS}
-    denoised = ({k: v for k, v in denoised.items() if k != "checksums"}
-                if denoised and denoised.get("enabled") else None)
+    denoised = (
+        {k: v for k, v in denoised.items() if k != "checksums"}
+        if denoised and denoised.get("enabled")
+        else None
+    )
     return write_manifest(
-        run_layout(cfg).out, config=cfg.to_json_dict(), ingest=ing,
-        model={**model, "path": MODEL}, timings=timings,
+        run_layout(cfg).out,
+        config=cfg.to_json_dict(),
+        ingest=ing,
+        model={**model, "path": MODEL},
+        timings=timings,
         arrays=tuple(denoised["arrays"]) if denoised else (),
-        extra={"kernel_store": kernel, "evaluation": _summary(evaluation) if evaluation else None,
-               "denoise": denoised})
+        extra={
+            "kernel_store": kernel,
+            "evaluation": _summary(evaluation) if evaluation else None,
+            "denoise": denoised,
+        },
+    )
 
 
 def _summary(evaluation: dict) -> dict:
-    return {k: v for k, v in evaluation.items()
-            if isinstance(v, (int, float, str, bool)) or v is None}
+    return {
+        k: v
+        for k, v in evaluation.items()
+        if isinstance(v, (int, float, str, bool)) or v is None
+    }
 
 
 def _fresh_export(cfg: Any, inputs: dict, res: dict) -> str | None:
@@ -611,44 +713,119 @@ def _fresh_export(cfg: Any, inputs: dict, res: dict) -> str | None:
 
 # -------------------------------------------------------------------- the stages
 #: what the kernel stage plans with (pipeline.solve.make_planner reads exactly these)
-_KERNEL_FIELDS = ("kernel", "solver.n_components", "solver.eigen_solver", "solver.dtype",
-                  "solver.n_oversamples", "solver.random_state", "solver.n_landmarks",
-                  "solver.landmark_method", "chunks.block_rows", "kernel_store")
+_KERNEL_FIELDS = (
+    "kernel",
+    "solver.n_components",
+    "solver.eigen_solver",
+    "solver.dtype",
+    "solver.n_oversamples",
+    "solver.random_state",
+    "solver.n_landmarks",
+    "solver.landmark_method",
+    "chunks.block_rows",
+    "kernel_store",
+)
 #: the denoise fields the solve fits the pre-image map with (pipeline.denoise.estimator_params)
-_PREIMAGE_FIELDS = ("denoise.enabled", "denoise.alpha", "denoise.preimage",
-                    "denoise.sample_size", "denoise.tol", "denoise.max_iter")
+_PREIMAGE_FIELDS = (
+    "denoise.enabled",
+    "denoise.alpha",
+    "denoise.preimage",
+    "denoise.sample_size",
+    "denoise.tol",
+    "denoise.max_iter",
+)
 
-REGISTRY = Registry([
-    Stage("ingest", stage_ingest, config=("input", "chunks.target_chunk_mb"), result="ing",
-          fresh=_fresh_ingest, reads_source=True, doc="input -> work/ingest.zarr, validated and fingerprinted"),
-    Stage("split", stage_split, inputs=("ing",), result="split",
-          config=("evaluate.enabled", "evaluate.test_fraction", "evaluate.random_state",
-                  "evaluate.stratify"),
-          publishes=ROW_ARRAYS, fingerprint=_fingerprint_split, fresh=_fresh_split,
-          doc="held-out rows (labelled input), labels/ids/split next to the embedding"),
-    Stage("kernel", stage_kernel, inputs=("ing", "split"), result="kernel",
-          config=_KERNEL_FIELDS, fresh=_fresh_kernel,
-          doc="plan the solve; materialise the upper kernel blocks when that pays"),
-    Stage("solve", stage_solve, inputs=("ing", "split", "kernel"), result="solved",
-          config=("kernel", "solver", "chunks.block_rows", "kernel_store") + _PREIMAGE_FIELDS,
-          publishes=(MODEL,), fingerprint=_fingerprint_solve, fresh=_fresh_solve,
-          doc="fit on the training rows; the model goes to <out>/model"),
-    Stage("project", stage_project, inputs=("ing", "split", "solved"), result="projected",
-          config=("output.parquet",), publishes=(EMBEDDING, "spectrum", PARQUET),
-          fingerprint=_fingerprint_project, fresh=_fresh_project,
-          doc="embedding of every row (zarr, optional Parquet) and the spectrum"),
-    Stage("denoise", stage_denoise, inputs=("ing", "split", "solved"), result="denoised",
-          config=("denoise",), publishes=("<denoise.output_name>",),
-          fingerprint=_fingerprint_denoise, fresh=_fresh_denoise,
-          doc="pre-images of the embedding (denoise.enabled), written next to it"),
-    Stage("evaluate", stage_evaluate, inputs=("ing", "split", "solved", "projected"),
-          result="evaluation", config=("evaluate",), publishes=(REPORT,),
-          fingerprint=_fingerprint_evaluate, fresh=_fresh_evaluate,
-          doc="classifier on the embedding vs linear PCA, and the report"),
-    # The manifest records the whole config; run control stays out of its key (RUN_CONTROL).
-    Stage("export", stage_export,
-          inputs=("ing", "split", "kernel", "solved", "projected", "evaluation", "denoised"),
-          result="manifest", config=tuple(PipelineConfig.model_fields), run_info=("timings",),
-          publishes=("manifest.json",), fresh=_fresh_export,
-          doc="checksums and the manifest, written last and atomically"),
-])
+REGISTRY = Registry(
+    [
+        Stage(
+            "ingest",
+            stage_ingest,
+            config=("input", "chunks.target_chunk_mb"),
+            result="ing",
+            fresh=_fresh_ingest,
+            reads_source=True,
+            doc="input -> work/ingest.zarr, validated and fingerprinted",
+        ),
+        Stage(
+            "split",
+            stage_split,
+            inputs=("ing",),
+            result="split",
+            config=(
+                "evaluate.enabled",
+                "evaluate.test_fraction",
+                "evaluate.random_state",
+                "evaluate.stratify",
+            ),
+            publishes=ROW_ARRAYS,
+            fingerprint=_fingerprint_split,
+            fresh=_fresh_split,
+            doc="held-out rows (labelled input), labels/ids/split next to the embedding",
+        ),
+        Stage(
+            "kernel",
+            stage_kernel,
+            inputs=("ing", "split"),
+            result="kernel",
+            config=_KERNEL_FIELDS,
+            fresh=_fresh_kernel,
+            doc="plan the solve; materialise the upper kernel blocks when that pays",
+        ),
+        Stage(
+            "solve",
+            stage_solve,
+            inputs=("ing", "split", "kernel"),
+            result="solved",
+            config=("kernel", "solver", "chunks.block_rows", "kernel_store") + _PREIMAGE_FIELDS,
+            publishes=(MODEL,),
+            fingerprint=_fingerprint_solve,
+            fresh=_fresh_solve,
+            doc="fit on the training rows; the model goes to <out>/model",
+        ),
+        Stage(
+            "project",
+            stage_project,
+            inputs=("ing", "split", "solved"),
+            result="projected",
+            config=("output.parquet",),
+            publishes=(EMBEDDING, "spectrum", PARQUET),
+            fingerprint=_fingerprint_project,
+            fresh=_fresh_project,
+            doc="embedding of every row (zarr, optional Parquet) and the spectrum",
+        ),
+        Stage(
+            "denoise",
+            stage_denoise,
+            inputs=("ing", "split", "solved"),
+            result="denoised",
+            config=("denoise",),
+            publishes=("<denoise.output_name>",),
+            fingerprint=_fingerprint_denoise,
+            fresh=_fresh_denoise,
+            doc="pre-images of the embedding (denoise.enabled), written next to it",
+        ),
+        Stage(
+            "evaluate",
+            stage_evaluate,
+            inputs=("ing", "split", "solved", "projected"),
+            result="evaluation",
+            config=("evaluate",),
+            publishes=(REPORT,),
+            fingerprint=_fingerprint_evaluate,
+            fresh=_fresh_evaluate,
+            doc="classifier on the embedding vs linear PCA, and the report",
+        ),
+        # The manifest records the whole config; run control stays out of its key (RUN_CONTROL).
+        Stage(
+            "export",
+            stage_export,
+            inputs=("ing", "split", "kernel", "solved", "projected", "evaluation", "denoised"),
+            result="manifest",
+            config=tuple(PipelineConfig.model_fields),
+            run_info=("timings",),
+            publishes=("manifest.json",),
+            fresh=_fresh_export,
+            doc="checksums and the manifest, written last and atomically",
+        ),
+    ]
+)

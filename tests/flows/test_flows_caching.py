@@ -116,6 +116,31 @@ def test_config_slices_name_real_fields_and_cover_the_manifest():
                 or section in RUN_CONTROL, path
 
 
+def test_new_code_means_new_keys(tmp_path):
+    """The key holds a hash of every source file of kpca_dask and pipeline: an upgrade that
+    changes any of them (not only the stage function) misses the old cache."""
+    import kpca_dask
+    import pipeline
+    from flows.caching import CODE_PACKAGES, code_version, source_hash
+
+    assert set(CODE_PACKAGES) == {kpca_dask, pipeline}
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    before = source_hash({"pkg": pkg})
+    assert source_hash({"pkg": pkg}) == before
+    (pkg / "sub" / "b.py").write_text("y = 3\n")  # a helper deep in the package
+    assert source_hash({"pkg": pkg}) != before
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "sub" / "b.py").rename(pkg / "b.py")  # same bytes, moved
+    assert source_hash({"pkg": pkg}) != before
+    # the running packages' hash is in every stage's code version
+    from flows.caching import _package_code
+
+    assert all(_package_code()[:16] in code_version(s) for s in REGISTRY)
+
+
 def test_results_round_trip_as_plain_json():
     """Task results are stored as JSON: no pickle, no class hooks; errors as descriptions."""
     import numpy as np

@@ -24,11 +24,14 @@ def config(tmp_path: Path, **over):
     npy = tmp_path / "x.npy"
     if not npy.exists():
         np.save(npy, X)
-    cfg = {"input": {"path": str(npy)}, "kernel": {"gamma": 0.3},
-           "solver": {"n_components": 2, "eigen_solver": "dense", "dtype": "float64"},
-           "chunks": {"target_chunk_mb": 0.002, "block_rows": 64},
-           "output": {"path": str(tmp_path / "out"), "parquet": False},
-           "evaluate": {"enabled": False}}
+    cfg = {
+        "input": {"path": str(npy)},
+        "kernel": {"gamma": 0.3},
+        "solver": {"n_components": 2, "eigen_solver": "dense", "dtype": "float64"},
+        "chunks": {"target_chunk_mb": 0.002, "block_rows": 64},
+        "output": {"path": str(tmp_path / "out"), "parquet": False},
+        "evaluate": {"enabled": False},
+    }
     for k, v in over.items():
         cfg.setdefault(k, {}).update(v)
     return load_config(cfg)
@@ -45,7 +48,9 @@ def test_a_stage_reading_outside_its_slice_fails_loudly(tmp_path):
     with pytest.raises(ConfigSliceError) as err:
         _ = view.solver.max_iter  # the fit's stopping rule: not the kernel stage's business
     msg = str(err.value)
-    assert "stage 'kernel'" in msg and "'solver.max_iter'" in msg and "pipeline/stages.py" in msg
+    assert (
+        "stage 'kernel'" in msg and "'solver.max_iter'" in msg and "pipeline/stages.py" in msg
+    )
     assert "\n" not in msg
     with pytest.raises(ConfigSliceError, match="stage 'kernel' read config field 'evaluate'"):
         _ = view.evaluate
@@ -64,8 +69,9 @@ def test_a_stage_that_reads_an_undeclared_field_fails_the_run(tmp_path):
     def stage_sloppy(cfg, ing):
         return {"gamma": cfg.kernel.gamma}  # declared only solver.dtype
 
-    sloppy = Stage("sloppy", stage_sloppy, config=("solver.dtype",), inputs=("ing",),
-                   result="sloppy")
+    sloppy = Stage(
+        "sloppy", stage_sloppy, config=("solver.dtype",), inputs=("ing",), result="sloppy"
+    )
     cfg = config(tmp_path)
     with pytest.raises(ConfigSliceError, match="stage 'sloppy' read config field 'kernel'"):
         run_pipeline(cfg, registry=REGISTRY.with_stage(sloppy, before="split"))
@@ -81,10 +87,16 @@ def test_every_stage_slice_is_the_config_it_reads(tmp_path):
     assert verify_run(tmp_path / "out")["status"] == "complete"
     assert set(REGISTRY.names) <= set(summary.timings)
     data = REGISTRY["split"].view(cfg).to_json_dict()
-    assert data == {"evaluate": {"enabled": False, "random_state": 0, "stratify": True,
-                                 "test_fraction": 0.2},
-                    "output": {"path": cfg.output.path},
-                    "input": {"storage_options": {}}}
+    assert data == {
+        "evaluate": {
+            "enabled": False,
+            "random_state": 0,
+            "stratify": True,
+            "test_fraction": 0.2,
+        },
+        "output": {"path": cfg.output.path},
+        "input": {"storage_options": {}},
+    }
 
 
 def test_the_registry_refuses_inputs_no_earlier_stage_returns():
@@ -105,8 +117,9 @@ def test_a_toy_stage_is_one_registry_edit_for_the_plain_run(tmp_path, monkeypatc
         calls.append((ing["n_rows"], cfg.chunks.block_rows))
         return {"rows": ing["n_rows"]}
 
-    toy = Stage("count", stage_count, config=("chunks.block_rows",), inputs=("ing",),
-                result="count")
+    toy = Stage(
+        "count", stage_count, config=("chunks.block_rows",), inputs=("ing",), result="count"
+    )
     monkeypatch.setattr(stages, "REGISTRY", REGISTRY.with_stage(toy, before="export"))
     summary = run_pipeline(config(tmp_path))
     assert calls == [(N, 64)] and "count" in summary.timings
@@ -129,10 +142,22 @@ def test_the_layout_names_every_store_under_the_output(tmp_path):
     assert lay.flow_cache.local_path == root / "work" / "flow-cache"
     assert lay.manifest.local_path == root / MANIFEST and lay.prev.local_path == root / PREV
     assert all(loc.local_path.is_relative_to(root) for loc in lay.stores().values())
-    remote = config(tmp_path, input={"storage_options": {"anon": True}},
-                    output={"path": "s3://bucket/run"})
+    remote = config(
+        tmp_path, input={"storage_options": {"anon": True}}, output={"path": "s3://bucket/run"}
+    )
     assert run_layout(remote).model.storage_options == {"anon": True}
     assert run_layout(remote).model.url == "s3://bucket/run/model"
+
+
+def test_the_store_module_knows_the_layout_names():
+    """pipeline/store.py sits below the layout (it defines Location), so it keeps its own
+    lists of a run's names for ownership checks: they must be the layout's."""
+    from kpca_dask._removal import MARKER_FILE
+    from pipeline import layout, store
+
+    assert set(store.RUN_FOLDERS) <= layout.RUN_NAMES
+    assert set(store.OUR_FILES) <= layout.RUN_NAMES | {MARKER_FILE}
+    assert layout.PREV in store.OUR_PREFIXES
 
 
 def test_an_old_run_folder_with_a_centre_store_still_runs(tmp_path):
