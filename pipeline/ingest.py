@@ -22,7 +22,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from kpca_dask._validation import describe_missing_chunks, missing_zarr_chunks
+from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
 from .config import ChunkConfig, InputConfig
 from .progress import compute

@@ -31,7 +31,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from kpca_dask._removal import MARKER_FILE, has_marker, write_marker
+from kpca_dask.removal import MARKER_FILE, has_marker, write_marker
 
 from .errors import UserError
 from .layout import MANIFEST, PREV, RUN_NAMES
@@ -249,7 +249,7 @@ def check_transform_output(output: str, *, model_path: str, inputs: list[str],
     current or home folder, the input, a run folder or anything inside the model's run,
     a link, and an existing path that is not a transform output of ours (even with
     ``overwrite``); an existing output of ours needs ``overwrite``."""
-    from kpca_dask._removal import removal_refusal
+    from kpca_dask.removal import removal_refusal
 
     raw = "" if output is None else str(output)
     if raw.strip() in ("", ".", "./") or raw.rstrip("/") in ("", ".", ".."):

@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 import pandas as pd
 
-from kpca_dask._validation import describe_missing_chunks, missing_zarr_chunks
+from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
 from .config import ChunkConfig, InputConfig
 from .errors import UserError

@@ -36,7 +36,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from kpca_dask.estimator import _auto_block_rows
+from kpca_dask.plan import auto_block_rows
 
 from .cluster import release_worker_memory
 from .config import ConfigError, PipelineConfig
@@ -351,7 +351,7 @@ def _training_rows(cfg: Any, ing: dict, split: dict) -> tuple[da.Array, int]:
     X = src.X if mask is None else src.X[mask.astype(bool)]
     n = int(X.shape[0])
     r = (
-        _auto_block_rows(n)
+        auto_block_rows(n)
         if cfg.chunks.block_rows == "auto"
         else min(int(cfg.chunks.block_rows), n)
     )
@@ -451,15 +451,6 @@ def _fresh_split(cfg: Any, inputs: dict, res: dict) -> str | None:
     return None
 
 
-def _resolved_kernel(cfg: Any, X_train: da.Array, n_features: int):
-    # TODO: a public KernelPCA.resolve_kernel(X) once the estimator API settles.
-    est = make_planner(cfg)
-    est._check_params()
-    est._dtype = np.dtype(cfg.solver.dtype)
-    est.gamma_ = est._resolve_gamma(X_train, int(X_train.shape[0]), n_features)
-    return est, est._make_kernel()
-
-
 def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[str, Any]:
     """Decide whether to materialise K; if so, build the upper-block store (resumable)."""
     res = IngestResult.from_dict(ing)
@@ -470,7 +461,8 @@ def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[s
             f"solver.n_components={cfg.solver.n_components} exceeds the "
             f"{n_train} training rows; ask for fewer components."
         )
-    solver = make_planner(cfg)._resolve_solver(n_train)
+    est = make_planner(cfg)
+    solver = est.plan(X_train, kernel=False).solver  # reads no data
     materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
     logger.info(
         "plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)",
@@ -488,17 +480,17 @@ def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[s
     }
     if materialize:
         X_train = X_train.persist()
-        est, kernel = _resolved_kernel(cfg, X_train, res.n_features)
+        plan = est.plan(X_train)  # gamma="scale": a sample of the persisted rows
         ks = build_kernel_store(
             X_train,
-            kernel,
+            plan.kernel,
             cfg.solver.dtype,
             run_layout(cfg).kernel,
             input_fingerprint=f"{res.fingerprint}:split={split['split_id']}",
             verify=cfg.kernel_store.verify,
         )
         info.update(ks.to_dict())
-        info["gamma"] = est.gamma_
+        info["gamma"] = plan.gamma
     return info
 
 

@@ -24,7 +24,7 @@ import fsspec
 import numpy as np
 import zarr
 
-from kpca_dask._removal import (MARKER_FILE, has_marker, placed_path, remove_owned,
+from kpca_dask.removal import (MARKER_FILE, has_marker, placed_path, remove_owned,
                                 remove_owned_url, write_marker)
 
 from .errors import UserError
@@ -209,7 +209,7 @@ class Location:
     def remove(self, *, root: Location | None = None, protect: tuple = (),
                owned: Any = None) -> bool:
         """Remove this file/folder through the one deletion primitive
-        (:func:`kpca_dask._removal.remove_owned`): only if kpca-dask wrote it
+        (:func:`kpca_dask.removal.remove_owned`): only if kpca-dask wrote it
         (:func:`is_ours`, or the caller's ``owned`` check), only inside ``root`` (default:
         itself), never following links, never a ``protect``-ed path (the inputs)."""
         root = root or self

@@ -37,7 +37,7 @@ from sklearn.datasets import make_blobs, make_circles, make_moons
 from sklearn.metrics.pairwise import pairwise_kernels
 
 from kpca_dask import ConvergenceWarning, KernelPCA
-from kpca_dask import estimator as estimator_module
+from kpca_dask import plan as plan_module
 from kpca_dask.exceptions import DroppedComponentsWarning
 
 K = 16
@@ -300,7 +300,7 @@ def test_auto_escalates_to_dense_when_small():
 def test_auto_escalates_to_a_larger_block_then_warns(monkeypatch):
     """Above the dense fallback size, auto retries with a larger block and more passes;
     if that is still not certified, it warns (saying it escalated)."""
-    monkeypatch.setattr(estimator_module, "DENSE_FALLBACK_SAMPLES", 1000)
+    monkeypatch.setattr(plan_module, "DENSE_FALLBACK_SAMPLES", 1000)
     X = _bigger()
     ok = KernelPCA(8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=3,
                    random_state=0)

@@ -152,7 +152,7 @@ def test_the_layout_names_every_store_under_the_output(tmp_path):
 def test_the_store_module_knows_the_layout_names():
     """pipeline/store.py sits below the layout (it defines Location), so it keeps its own
     lists of a run's names for ownership checks: they must be the layout's."""
-    from kpca_dask._removal import MARKER_FILE
+    from kpca_dask.removal import MARKER_FILE
     from pipeline import layout, store
 
     assert set(store.RUN_FOLDERS) <= layout.RUN_NAMES
