@@ -44,10 +44,22 @@ residuals and the gaps between Ritz values (:func:`certify`):
   cluster of one. A flat spectral tail is thus certified as a subspace, not
   vector by vector; when ``k`` cuts a cluster, the returned part of it is not
   defined by the problem and only its eigenvalues are certified.
+* the flat tail (issue 17): when ``k`` cuts a run of Ritz values whose
+  relative gaps are all below ``tail_tol`` (default ``min(0.05, 500 *
+  sqrt(tol))``: 5 % for the default tolerances), no gap below it defines a
+  subspace and only Weyl's bound (linear in the residual) certifies its
+  eigenvalues: they are certified to ``tail_tol``, their vectors not at all
+  ("eigenvalue only"). Chasing them to ``tol`` cost 20 passes instead of 8 on
+  clustered data (10 blobs, k = 16; docs/solvers.md).
+
+The certificate records per pair what was certified (``certified``: "vector",
+"subspace" or "eigenvalue only"), the eigenvalue level asked
+(``eigenvalue_levels``) and bound reached, the angle bound, and the tail's
+first index (``tail_start``, None without a tail).
 
 Stopping: with ``n_power_iter="auto"`` the iteration stops as soon as the
 certificate holds for every returned pair: eigenvalue bound ``<= tol * theta
-+ tau`` (``tol**0.75`` inside a cluster) and angle bound, weighted by the
++ tau`` (``tol**0.75`` inside a cluster, ``tail_tol`` in the tail) and angle bound, weighted by the
 embedding scale ``sqrt(theta / theta_1)``, ``<= sqrt(tol)`` (up to the
 rounding level ``tau``; docs/solvers.md). One last pass computes ``A V`` for the returned vectors: a
 Rayleigh-Ritz step on them sharpens the eigenvalues and gives their exact
@@ -64,10 +76,14 @@ chunking), so results depend only on ``random_state``.
 Memory model: the driver holds the basis ``W`` (n x L float64, L = l * passes,
 capped by ``max_basis`` with a restart), the latest product (n x l) and small
 L x L matrices -- nothing of size n^2, and the products ``A W`` are not kept.
+
+Threads: the driver's algebra runs on one BLAS thread
+(``_threads.blas_threads_for_driver``); the products set their own budget.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
@@ -76,6 +92,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import scipy.linalg
 
+from .._threads import blas_threads_for_driver
 from ..exceptions import ConvergenceWarning
 from ._common import EigResult, deterministic_signs
 
@@ -378,6 +395,19 @@ def default_rank_rtol(eps: float) -> float:
 
 
 # --------------------------------------------------------------------- solver
+def _driver_blas(fn):
+    """Run ``fn`` with the driver's BLAS budget (``_threads.blas_threads_for_driver``);
+    the products over the kernel blocks set their own budget inside."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with blas_threads_for_driver():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_driver_blas
 def randomized_eigh(
     op: SymmetricOperator,
     n_components: int,

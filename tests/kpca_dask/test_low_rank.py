@@ -206,7 +206,7 @@ def check_tail(m: KernelPCA, case: str, tail: int) -> None:
     assert set(cert["certified"][tail:kept]) == {"eigenvalue only"}
     if m.eigen_solver_ == "randomized":
         Vt = m.eigenvectors_[:, tail:kept].astype(np.float64)
-        R = V @ ((w[:, None] * (V.T @ Vt))) - Vt * lam[tail:kept]  # Kc v - theta v
+        R = V @ (w[:, None] * (V.T @ Vt)) - Vt * lam[tail:kept]  # Kc v - theta v
         r = np.linalg.norm(R, axis=0)
         np.testing.assert_allclose(r, m.residuals_[tail:kept] * lam[tail:kept],
                                    rtol=1e-3, atol=1e-9 * w[0])
