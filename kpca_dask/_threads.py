@@ -135,7 +135,14 @@ class _BlasLimit:
     name = "kpca-dask-blas-limit"
     idempotent = True
 
+    def __init__(self) -> None:
+        self.driver_pid = os.getpid()
+
     def setup(self, worker) -> None:
+        if os.getpid() == self.driver_pid:
+            # workers inside the driver's process share its BLAS: capped only while a
+            # computation runs (blas_threads_for_dask), not for the whole process
+            return
         threads = _threads_in_this_process() or int(worker.state.nthreads)
         limit = max(1, cpu_count() // max(1, threads))
         if blas_threads() > limit:

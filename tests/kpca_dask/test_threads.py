@@ -69,8 +69,9 @@ def driver_probe():
 
 
 def _fit(path: Path) -> KernelPCA:
-    m = KernelPCA(6, kernel=probe_kernel(path), eigen_solver="randomized", chunk_size=150,
-                  random_state=0)
+    m = KernelPCA(
+        6, kernel=probe_kernel(path), eigen_solver="randomized", chunk_size=150, random_state=0
+    )
     return m.fit(X)
 
 
@@ -94,8 +95,12 @@ def test_blas_limit_inside_tasks_on_an_in_process_local_cluster(tmp_path, driver
     from distributed import Client, LocalCluster
 
     path = tmp_path / "blas.txt"
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=None) as cluster, Client(cluster):
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster),
+    ):
         _fit(path)
     seen = _seen(path)
     assert seen and max(seen) <= max(1, cpu_count() // 2), seen
@@ -120,18 +125,20 @@ def test_the_driver_limit_is_restored_after_the_solve(tmp_path):
     with dask.config.set(scheduler="threads"):
         _fit(tmp_path / "blas.txt")
     assert blas_threads() == before
-    with dask.config.set(scheduler="threads", num_workers=cpu_count()):
-        with blas_threads_for_dask():
-            assert blas_threads() == 1
+    with dask.config.set(scheduler="threads", num_workers=cpu_count()), blas_threads_for_dask():
+        assert blas_threads() == 1
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"cpu.max": "150000 100000\n"}, 1.5),
-    ({"cpu.max": "max 100000\n"}, None),
-    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0),
-    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),
+    ],
+)
 def test_cgroup_cpu_quota(tmp_path, files, expected):
     """cgroup v2 ``cpu.max`` and v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, as the
     kernel writes them (a real folder laid out like /sys/fs/cgroup)."""
