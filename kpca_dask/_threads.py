@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import weakref
@@ -51,6 +52,8 @@ __all__ = [
 ]
 
 _CGROUP = Path("/sys/fs/cgroup")
+
+logger = logging.getLogger("kpca_dask")
 
 
 def _cgroup_quota(root: Path = _CGROUP) -> float | None:
@@ -180,7 +183,10 @@ def _register(client) -> None:
     """Register :class:`BlasLimitPlugin` once per client (workers joining later get it too)."""
     if client in _REGISTERED:
         return
-    client.register_plugin(_plugin_class()(), name=_BlasLimit.name)
+    try:
+        client.register_plugin(_plugin_class()(), name=_BlasLimit.name)
+    except Exception as exc:  # noqa: BLE001 - a cap we could not install is not an error
+        logger.debug("could not install the BLAS thread limit on the workers: %s", exc)
     _REGISTERED.add(client)
 
 
