@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_passes import GAMMA, K, cpu_model, data, reference  # noqa: E402
+from bench_passes import GAMMA, K, cpu_model, data, reference
 
 
 def child(which: str, n: int, dtype: str) -> None:
@@ -36,13 +36,21 @@ def child(which: str, n: int, dtype: str) -> None:
     else:
         from kpca_dask import KernelPCA
 
-        m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0,
-                      dtype=dtype)
+        m = KernelPCA(
+            K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0, dtype=dtype
+        )
     t0 = time.perf_counter()
     m.fit(X)
     secs = time.perf_counter() - t0
-    print(json.dumps({"seconds": round(secs, 1), "passes": getattr(m, "n_passes_", None),
-                      "eigenvalues": m.eigenvalues_.tolist()}))
+    print(
+        json.dumps(
+            {
+                "seconds": round(secs, 1),
+                "passes": getattr(m, "n_passes_", None),
+                "eigenvalues": m.eigenvalues_.tolist(),
+            }
+        )
+    )
 
 
 def main(argv=None) -> None:
@@ -53,8 +61,12 @@ def main(argv=None) -> None:
     if args.child:
         return child(args.child[0], int(args.child[1]), args.child[2])
     wref, _ = reference(data("clustered", args.n))
-    runs = [("ours", "float64", None), ("ours", "float64", "1"), ("ours", "float32", None),
-            ("sklearn", "float64", None)]
+    runs = [
+        ("ours", "float64", None),
+        ("ours", "float64", "1"),
+        ("ours", "float32", None),
+        ("sklearn", "float64", None),
+    ]
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     rows = []
     try:
@@ -62,12 +74,21 @@ def main(argv=None) -> None:
             env = dict(os.environ)
             if blas:
                 env["OPENBLAS_NUM_THREADS"] = blas
-            out = subprocess.run([sys.executable, __file__, "--child", which, str(args.n), dtype],
-                                 env=env, capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", which, str(args.n), dtype],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             r = json.loads(out.strip().splitlines()[-1])
             lam = np.asarray(r.pop("eigenvalues"))
-            r.update(which=which, dtype=dtype, openblas_threads=blas or "default",
-                     max_eigenvalue_error=float(np.max(np.abs(lam - wref[:K]) / wref[:K])))
+            r.update(
+                which=which,
+                dtype=dtype,
+                openblas_threads=blas or "default",
+                max_eigenvalue_error=float(np.max(np.abs(lam - wref[:K]) / wref[:K])),
+            )
             rows.append(r)
             print(json.dumps(r), flush=True)
     finally:
@@ -77,8 +98,10 @@ def main(argv=None) -> None:
     print("| solver | dtype | OPENBLAS_NUM_THREADS | seconds | passes | max eigenvalue error |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['which']} | {r['dtype']} | {r['openblas_threads']} | {r['seconds']} | "
-              f"{r['passes']} | {r['max_eigenvalue_error']:.1e} |")
+        print(
+            f"| {r['which']} | {r['dtype']} | {r['openblas_threads']} | {r['seconds']} | "
+            f"{r['passes']} | {r['max_eigenvalue_error']:.1e} |"
+        )
 
 
 if __name__ == "__main__":
