@@ -207,9 +207,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         subspace of a cluster of nearly equal eigenvalues), up to the rounding
         level of the kernel products; None or 0 (scikit-learn's default) means
         1e-8 for float64 and 1e-5 for float32 kernel evaluation. A flat tail
-        that ``n_components`` cuts (relative gaps below ``min(0.05, 500
-        sqrt(tol))``, 5 % by default) has no gap to define its vectors: its
-        eigenvalues are certified to that level, its vectors not at all
+        that ``n_components`` cuts (relative gaps below 5 %) has no gap to
+        define its vectors: its eigenvalues are certified to ``min(0.01, 100
+        sqrt(tol))`` (1 % by default), its vectors not at all
         (``solver_info_["certificate"]["certified"]`` says per component:
         "vector", "subspace" or "eigenvalue only"; docs/solvers.md). A
         smaller ``tol`` certifies more. "arpack": ARPACK's tolerance (None or
