@@ -118,8 +118,14 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         angle of ``sqrt(tol)`` for each eigenvector, or for the invariant
         subspace of a cluster of nearly equal eigenvalues), up to the rounding
         level of the kernel products; None or 0 (scikit-learn's default) means
-        1e-8 for float64 and 1e-5 for float32 kernel evaluation. "arpack":
-        ARPACK's tolerance (None or 0: machine precision).
+        1e-8 for float64 and 1e-5 for float32 kernel evaluation. A flat tail
+        that ``n_components`` cuts (relative gaps below 5 %) has no gap to
+        define its vectors: its eigenvalues are certified to ``min(0.01, 100
+        sqrt(tol))`` (1 % by default), its vectors not at all
+        (``solver_info_["certificate"]["certified"]`` says per component:
+        "vector", "subspace" or "eigenvalue only"; docs/solvers.md). A
+        smaller ``tol`` certifies more. "arpack": ARPACK's tolerance (None or
+        0: machine precision).
     max_iter : int or None, default=20
         Cap on randomized passes with ``n_power_iter="auto"`` (None: 20).
         "arpack": ARPACK's ``maxiter`` (None: ARPACK's default, ``10 n``).
@@ -285,8 +291,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         computing ``k(X, Z)``, not counting reading the landmark sample).
     converged_ : bool
         Whether every returned pair is certified to ``tol`` (randomized
-        solvers: ``solver_info_["certificate"]`` has the bounds; dense solves
-        are always True). When False a
+        solvers: ``solver_info_["certificate"]`` has the bounds and what was
+        certified per pair; a flat tail by its eigenvalues only, see ``tol``;
+        dense solves are always True). When False a
         :class:`~kpca_dask.exceptions.ConvergenceWarning` was emitted.
     X_transformed_fit_ : ndarray of shape (s, n_components_)
         ``fit_inverse_transform=True``: embedding of the rows the learned

@@ -44,10 +44,23 @@ residuals and the gaps between Ritz values (:func:`certify`):
   cluster of one. A flat spectral tail is thus certified as a subspace, not
   vector by vector; when ``k`` cuts a cluster, the returned part of it is not
   defined by the problem and only its eigenvalues are certified.
+* the flat tail (issue 17): when ``k`` cuts a run of Ritz values whose
+  relative gaps are all below ``tail_rtol`` (5 %), no gap defines the vectors
+  or a subspace of any part of it, and only Weyl's bound (linear in the
+  residual) certifies its eigenvalues: they are certified to ``tail_tol``
+  (default ``min(0.01, 100 * sqrt(tol))``: 1 % for the default tolerances,
+  the pipeline's default ``solver.max_residual``), their vectors not at all
+  ("eigenvalue only"). Chasing them to ``tol**0.75`` cost 20 passes instead
+  of 11 on clustered data (10 blobs, k = 16; docs/solvers.md).
+
+The certificate records per pair what was certified (``certified``: "vector",
+"subspace" or "eigenvalue only"), the eigenvalue level asked
+(``eigenvalue_levels``) and bound reached, the angle bound, and the tail's
+first index (``tail_start``, None without a tail).
 
 Stopping: with ``n_power_iter="auto"`` the iteration stops as soon as the
 certificate holds for every returned pair: eigenvalue bound ``<= tol * theta
-+ tau`` (``tol**0.75`` inside a cluster) and angle bound, weighted by the
++ tau`` (``tol**0.75`` inside a cluster, ``tail_tol`` in the tail) and angle bound, weighted by the
 embedding scale ``sqrt(theta / theta_1)``, ``<= sqrt(tol)`` (up to the
 rounding level ``tau``; docs/solvers.md). One last pass computes ``A V`` for the returned vectors: a
 Rayleigh-Ritz step on them sharpens the eigenvalues and gives their exact
@@ -64,10 +77,14 @@ chunking), so results depend only on ``random_state``.
 Memory model: the driver holds the basis ``W`` (n x L float64, L = l * passes,
 capped by ``max_basis`` with a restart), the latest product (n x l) and small
 L x L matrices -- nothing of size n^2, and the products ``A W`` are not kept.
+
+Threads: the driver's algebra runs on one BLAS thread
+(``_threads.blas_threads_for_driver``); the products set their own budget.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
@@ -76,6 +93,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import scipy.linalg
 
+from .._threads import blas_threads_for_driver
 from ..exceptions import ConvergenceWarning
 from ._common import EigResult, deterministic_signs
 
@@ -270,7 +288,8 @@ def _tail_start(theta: np.ndarray, k: int, rtol: float, below: float | None) -> 
 def certify(theta: np.ndarray, res: np.ndarray, k: int,
             block_residual: Callable[[int, int], float], *, tol: float, floor: float,
             cluster_rtol: float, angle_tol: float, below: float | None = None,
-            cluster_tol: float | None = None, tail_tol: float | None = None) -> Certificate:
+            cluster_tol: float | None = None, tail_tol: float | None = None,
+            tail_rtol: float = 0.05) -> Certificate:
     """Certify the first ``k`` of the Ritz pairs ``theta`` (descending, all known
     ones: those beyond ``k`` give the gaps) with residual norms ``res``.
 
@@ -284,13 +303,13 @@ def certify(theta: np.ndarray, res: np.ndarray, k: int,
     basis: the rest is zero to the rounding level). Eigenvalues of pairs in a
     cluster of more than one are certified to ``cluster_tol`` (default ``tol``).
 
-    ``tail_tol`` (None: no tail) defines the flat tail: the run of returned
-    Ritz values ending at ``k`` whose consecutive relative gaps are below
-    ``tail_tol``, when ``k`` cuts it (the next Ritz value is within
-    ``tail_tol`` too, or nothing is known below). No gap defines a subspace
-    there, so its pairs are certified by their eigenvalues only, to
-    ``tail_tol`` (the resolution that decides what counts as flat); gaps
-    below it cannot be resolved by such a bound anyway.
+    The flat tail (``tail_tol`` None: none): the run of returned Ritz values
+    ending at ``k`` whose consecutive relative gaps are below ``tail_rtol``,
+    when ``k`` cuts it (the next Ritz value is within ``tail_rtol`` too, or
+    nothing is known below). No gap there is wide enough to define vectors or
+    subspaces (an angle bound ``R / gap`` with ``R`` at the tail's residual
+    level is far above ``angle_tol``), so its pairs are certified by their
+    eigenvalues only, to ``tail_tol``.
     """
     ctol = tol if cluster_tol is None else float(cluster_tol)
     m = len(theta)
@@ -302,7 +321,7 @@ def certify(theta: np.ndarray, res: np.ndarray, k: int,
     kind = [""] * k
     sizes = []
     cut = None
-    tail = _tail_start(theta, k, tail_tol, below) if tail_tol is not None else k
+    tail = _tail_start(theta, k, tail_rtol, below) if tail_tol is not None else k
     for c, (a, b) in enumerate(_clusters(theta, cluster_rtol)):
         if a >= k:
             break
@@ -359,13 +378,16 @@ def default_max_basis(n: int, budget_bytes: int = 128 << 20) -> int:
 def default_tail_tol(tol: float) -> float:
     """Relative eigenvalue accuracy certified in a flat tail cut by ``k``.
 
-    ``min(0.05, 500 * sqrt(tol))``: 5 % for the default tolerances. In a tail
-    with no gap below it only Weyl's bound ``|theta - lambda| <= r`` holds,
-    linear in the residual (the true error is about quadratic in it: measured
-    10-50x below the bound, docs/solvers.md); scikit-learn's fixed schedule
-    leaves errors of about 3 % there. A smaller ``tol`` buys more.
+    ``min(0.01, 100 * sqrt(tol))``: 1 % for the default tolerances (float64
+    and float32), 1e-4 for tol=1e-12. In a tail with no gap below it only
+    Weyl's bound ``|theta - lambda| <= r`` holds, linear in the residual (the
+    true error is about quadratic in it: measured 40x below the bound,
+    docs/solvers.md); scikit-learn's fixed schedule leaves errors of 2-3 %
+    there. 1 % keeps the certified residuals within the pipeline's default
+    ``solver.max_residual`` (0.01); 5 % would save 3 of 11 passes on the
+    clustered data. A smaller ``tol`` buys more.
     """
-    return float(min(0.05, 500.0 * np.sqrt(tol)))
+    return float(min(0.01, 100.0 * np.sqrt(tol)))
 
 
 def default_rank_rtol(eps: float) -> float:
@@ -378,6 +400,19 @@ def default_rank_rtol(eps: float) -> float:
 
 
 # --------------------------------------------------------------------- solver
+def _driver_blas(fn):
+    """Run ``fn`` with the driver's BLAS budget (``_threads.blas_threads_for_driver``);
+    the products over the kernel blocks set their own budget inside."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with blas_threads_for_driver():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_driver_blas
 def randomized_eigh(
     op: SymmetricOperator,
     n_components: int,
@@ -450,12 +485,12 @@ def randomized_eigh(
         subspace is certified instead of its individual vectors (default
         ``min(0.05, 100 * sqrt(tol))``: 1e-2 for tol=1e-8, 0.05 for 1e-5).
     tail_tol : float, optional
-        Resolution of the flat tail: when ``k`` cuts a run of Ritz values whose
-        relative gaps are all below ``tail_tol``, no gap defines those vectors
-        or their subspace, and their eigenvalues are certified to ``tail_tol``
-        (relative) instead of ``tol`` (default :func:`default_tail_tol`:
-        ``min(0.05, 500 * sqrt(tol))``, 0.05 for tol=1e-8 and 1e-5, 5e-4 for
-        tol=1e-12). 0 disables the tail rule (every eigenvalue to ``tol``).
+        When ``k`` cuts a run of Ritz values whose relative gaps are all below
+        5 % (a flat tail), no gap defines those vectors or their subspace,
+        and their eigenvalues are certified to ``tail_tol`` (relative) instead
+        of ``tol`` (default :func:`default_tail_tol`: ``min(0.01, 100 *
+        sqrt(tol))``, 0.01 for tol=1e-8 and 1e-5, 1e-4 for tol=1e-12). 0
+        disables the tail rule (every eigenvalue to ``tol``).
     warn : bool, default=True
         Emit a ConvergenceWarning when the result is not certified.
     """
