@@ -16,8 +16,10 @@ Data: ``clustered`` (the headline: 10 Gaussian clusters in d = 64, make_blobs; t
 d = 64: the second row). Load: ``quiet``, and ``busy`` (a ``python -c 'while
 True: pass'`` process runs beside the fit). Accuracy: every top-16 eigenvalue
 against an ARPACK reference (``eigsh(tol=0)`` on the float64 centred kernel
-matrix); "gapped" eigenvalues are those whose relative gap to both neighbours
-in the reference exceeds 1 %.
+matrix); "gapped" eigenvalues are those above the largest relative gap in the
+reference's top 16 (clustered: the 9 cluster eigenvalues above the flat tail).
+"At least as accurate" compares eigenvalue by eigenvalue, errors below the
+rounding floor (1e-12 float64, 1e-6 float32) counting as ties.
 
 The kernel cache measurement (``--cache-n``): float32 clustered fits with
 ``kernel_cache="memory"`` and ``"recompute"``; the time of the passes after the
@@ -52,8 +54,13 @@ sys.path.insert(0, str(HERE))
 K = 16
 D = 64
 GAMMA = 1.0 / D
-VARIANTS = ("ours-float64", "ours-float32", "ours-float64-recompute", "ours-float32-recompute",
-            "sklearn-randomized")
+VARIANTS = (
+    "ours-float64",
+    "ours-float32",
+    "ours-float64-recompute",
+    "ours-float32-recompute",
+    "sklearn-randomized",
+)
 
 
 def make_data(kind: str, n: int) -> np.ndarray:
@@ -98,8 +105,11 @@ def child_fit(kind: str, n: int, variant: str) -> dict:
 
         t = time.perf_counter()
         m = SK(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0).fit(X)
-        return {"eigenvalues": m.eigenvalues_.tolist(), "seconds": time.perf_counter() - t,
-                "peak_mb": peak_mb()}
+        return {
+            "eigenvalues": m.eigenvalues_.tolist(),
+            "seconds": time.perf_counter() - t,
+            "peak_mb": peak_mb(),
+        }
     from kpca_dask import KernelPCA
 
     parts = variant.split("-")
@@ -110,9 +120,16 @@ def child_fit(kind: str, n: int, variant: str) -> dict:
     m = KernelPCA(K, kernel="rbf", gamma=GAMMA, **kw).fit(X)
     seconds = time.perf_counter() - t
     info = m.solver_info_ or {}
-    return {"eigenvalues": m.eigenvalues_.tolist(), "seconds": seconds, "peak_mb": peak_mb(),
-            "solver": m.eigen_solver_, "passes": int(m.n_passes_), "converged": bool(m.converged_),
-            "pass_seconds": info.get("pass_seconds"), "kernel_cache": info.get("kernel_cache")}
+    return {
+        "eigenvalues": m.eigenvalues_.tolist(),
+        "seconds": seconds,
+        "peak_mb": peak_mb(),
+        "solver": m.eigen_solver_,
+        "passes": int(m.n_passes_),
+        "converged": bool(m.converged_),
+        "pass_seconds": info.get("pass_seconds"),
+        "kernel_cache": info.get("kernel_cache"),
+    }
 
 
 def child_cache(n: int, mode: str) -> dict:
@@ -125,16 +142,24 @@ def child_cache(n: int, mode: str) -> dict:
     seconds = time.perf_counter() - t
     info = m.solver_info_
     ps = info["pass_seconds"]
-    return {"n": n, "mode": mode, "seconds": seconds, "peak_mb": peak_mb(),
-            "passes": int(m.n_passes_), "first_pass_s": ps[0],
-            "later_pass_s": float(np.median(ps[1:])) if len(ps) > 1 else None,
-            "pass_seconds": ps, "kernel_cache": info.get("kernel_cache"),
-            "eigenvalues": m.eigenvalues_.tolist()}
+    return {
+        "n": n,
+        "mode": mode,
+        "seconds": seconds,
+        "peak_mb": peak_mb(),
+        "passes": int(m.n_passes_),
+        "first_pass_s": ps[0],
+        "later_pass_s": float(np.median(ps[1:])) if len(ps) > 1 else None,
+        "pass_seconds": ps,
+        "kernel_cache": info.get("kernel_cache"),
+        "eigenvalues": m.eigenvalues_.tolist(),
+    }
 
 
 def run_child(*args: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *args], check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -157,15 +182,20 @@ class BusyCore:
 
 
 # ----------------------------------------------------------------------- parent
-def gapped(ref: np.ndarray, k: int = K, rtol: float = 1e-2) -> np.ndarray:
-    """Which of the top ``k`` reference eigenvalues are separated by ``rtol`` (relative)
-    from both neighbours."""
+def gapped(ref: np.ndarray, k: int = K) -> np.ndarray:
+    """The top eigenvalues above the largest relative gap ``ref[i] / ref[i + 1]`` among
+    the top ``k`` (for the clustered data: the 9 cluster eigenvalues above the flat
+    tail), the ones whose eigenvalues a solver must get to 1e-6."""
+    drops = ref[:k] / ref[1 : k + 1]
     out = np.zeros(k, dtype=bool)
-    for i in range(k):
-        lo = ref[i] - ref[i + 1] if i + 1 < len(ref) else np.inf
-        hi = ref[i - 1] - ref[i] if i > 0 else np.inf
-        out[i] = min(lo, hi) > rtol * ref[i]
+    out[: int(np.argmax(drops)) + 1] = True
     return out
+
+
+#: Errors below these count as ties in "at least as accurate": the rounding level of
+#: the kernel values (the reference uses scikit-learn's rbf_kernel, so its kernel
+#: values, not ours, are the reference's to the last bit).
+ROUNDING_FLOOR = {"float64": 1e-12, "float32": 1e-6}
 
 
 def summarise(rows: dict, ref: np.ndarray) -> dict:
@@ -176,46 +206,69 @@ def summarise(rows: dict, ref: np.ndarray) -> dict:
         r["errors"] = err.tolist()
         r["max_error"] = float(err.max())
         r["max_gapped_error"] = float(err[gap].max()) if gap.any() else None
-    for r in rows.values():
+    for name, r in rows.items():
         err = np.asarray(r["errors"])
         if base is not None:
             r["speedup_vs_sklearn"] = base["seconds"] / r["seconds"]
             r["memory_vs_sklearn"] = r["peak_mb"] / base["peak_mb"]
-            r["every_eigenvalue_as_accurate"] = bool(np.all(err <= np.asarray(base["errors"])))
+            # our error <= theirs, eigenvalue by eigenvalue, up to the rounding floor;
+            # the tail: the eigenvalues that are not gapped
+            floor = ROUNDING_FLOOR["float32" if "float32" in name else "float64"]
+            as_good = err <= np.maximum(np.asarray(base["errors"]), floor)
+            r["as_accurate_count"] = int(as_good.sum())
+            r["every_eigenvalue_as_accurate"] = bool(as_good.all())
+            r["tail_as_accurate"] = bool(as_good[~gap].all())
+            r["gapped_within_1e-6"] = bool(np.all(err[gap] <= 1e-6))
     return {"gapped": gap.tolist(), "reference": ref[:K].tolist()}
 
 
 def print_table(title: str, rows: dict) -> None:
     print(f"\n## {title}")
-    print("| variant | wall s | peak MB | passes | max eig. error | gapped eig. error "
-          "| speed-up vs sklearn | memory vs sklearn | every eigenvalue as accurate |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| variant | wall s | peak MB | passes | max eig. error | gapped eig. error "
+        "| speed-up vs sklearn | memory vs sklearn | eigenvalues at least as accurate "
+        "| flat tail as accurate | gapped within 1e-6 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         ge = r.get("max_gapped_error")
-        print(f"| {name} | {r['seconds']:.1f} | {r['peak_mb']:.0f} | {r.get('passes', '')} | "
-              f"{r['max_error']:.1e} | {'' if ge is None else f'{ge:.1e}'} | "
-              f"{r.get('speedup_vs_sklearn', float('nan')):.2f}x | "
-              f"{r.get('memory_vs_sklearn', float('nan')):.2f} | "
-              f"{'yes' if r.get('every_eigenvalue_as_accurate') else 'no'} |", flush=True)
+        print(
+            f"| {name} | {r['seconds']:.1f} | {r['peak_mb']:.0f} | {r.get('passes', '')} | "
+            f"{r['max_error']:.1e} | {'' if ge is None else f'{ge:.1e}'} | "
+            f"{r.get('speedup_vs_sklearn', float('nan')):.2f}x | "
+            f"{r.get('memory_vs_sklearn', float('nan')):.2f} | "
+            f"{r.get('as_accurate_count', '')} of {K} | "
+            f"{'yes' if r.get('tail_as_accurate') else 'no'} | "
+            f"{'yes' if r.get('gapped_within_1e-6') else 'no'} |",
+            flush=True,
+        )
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--data", nargs="+", default=["clustered", "gaussian"])
     ap.add_argument("--loads", nargs="+", default=["quiet", "busy"], choices=["quiet", "busy"])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    ap.add_argument("--cache-n", type=int, nargs="*", default=[20000, 50000],
-                    help="sizes of the kernel cache measurement (none: skip it)")
+    ap.add_argument(
+        "--cache-n",
+        type=int,
+        nargs="*",
+        default=[20000, 50000],
+        help="sizes of the kernel cache measurement (none: skip it)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, *rest = args.child
-        fn = {"reference": lambda: child_reference(rest[0], int(rest[1])),
-              "fit": lambda: child_fit(rest[0], int(rest[1]), rest[2]),
-              "cache": lambda: child_cache(int(rest[0]), rest[1])}[kind]
+        fn = {
+            "reference": lambda: child_reference(rest[0], int(rest[1])),
+            "fit": lambda: child_fit(rest[0], int(rest[1]), rest[2]),
+            "cache": lambda: child_cache(int(rest[0]), rest[1]),
+        }[kind]
         print(json.dumps(fn()))
         return
 
@@ -223,10 +276,18 @@ def main(argv=None) -> None:
 
     t_start = time.perf_counter()
     date = datetime.date.today().isoformat()
-    results = {"date": date, "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
-               "n": args.n, "k": K, "d": D, "gamma": GAMMA,
-               "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
-               "headline": {}, "cache": []}
+    results = {
+        "date": date,
+        "cpu": cpu_model(),
+        "cores": len(os.sched_getaffinity(0)),
+        "n": args.n,
+        "k": K,
+        "d": D,
+        "gamma": GAMMA,
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "headline": {},
+        "cache": [],
+    }
     print(f"# CPU: {results['cpu']}, {results['cores']} cores usable", flush=True)
     for kind in args.data:
         ref_run = run_child("reference", kind, str(args.n))
@@ -241,17 +302,21 @@ def main(argv=None) -> None:
             print_table(f"{kind} data, n = {args.n}, {load} machine", rows)
     if args.cache_n:
         print("\n## kernel cache tier (clustered, float32, quiet)")
-        print("| n | upper blocks GB | mode | passes | first pass s | later passes s (median) "
-              "| wall s | peak MB |")
+        print(
+            "| n | upper blocks GB | mode | passes | first pass s | later passes s (median) "
+            "| wall s | peak MB |"
+        )
         print("|---|---|---|---|---|---|---|---|")
     for n in args.cache_n or []:
         for mode in ("memory", "recompute"):
             r = run_child("cache", str(n), mode)
             results["cache"].append(r)
             gb = r["kernel_cache"]["bytes"] / 1e9
-            print(f"| {n} | {gb:.2f} | {mode} | {r['passes']} | {r['first_pass_s']:.2f} | "
-                  f"{r['later_pass_s']:.3f} | {r['seconds']:.1f} | {r['peak_mb']:.0f} |",
-                  flush=True)
+            print(
+                f"| {n} | {gb:.2f} | {mode} | {r['passes']} | {r['first_pass_s']:.2f} | "
+                f"{r['later_pass_s']:.3f} | {r['seconds']:.1f} | {r['peak_mb']:.0f} |",
+                flush=True,
+            )
         mem, rec = results["cache"][-2], results["cache"][-1]
         if mem["later_pass_s"] and rec["later_pass_s"]:
             sp = rec["later_pass_s"] / mem["later_pass_s"]
