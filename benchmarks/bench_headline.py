@@ -249,7 +249,7 @@ def main(argv=None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--n", type=int, default=20000)
-    ap.add_argument("--data", nargs="+", default=["clustered", "gaussian"])
+    ap.add_argument("--data", nargs="*", default=["clustered", "gaussian"])
     ap.add_argument("--loads", nargs="+", default=["quiet", "busy"], choices=["quiet", "busy"])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument(
