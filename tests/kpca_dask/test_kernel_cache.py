@@ -85,6 +85,7 @@ def test_cached_product_equals_recomputed_and_blocks_in_compute_dtype():
             Y1 = K.product(Z)
             blocks = dask.compute(*K._cache.values())
             Y2 = K.product(Z)
+            dense = K.to_numpy()  # the dense escalation reads the cache too
         assert K._cache is None  # released on exit
         assert len(blocks) == 5 * 6 // 2  # 5 row blocks: the upper triangle, once
         assert {b.dtype for b in blocks} == {np.dtype(dtype)}
@@ -93,6 +94,20 @@ def test_cached_product_equals_recomputed_and_blocks_in_compute_dtype():
         scale = np.abs(ref).max()
         np.testing.assert_allclose(Y1, ref, atol=tol * scale)
         np.testing.assert_array_equal(Y1, Y2)
+        np.testing.assert_array_equal(
+            dense, BlockKernelMatrix(Xd, RBFKernel(GAMMA), dtype).to_numpy()
+        )
+
+
+def test_arpack_reads_the_cache(sk_ref):
+    """ARPACK makes one pass per Lanczos vector: the cached blocks serve them all."""
+    kw = {**K_FIT, "eigen_solver": "arpack"}
+    with dask.config.set(scheduler="threads"):
+        on = KernelPCA(6, kernel_cache="memory", **kw).fit(X)
+        off = KernelPCA(6, kernel_cache="recompute", **kw).fit(X)
+    assert on.solver_info_["kernel_cache"]["tier"] == "memory"
+    np.testing.assert_allclose(on.eigenvalues_, off.eigenvalues_, rtol=1e-10)
+    np.testing.assert_allclose(on.eigenvalues_, sk_ref, rtol=1e-9)
 
 
 def test_auto_chooses_recompute_when_the_budget_is_too_small():
