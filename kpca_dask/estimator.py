@@ -227,7 +227,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ``dtype``) fit half of the workers' memory limits, or of the available
         RAM on the threaded scheduler (dask config ``kpca.kernel-cache-budget``
         overrides), else "recompute". The choice is in
-        ``solver_info_["kernel_cache"]`` (docs/solvers.md).
+        ``solver_info_["kernel_cache"]`` (docs/kernel-store.md).
 
     Attributes
     ----------
