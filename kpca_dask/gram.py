@@ -162,21 +162,21 @@ CACHE_MEMORY_FRACTION = 0.5
 CACHE_BUDGET_CONFIG = "kpca.kernel-cache-budget"
 
 
-def _scheduler_kind() -> str:
-    """"local" (threaded or synchronous: data stays in this process), "distributed",
-    or "other" (e.g. the multiprocessing scheduler, which keeps nothing between
-    computations)."""
+def _scheduler_kind() -> tuple[str, Any]:
+    """("local", None) (threaded or synchronous: data stays in this process),
+    ("distributed", client) or ("other", None) (e.g. the multiprocessing
+    scheduler, which keeps nothing between computations)."""
     import dask.local
     import dask.threaded
     from dask.base import get_scheduler
 
     scheduler = get_scheduler()
     if scheduler is None or scheduler is dask.threaded.get or scheduler is dask.local.get_sync:
-        return "local"
-    owner = getattr(scheduler, "__self__", None)
+        return "local", None
+    owner = getattr(scheduler, "__self__", None)  # the client whose get() runs the graphs
     if type(owner).__name__ == "Client" and type(owner).__module__.startswith("distributed"):
-        return "distributed"
-    return "other"
+        return "distributed", owner
+    return "other", None
 
 
 def kernel_cache_budget() -> tuple[int, str]:
@@ -197,11 +197,9 @@ def kernel_cache_budget() -> tuple[int, str]:
         return int(parse_bytes(override)), f"dask config {CACHE_BUDGET_CONFIG}"
     import psutil
 
-    kind = _scheduler_kind()
+    kind, client = _scheduler_kind()
     if kind == "distributed":
-        from distributed import default_client
-
-        workers = default_client().scheduler_info(n_workers=-1)["workers"]
+        workers = client.scheduler_info(n_workers=-1)["workers"]
         room = []
         for w in workers.values():
             metrics = w.get("metrics") or {}
