@@ -100,12 +100,14 @@ def solve(
     with blas_threads_for_dask():
         (trace_K,) = dask.compute(K.diag().sum())
     solver = plan.solver
-    if solver == "dense":
-        res, mu, g = _solve_dense(K, params["n_components"])
-    elif solver == "arpack":
-        res, mu, g = _solve_arpack(K, params, float(trace_K), centring)
-    else:
-        res, mu, g, solver = _solve_randomized(K, plan, params, centring)
+    with K.kernel_cache(params["kernel_cache"], solver) as cache_info:  # released after
+        if solver == "dense":
+            res, mu, g = _solve_dense(K, params["n_components"])
+        elif solver == "arpack":
+            res, mu, g = _solve_arpack(K, params, float(trace_K), centring)
+        else:
+            res, mu, g, solver = _solve_randomized(K, plan, params, centring)
+    res.info["kernel_cache"] = cache_info
     # The training rows come to the driver after the solve, not during it: the solver's
     # basis (n x l floats) and X (n x d) are never held at once.
     if plan.precomputed:  # transform takes kernel values: no training rows to keep

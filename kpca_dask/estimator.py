@@ -213,6 +213,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_jobs : int or None, default=None
         Accepted for scikit-learn compatibility and ignored: parallelism is the
         active Dask scheduler's (threads, a LocalCluster, a remote cluster).
+    kernel_cache : {"auto", "memory", "recompute"}, default="auto"
+        Exact solvers: where the kernel blocks come from at every pass after
+        the first. "memory": evaluated once and kept in memory (the workers' on
+        a cluster) until the fit ends; "recompute": evaluated again at every
+        pass; "auto": "memory" when the upper blocks (``n^2 / 2`` values in
+        ``dtype``) fit half of the workers' memory limits, or of the available
+        RAM on the threaded scheduler (dask config ``kpca.kernel-cache-budget``
+        overrides), else "recompute". The choice is in
+        ``solver_info_["kernel_cache"]`` (docs/solvers.md).
 
     Attributes
     ----------
@@ -337,6 +346,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         iterated_power: Any = "auto",
         copy_X: bool = True,
         n_jobs: int | None = None,
+        kernel_cache: str = "auto",
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -367,6 +377,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.iterated_power = iterated_power
         self.copy_X = copy_X
         self.n_jobs = n_jobs
+        self.kernel_cache = kernel_cache
 
     # ---------------------------------------------------------------- planning
     def plan(

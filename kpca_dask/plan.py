@@ -36,6 +36,7 @@ import numpy as np
 
 from . import validation as V
 from .exceptions import InvalidInputError, InvalidParameterError
+from .gram import KERNEL_CACHE_MODES
 from .kernels import Kernel, make_kernel
 from .preimage import PREIMAGE_METHODS
 from .solvers.landmarks import LANDMARK_METHODS
@@ -125,6 +126,7 @@ _PARAM_RULES = {
     "preimage_sample_size": V.int_range(1, allow=("auto",)),
     "preimage_tol": V.real_range(0, lo_open=True),
     "preimage_max_iter": V.int_range(1),
+    "kernel_cache": V.options(*KERNEL_CACHE_MODES),
     **_SKLEARN_PARAM_RULES,
 }
 

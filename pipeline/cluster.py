@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .config import ClusterConfig
+from .errors import UserError
 
 __all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV",
            "release_worker_memory"]
@@ -19,7 +20,7 @@ __all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV",
 logger = logging.getLogger("pipeline")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(UserError, RuntimeError):
     """The scheduler cannot be reached (or has no workers) in time."""
 
 
@@ -156,8 +157,8 @@ class PauseWatchdog(threading.Thread):
         return None
 
     def run(self) -> None:
-        from distributed import Future
         from dask.utils import format_bytes
+        from distributed import Future
 
         since = None
         while not self._done.wait(self.interval):

@@ -18,6 +18,8 @@ import numpy as np
 
 from kpca_dask.persistence import read_model_group
 
+from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
+from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST
 from .store import Location, array_checksum, atomic_write_json, read_json
 
 __all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
@@ -27,33 +29,12 @@ __all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
 logger = logging.getLogger("pipeline")
 
 SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-#: arrays of the run group covered by manifest checksums (when present)
-CHECKSUMMED = ("embedding", "spectrum/eigenvalues", "spectrum/explained_variance_ratio",
-               "spectrum/residuals", "labels", "ids", "split")
-#: folders of the run whose files are covered by manifest checksums (when present)
-CHECKSUMMED_FILES = ("embedding.parquet", "report")
+# MANIFEST, CHECKSUMMED (arrays) and CHECKSUMMED_FILES (folders): see pipeline/layout.py
 #: what a manifest of this schema version must hold; a manifest without them is incomplete
 REQUIRED_FIELDS = ("schema_version", "status", "created", "config", "input", "model", "timings",
                    "checksums")
 _PACKAGES = ("kpca-dask", "dask", "distributed", "numpy", "scipy", "zarr", "scikit-learn",
              "prefect", "pandas", "pyarrow")
-
-
-class RunError(ValueError):
-    """A run folder cannot be used as a result; the message says why."""
-
-
-class RunExistsError(RunError, FileExistsError):
-    """A complete run is already at the output path."""
-
-
-class RunIncompleteError(RunError):
-    """The manifest is missing or does not say complete."""
-
-
-class RunCorruptError(RunError):
-    """An array does not match its manifest checksum, or the schema is unknown."""
 
 
 def _versions() -> dict[str, str]:

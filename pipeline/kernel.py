@@ -35,6 +35,7 @@ import numpy as np
 from kpca_dask.gram import kernel_block
 from kpca_dask.kernels import Kernel
 
+from .errors import UserError
 from .progress import compute
 from .store import Location
 
@@ -50,7 +51,7 @@ MATERIALIZE_MIN_FEATURES = 512
 _DONE = np.uint64(1 << 32)
 
 
-class KernelStoreError(RuntimeError):
+class KernelStoreError(UserError, RuntimeError):
     """A stored kernel block is missing or corrupt."""
 
 

@@ -14,16 +14,17 @@ from kpca_dask import KernelPCA
 from kpca_dask.exceptions import (ConstantKernelError, ConvergenceWarning,
                                   DroppedComponentsWarning)
 
+from .errors import UserError
 from .config import PipelineConfig
 from .denoise import estimator_params
 from .store import Location
 
-__all__ = ["make_estimator", "solve", "SolveError", "check_fit"]
+__all__ = ["make_estimator", "make_planner", "solve", "SolveError", "check_fit"]
 
 logger = logging.getLogger("pipeline")
 
 
-class SolveError(ValueError):
+class SolveError(UserError, ValueError):
     """The fit is not good enough to publish; the message says why and what to change."""
 
 
@@ -87,6 +88,21 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
     params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
     est = KernelPCA()
     return est.set_params(**params)
+
+
+def make_planner(cfg: Any) -> KernelPCA:
+    """The estimator the kernel stage plans with: the kernel and the fields that choose the
+    solver and its kernel partition (no stopping rule, no pre-image: those only matter to
+    the fit, and the kernel stage's cache key must not depend on them)."""
+    s, k = cfg.solver, cfg.kernel
+    params: dict[str, Any] = dict(
+        n_components=s.n_components, kernel=k.name, gamma=k.gamma, degree=k.degree,
+        coef0=k.coef0, eigen_solver=s.eigen_solver, n_oversamples=s.n_oversamples,
+        random_state=s.random_state, dtype=s.dtype, remove_zero_eig=True,
+        landmark_method=s.landmark_method)
+    if s.n_landmarks is not None:
+        params["n_landmarks"] = s.n_landmarks
+    return KernelPCA().set_params(**params)
 
 
 def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,

@@ -27,6 +27,8 @@ import zarr
 from kpca_dask.removal import (MARKER_FILE, has_marker, placed_path, remove_owned,
                                 remove_owned_url, write_marker)
 
+from .errors import UserError
+
 __all__ = ["Location", "atomic_write_json", "read_json", "fingerprint_arrays",
            "array_checksum", "json_default", "PathEscapeError", "is_ours", "OUR_FILES",
            "zarr_attrs", "mark_folder"]
@@ -150,7 +152,7 @@ def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
     return (name in OUR_FILES or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
 
 
-class PathEscapeError(ValueError):
+class PathEscapeError(UserError, ValueError):
     """A relative store path would leave its root (``..``, absolute paths)."""
 
 

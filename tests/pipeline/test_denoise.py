@@ -19,15 +19,8 @@ from pipeline.denoise import (
     estimator_params,
     stage_denoise,
 )
-from pipeline.run import (
-    stage_begin,
-    stage_centre,
-    stage_ingest,
-    stage_kernel,
-    stage_project,
-    stage_solve,
-    stage_split,
-)
+from pipeline.run import stage_begin
+from pipeline.stages import stage_ingest, stage_kernel, stage_project, stage_solve, stage_split
 
 RNG = np.random.default_rng(0)
 N, D = 600, 4
@@ -57,8 +50,7 @@ def _run(cfg):
     ing = stage_ingest(cfg)
     split = stage_split(cfg, ing)
     kernel = stage_kernel(cfg, ing, split)
-    centre = stage_centre(cfg, ing, split, kernel)
-    solved = stage_solve(cfg, ing, split, kernel, centre)
+    solved = stage_solve(cfg, ing, split, kernel)
     stage_project(cfg, ing, split, solved)
     return ing, split, solved
 
