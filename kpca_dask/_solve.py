@@ -100,8 +100,7 @@ def solve(
     with blas_threads_for_dask():
         (trace_K,) = dask.compute(K.diag().sum())
     solver = plan.solver
-    with K.kernel_cache(params.get("kernel_cache", "auto"), solver) as cache_info:
-        # the cached blocks are released when the solve ends, even on error
+    with K.kernel_cache(params["kernel_cache"], solver) as cache_info:  # released after
         if solver == "dense":
             res, mu, g = _solve_dense(K, params["n_components"])
         elif solver == "arpack":

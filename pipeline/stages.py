@@ -43,6 +43,7 @@ from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
 from .evaluate import make_split
+from .errors import InternalError
 from .export import file_checksums, write_manifest, write_spectrum
 from .ingest import IngestResult, ingest, stale_ingest
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
@@ -460,8 +461,8 @@ def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[s
             f"solver.n_components={cfg.solver.n_components} exceeds the "
             f"{n_train} training rows; ask for fewer components."
         )
-    est = make_planner(cfg)
-    solver = est.plan(X_train, kernel=False).solver  # reads no data
+    planner = make_planner(cfg)
+    solver = planner.plan(X_train, kernel=False).solver  # reads no data
     materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
     logger.info(
         "plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)",
@@ -479,7 +480,7 @@ def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[s
     }
     if materialize:
         X_train = X_train.persist()
-        plan = est.plan(X_train)  # gamma="scale": a sample of the persisted rows
+        plan = planner.plan(X_train)  # gamma="scale": a sample of the persisted rows
         ks = build_kernel_store(
             X_train,
             plan.kernel,

@@ -246,7 +246,7 @@ def private_imports(root: Path, packages=PACKAGES) -> list[Import]:
 
 
 def offence(imp: Import) -> str:
-    """The dotted name up to its first private part (``kpca_dask._removal``)."""
+    """The dotted name up to its first private part (``kpca_dask._threads``)."""
     parts = imp.target.split(".") + ([imp.name] if imp.name else [])
     first = next(i for i, p in enumerate(parts + ["_"]) if _private(p))
     return ".".join(parts[: first + 1])
