@@ -673,7 +673,8 @@ def stage_export(
     return write_manifest(
         run_layout(cfg).out,
         config=cfg.to_json_dict(),
-        ingest=ing,
+        # the manifest records where the store is, not how it was opened (as before)
+        ingest={k: v for k, v in ing.items() if k != "storage_options"},
         model={**model, "path": MODEL},
         timings=timings,
         arrays=tuple(denoised["arrays"]) if denoised else (),

@@ -222,6 +222,14 @@ class Location:
         return remove_owned_url(self.fs, self.fs_path, root=r, owned=check,
                                 protect=[str(q) for q in protect if "://" in str(q)])
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``url`` and ``storage_options``); :meth:`from_dict` inverts it."""
+        return {"url": self.url, "storage_options": dict(self.storage_options)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Location:
+        return cls(d["url"], dict(d.get("storage_options") or {}))
+
     def zarr_store(self) -> Any:
         """The string/store zarr accepts for this location."""
         return str(self.local_path) if self.is_local else self.url
