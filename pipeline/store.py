@@ -234,6 +234,16 @@ class Location:
         """The string/store zarr accepts for this location."""
         return str(self.local_path) if self.is_local else self.url
 
+    def zarr_source(self) -> Any:
+        """What a reader taking one store argument (``kpca_dask.load``) opens: the path or
+        URL, or, for an object store with storage options, a store carrying them."""
+        if self.is_local or not self.storage_options:
+            return self.zarr_store()
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(self.url, storage_options=dict(self.storage_options),
+                                    read_only=True)
+
     def open_group(self, mode: str = "r") -> zarr.Group:
         kw = {} if self.is_local else {"storage_options": self.storage_options}
         return zarr.open_group(self.zarr_store(), mode=mode, zarr_format=3 if mode != "r" else None,
