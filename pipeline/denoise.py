@@ -134,14 +134,14 @@ def _drop_previous(g) -> None:
 WRITTEN_ATTR = "denoised_arrays"
 
 
-def stage_denoise(cfg: Any, ing: dict[str, Any], split: dict[str, Any],
-                  solved: dict[str, Any]) -> dict[str, Any]:
+def stage_denoise(cfg: Any, ing: Any, split: Any, solved: Any) -> dict[str, Any]:
     """Denoised rows of the run (``cfg.denoise``): ``<out>/<denoise.output_name>``.
 
     ``cfg`` is the run's PipelineConfig. Idempotent: the arrays are replaced,
     and a run with denoising disabled removes a stale one. Returns a small
     JSON-able descriptor (rows, method, fixed-point fallbacks, mean squared
-    change per value).
+    change per value). ``ing``, ``split``, ``solved``: the typed results of those
+    stages (pipeline/results.py).
     """
     import kpca_dask
 
@@ -157,9 +157,9 @@ def stage_denoise(cfg: Any, ing: dict[str, Any], split: dict[str, Any],
         return {"enabled": False}
     t0 = time.perf_counter()
     res, src = ingested(ing)
-    model = kpca_dask.load(solved["path"])
+    model = kpca_dask.load(solved.model.zarr_source())
     mask = read_split(layout, split)
-    den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=solved["path"])
+    den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=str(solved.model))
     X_sel = src.X if idx is None else src.X[idx]
     sq_change = ((den.astype(np.float64) - X_sel.rechunk({0: den.chunks[0]})) ** 2).sum()
     chunk_rows = int(src.X.chunks[0][0])

@@ -116,8 +116,7 @@ def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
     for name in CHECKSUMMED + tuple(arrays):
         if name in g:
             checksums[name] = array_checksum(g[name])
-    model_attrs, _ = read_model_group(out.child("model").url if not out.is_local
-                                      else str(out.child("model").local_path))
+    model_attrs, _ = read_model_group(out.child("model").zarr_source())  # with its options
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "status": "complete",
@@ -196,8 +195,7 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
                     f"{out}: checksum mismatch for file {rel!r}: it changed after the run was "
                     "published. Do not use this run; re-run the pipeline.")
         try:
-            attrs, _ = read_model_group(out.child("model").url if not out.is_local
-                                        else str(out.child("model").local_path))
+            attrs, _ = read_model_group(out.child("model").zarr_source())
         except Exception as exc:
             raise RunCorruptError(f"{out}: the model cannot be verified ({exc}).") from exc
         if attrs.get("checksums") != manifest["model"].get("checksums") or (

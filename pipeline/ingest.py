@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import dask
@@ -56,11 +56,15 @@ _check_exists = check_exists
 logger = logging.getLogger("pipeline")
 
 
-@dataclass
+@dataclass(frozen=True)
 class IngestResult:
-    """What the ingest stage wrote (small, JSON-serialisable: passed between tasks)."""
+    """What the ingest stage wrote (small, JSON-serialisable: passed between tasks).
 
-    path: str
+    ``store`` is the ingest store with its storage options; the JSON form
+    (:meth:`to_dict`) keeps it flat as ``path`` and ``storage_options``.
+    """
+
+    store: Location
     n_rows: int
     n_features: int
     columns: list[str]
@@ -74,12 +78,21 @@ class IngestResult:
     seconds: float = 0.0
     reused: bool = False
 
+    @property
+    def path(self) -> str:
+        return self.store.url
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("store")
+        return {"path": self.store.url, "storage_options": dict(self.store.storage_options),
+                **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IngestResult:
-        return cls(**d)
+        d = dict(d)
+        store = Location(d.pop("path"), dict(d.pop("storage_options", None) or {}))
+        return cls(store=store, **d)
 
     @property
     def has_labels(self) -> bool:
@@ -176,9 +189,9 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
             if attrs.get("status") == "complete" and attrs.get("source") == signature:
                 problem = _store_problem(store, attrs)
                 if problem is None:
-                    res = IngestResult.from_dict(attrs["result"])
                     # the store where it is now (a copied run folder reuses its own copy)
-                    res.path, res.reused = str(store), True
+                    res = replace(IngestResult.from_dict(attrs["result"]), store=store,
+                                  reused=True)
                     logger.info("ingest: reusing %s (unchanged source, fingerprint %s)", store,
                                 res.fingerprint)
                     return res
@@ -268,14 +281,14 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
                                             {"columns": src.columns, "classes": src.classes})
     if src.classes is not None:
         g["labels"].attrs["classes"] = src.classes
-    res = IngestResult(path=str(store), n_rows=n, n_features=d, columns=src.columns,
+    res = IngestResult(store=store, n_rows=n, n_features=d, columns=src.columns,
                        rows_per_chunk=int(X.chunks[0][0]), fingerprint=fingerprint,
                        dropped_rows=dropped, label_column=cfg.label_column,
                        id_column=cfg.id_column, classes=src.classes,
                        source={"path": cfg.path}, seconds=time.perf_counter() - t0)
     # the result as stored: its location is wherever the store is when it is reused
     g.attrs.update({"status": "complete", "kind": "kpca-dask-ingest", "source": signature,
-                    "result": {**res.to_dict(), "path": ""}, "columns": src.columns,
+                    "result": {**res.to_dict(), "path": "", "storage_options": {}}, "columns": src.columns,
                     "digests": _hex({k: digest_values[k] for k in arrays})})
     logger.info("ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)", n, d,
                 res.seconds, fingerprint)
@@ -305,8 +318,8 @@ def _fingerprint_from_digests(arrays, digest_values, extra) -> str:
 
 
 def load_ingested(res: IngestResult) -> SourceData:
-    """Lazy arrays from a completed ingest store."""
-    loc = Location(res.path)
+    """Lazy arrays from a completed ingest store (opened with its storage options)."""
+    loc = res.store
     g = loc.open_group("r")
     for name in g.array_keys():
         missing = missing_zarr_chunks(g[name])

@@ -11,8 +11,13 @@ Each :class:`Stage` declares
   :class:`ConfigSliceError` naming the stage and the field, so the slice -- which is
   also what the stage's cache key hashes -- cannot silently fall behind the code;
 * its inputs (``inputs``: the results of earlier stages, by the name they are passed
-  under) and the name of its own result (``result``). Results are small JSON
-  descriptors (locations, counts, content fingerprints; never arrays);
+  under), the name of its own result (``result``) and that result's type
+  (``result_type``: a frozen dataclass of pipeline/results.py carrying its stores as
+  locations with their storage options; None: plain JSON data). Results are small
+  descriptors (locations, counts, content fingerprints; never arrays). The stage
+  function takes and returns the typed form; :meth:`Stage.__call__` is the one place
+  that converts from and to the JSON form the Prefect tasks pass, persist and hash
+  (``fingerprint`` and ``fresh`` work on that JSON form);
 * the artifacts it publishes under ``<out>`` (``publishes``: a reader-visible path is
   about to change, so the flow withdraws the manifest first);
 * ``fingerprint``: content checksums the flow adds to the result, so that dependants'
@@ -30,7 +35,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask.array as da
@@ -58,6 +63,7 @@ from .layout import (
     run_layout,
 )
 from .project import write_embedding, write_parquet
+from .results import KernelResult, SolveResult, SplitResult, from_json, to_json
 from .solve import make_planner, solve
 from .stage_data import ingested, read_split
 from .store import array_checksum, json_default, read_json
@@ -235,6 +241,11 @@ class Stage:
     #: reads the input source (outside the run): its files' state is part of the key
     reads_source: bool = False
     doc: str = ""
+    #: the type of the result (pipeline/results.py; None: plain JSON data)
+    result_type: type | None = None
+    #: the types of the inputs, by name (filled in by the :class:`Registry` from the
+    #: producing stages' ``result_type``)
+    input_types: tuple[tuple[str, type | None], ...] = field(default=(), compare=False)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -245,8 +256,11 @@ class Stage:
         return ConfigView(cfg, self.name, self.fields)
 
     def __call__(self, cfg: PipelineConfig, **inputs: Any) -> Any:
-        """Run the stage on its config slice and the named inputs."""
-        return self.run(self.view(cfg), **inputs)
+        """Run the stage on its config slice and the named inputs: the one place where
+        results are converted, JSON form (or typed) in, JSON form out."""
+        types = dict(self.input_types)
+        args = {k: from_json(types.get(k), v) for k, v in inputs.items()}
+        return to_json(self.run(self.view(cfg), **args))
 
     def with_fingerprint(self, cfg: PipelineConfig, result: Any) -> Any:
         return result if self.fingerprint is None else self.fingerprint(self.view(cfg), result)
@@ -279,8 +293,9 @@ class Registry:
 
     def __init__(self, stages: Iterable[Stage]):
         self._stages = tuple(stages)
-        seen: set[str] = set()
+        seen: dict[str, type | None] = {}
         names: set[str] = set()
+        typed = []
         for s in self._stages:
             if s.name in names or s.result in seen:
                 raise ValueError(f"stage {s.name!r}: its name or result name is taken")
@@ -291,7 +306,9 @@ class Registry:
                 )
             _check_fields(s.name, s.config)
             names.add(s.name)
-            seen.add(s.result)
+            seen[s.result] = s.result_type
+            typed.append(replace(s, input_types=tuple((i, seen[i]) for i in s.inputs)))
+        self._stages = tuple(typed)
 
     def __iter__(self) -> Iterator[Stage]:
         return iter(self._stages)
@@ -344,7 +361,7 @@ def evaluation_wanted(cfg: Any, ing: IngestResult) -> bool:
     return bool(enabled)
 
 
-def _training_rows(cfg: Any, ing: dict, split: dict) -> tuple[da.Array, int]:
+def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> tuple[da.Array, int]:
     """Training rows of the ingested X in blocks of the kernel partition."""
     _, src = ingested(ing)
     mask = read_split(run_layout(cfg), split)
@@ -386,9 +403,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- stages
-def stage_ingest(cfg: Any) -> dict[str, Any]:
+def stage_ingest(cfg: Any) -> IngestResult:
     """Input -> ``work/ingest.zarr`` (reused when source and config are unchanged)."""
-    return ingest(cfg.input, cfg.chunks, run_layout(cfg).ingest).to_dict()
+    return ingest(cfg.input, cfg.chunks, run_layout(cfg).ingest)
 
 
 def _fresh_ingest(cfg: Any, inputs: dict, res: dict) -> str | None:
@@ -405,7 +422,7 @@ def _fresh_ingest(cfg: Any, inputs: dict, res: dict) -> str | None:
     return stale_ingest(cfg.input, cfg.chunks, store)
 
 
-def stage_split(cfg: Any, ing: dict[str, Any]) -> dict[str, Any]:
+def stage_split(cfg: Any, ing: IngestResult) -> SplitResult:
     """Held-out rows for evaluation (seeded), and labels/ids/split next to the embedding."""
     res, src = ingested(ing)
     g = run_layout(cfg).out.open_group("a")
@@ -433,12 +450,12 @@ def stage_split(cfg: Any, ing: dict[str, Any]) -> dict[str, Any]:
         "all" if mask is None else hashlib.blake2b(mask.tobytes(), digest_size=8).hexdigest()
     )
     n_train = res.n_rows if mask is None else int(mask.sum())
-    return {
-        "held_out": mask is not None,
-        "n_train": n_train,
-        "n_test": res.n_rows - n_train,
-        "split_id": split_id,
-    }
+    return SplitResult(
+        held_out=mask is not None,
+        n_train=n_train,
+        n_test=res.n_rows - n_train,
+        split_id=split_id,
+    )
 
 
 def _fingerprint_split(cfg: Any, res: dict) -> dict:
@@ -451,9 +468,9 @@ def _fresh_split(cfg: Any, inputs: dict, res: dict) -> str | None:
     return None
 
 
-def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[str, Any]:
+def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResult:
     """Decide whether to materialise K; if so, build the upper-block store (resumable)."""
-    res = IngestResult.from_dict(ing)
+    res = ing
     X_train, r = _training_rows(cfg, ing, split)
     n_train = int(X_train.shape[0])
     if cfg.solver.n_components > n_train:
@@ -472,26 +489,22 @@ def stage_kernel(cfg: Any, ing: dict[str, Any], split: dict[str, Any]) -> dict[s
         "materialised" if materialize else "recomputed per pass",
         why,
     )
-    info: dict[str, Any] = {
-        "materialized": materialize,
-        "reason": why,
-        "solver": solver,
-        "block_rows": r,
-    }
+    result = KernelResult(materialized=materialize, reason=why, solver=solver, block_rows=r)
     if materialize:
         X_train = X_train.persist()
         plan = planner.plan(X_train)  # gamma="scale": a sample of the persisted rows
+        store = run_layout(cfg).kernel
         ks = build_kernel_store(
             X_train,
             plan.kernel,
             cfg.solver.dtype,
-            run_layout(cfg).kernel,
-            input_fingerprint=f"{res.fingerprint}:split={split['split_id']}",
+            store,
+            input_fingerprint=f"{res.fingerprint}:split={split.split_id}",
             verify=cfg.kernel_store.verify,
         )
-        info.update(ks.to_dict())
-        info["gamma"] = plan.gamma
-    return info
+        built = {k: v for k, v in ks.to_dict().items() if k != "path"}
+        result = replace(result, store=store, gamma=plan.gamma, **built)
+    return result
 
 
 def _fresh_kernel(cfg: Any, inputs: dict, res: dict) -> str | None:
@@ -515,7 +528,9 @@ def _fresh_kernel(cfg: Any, inputs: dict, res: dict) -> str | None:
     return None
 
 
-def stage_solve(cfg: Any, ing: dict, split: dict, kernel: dict) -> dict[str, Any]:
+def stage_solve(
+    cfg: Any, ing: IngestResult, split: SplitResult, kernel: KernelResult
+) -> SolveResult:
     """Fit on the training rows; the model goes to ``<out>/model``.
 
     The kernel matrix's row means and grand mean come out of the solver's first
@@ -527,13 +542,14 @@ def stage_solve(cfg: Any, ing: dict, split: dict, kernel: dict) -> dict[str, Any
     X_train, r = _training_rows(cfg, ing, split)
     reader = None
     solve_cfg = cfg
-    if kernel.get("materialized"):
-        reader = KernelBlockReader(kernel["path"], layout.kernel.storage_options)
+    if kernel.materialized and kernel.store is not None:
+        # the store as the kernel stage wrote it (its storage options included)
+        reader = KernelBlockReader(kernel.store.url, kernel.store.storage_options)
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
             solve_cfg = cfg.model_copy(deep=True)
-            solve_cfg.kernel.gamma = float(kernel["gamma"])
+            solve_cfg.kernel.gamma = float(kernel.gamma)
     _, info = solve(X_train, solve_cfg, layout.model, block_rows=r, block_reader=reader)
-    return {**info, "path": str(layout.model)}
+    return SolveResult(model=layout.model, info=dict(info))
 
 
 #: the key the flow adds to the solve's result (content of the saved model)
@@ -555,14 +571,16 @@ def _fresh_solve(cfg: Any, inputs: dict, res: dict) -> str | None:
 _PROJECT_ARRAYS = (EMBEDDING, *SPECTRUM_ARRAYS)
 
 
-def stage_project(cfg: Any, ing: dict, split: dict, solved: dict) -> dict[str, Any]:
+def stage_project(
+    cfg: Any, ing: IngestResult, split: SplitResult, solved: SolveResult
+) -> dict[str, Any]:
     """Embedding of every row (zarr, optional Parquet) and the spectrum."""
     import kpca_dask
 
     layout = run_layout(cfg)
     out = layout.out
     _, src = ingested(ing)
-    model = kpca_dask.load(solved["path"])
+    model = kpca_dask.load(solved.model.zarr_source())
     mask = read_split(layout, split)
     info = write_embedding(model, src.X, out, split=mask)
     write_spectrum(out, model)
@@ -616,7 +634,7 @@ def _fresh_denoise(cfg: Any, inputs: dict, res: dict) -> str | None:
 
 
 def stage_evaluate(
-    cfg: Any, ing: dict, split: dict, solved: dict, projected: dict
+    cfg: Any, ing: IngestResult, split: SplitResult, solved: SolveResult, projected: dict
 ) -> dict[str, Any] | None:
     """Classifier on the embedding vs linear PCA, and the report (labelled input only).
 
@@ -624,7 +642,7 @@ def stage_evaluate(
     ``solved`` and ``projected`` are inputs so that the cache key and the run graph see
     them.
     """
-    if not split.get("held_out"):
+    if not split.held_out:
         return None
     from .evaluate import evaluate_run
 
@@ -652,10 +670,10 @@ def _fresh_evaluate(cfg: Any, inputs: dict, res: dict | None) -> str | None:
 
 def stage_export(
     cfg: Any,
-    ing: dict,
-    split: dict,
-    kernel: dict,
-    solved: dict,
+    ing: IngestResult,
+    split: SplitResult,
+    kernel: KernelResult,
+    solved: SolveResult,
     projected: dict,
     evaluation: dict | None,
     denoised: dict | None,
@@ -665,7 +683,8 @@ def stage_export(
 
     ``timings`` are this run's and not part of any cache key.
     """
-    model = {k: v for k, v in solved.items() if k != MODEL_CHECKSUMS}
+    # the manifest records where the stores are, not how they were opened (as before)
+    model = dict(solved.info)
     denoised = (
         {k: v for k, v in denoised.items() if k != "checksums"}
         if denoised and denoised.get("enabled")
@@ -674,16 +693,20 @@ def stage_export(
     return write_manifest(
         run_layout(cfg).out,
         config=cfg.to_json_dict(),
-        ingest=ing,
+        ingest=_without_options(ing.to_dict()),
         model={**model, "path": MODEL},
         timings=timings,
         arrays=tuple(denoised["arrays"]) if denoised else (),
         extra={
-            "kernel_store": kernel,
+            "kernel_store": _without_options(kernel.to_dict()),
             "evaluation": _summary(evaluation) if evaluation else None,
             "denoise": denoised,
         },
     )
+
+
+def _without_options(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k != "storage_options"}
 
 
 def _summary(evaluation: dict) -> dict:
@@ -734,6 +757,7 @@ REGISTRY = Registry(
             stage_ingest,
             config=("input", "chunks.target_chunk_mb"),
             result="ing",
+            result_type=IngestResult,
             fresh=_fresh_ingest,
             reads_source=True,
             doc="input -> work/ingest.zarr, validated and fingerprinted",
@@ -743,6 +767,7 @@ REGISTRY = Registry(
             stage_split,
             inputs=("ing",),
             result="split",
+            result_type=SplitResult,
             config=(
                 "evaluate.enabled",
                 "evaluate.test_fraction",
@@ -759,6 +784,7 @@ REGISTRY = Registry(
             stage_kernel,
             inputs=("ing", "split"),
             result="kernel",
+            result_type=KernelResult,
             config=_KERNEL_FIELDS,
             fresh=_fresh_kernel,
             doc="plan the solve; materialise the upper kernel blocks when that pays",
@@ -768,6 +794,7 @@ REGISTRY = Registry(
             stage_solve,
             inputs=("ing", "split", "kernel"),
             result="solved",
+            result_type=SolveResult,
             config=("kernel", "solver", "chunks.block_rows", "kernel_store") + _PREIMAGE_FIELDS,
             publishes=(MODEL,),
             fingerprint=_fingerprint_solve,

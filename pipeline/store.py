@@ -222,9 +222,27 @@ class Location:
         return remove_owned_url(self.fs, self.fs_path, root=r, owned=check,
                                 protect=[str(q) for q in protect if "://" in str(q)])
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``url`` and ``storage_options``); :meth:`from_dict` inverts it."""
+        return {"url": self.url, "storage_options": dict(self.storage_options)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Location:
+        return cls(d["url"], dict(d.get("storage_options") or {}))
+
     def zarr_store(self) -> Any:
         """The string/store zarr accepts for this location."""
         return str(self.local_path) if self.is_local else self.url
+
+    def zarr_source(self) -> Any:
+        """What a reader taking one store argument (``kpca_dask.load``) opens: the path or
+        URL, or, for an object store with storage options, a store carrying them."""
+        if self.is_local or not self.storage_options:
+            return self.zarr_store()
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(self.url, storage_options=dict(self.storage_options),
+                                    read_only=True)
 
     def open_group(self, mode: str = "r") -> zarr.Group:
         kw = {} if self.is_local else {"storage_options": self.storage_options}

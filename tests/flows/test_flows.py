@@ -336,8 +336,8 @@ def test_a_stage_added_to_the_registry_runs_in_the_flow_and_is_cached(first_run,
     calls: list[int] = []
 
     def stage_count(cfg, ing):
-        calls.append(ing["n_rows"])
-        return {"rows": ing["n_rows"], "block_rows": cfg.chunks.block_rows}
+        calls.append(ing.n_rows)
+        return {"rows": ing.n_rows, "block_rows": cfg.chunks.block_rows}
 
     toy = stages.Stage("count", stage_count, config=("chunks.block_rows",), inputs=("ing",),
                        result="count")

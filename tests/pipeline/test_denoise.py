@@ -86,7 +86,7 @@ def test_exact_run_denoises_every_row_like_the_estimator(tmp_path, npy):
     g = zarr.open_group(str(tmp_path / "out"), mode="r")
     z = g["denoised"]
     assert z.shape == (N, D) and z.chunks[0] == g["embedding"].chunks[0]
-    assert z.attrs["columns"] == ing["columns"]
+    assert z.attrs["columns"] == ing.columns
     np.testing.assert_allclose(z[...], want, rtol=1e-8, atol=1e-8)
     assert info["mean_squared_change"] == pytest.approx(np.mean((want - X) ** 2), rel=1e-8)
     # idempotent, and a disabled re-run removes the stale array

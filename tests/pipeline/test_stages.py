@@ -114,8 +114,8 @@ def test_a_toy_stage_is_one_registry_edit_for_the_plain_run(tmp_path, monkeypatc
     calls: list[tuple[int, int]] = []
 
     def stage_count(cfg, ing):
-        calls.append((ing["n_rows"], cfg.chunks.block_rows))
-        return {"rows": ing["n_rows"]}
+        calls.append((ing.n_rows, cfg.chunks.block_rows))
+        return {"rows": ing.n_rows}
 
     toy = Stage(
         "count", stage_count, config=("chunks.block_rows",), inputs=("ing",), result="count"
