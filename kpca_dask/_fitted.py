@@ -192,7 +192,7 @@ class NystroemModel:
     @staticmethod
     def preimage_rows(est: Any, Xb: da.Array, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Training rows ``idx`` (read from X) and their embedding by the model."""
-        from ._threads import blas_threads_for_dask
+        from .threads import blas_threads_for_dask
 
         n = Xb.shape[0]
         with blas_threads_for_dask():

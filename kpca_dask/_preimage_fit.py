@@ -18,7 +18,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from ._fitted import NystroemModel, model_of
-from ._threads import blas_threads_for_dask
+from .threads import blas_threads_for_dask
 from .plan import resolve_preimage
 from .preimage import (
     DEFAULT_PREIMAGE_SAMPLE_SIZE,

@@ -20,7 +20,7 @@ import dask.array as da
 import numpy as np
 
 from . import plan as _plan
-from ._threads import blas_threads_for_dask
+from .threads import blas_threads_for_dask
 from .centering import CentredKernel
 from .exceptions import ConvergenceWarning, InvalidInputError, InvalidParameterError
 from .gram import BlockKernelMatrix, PrecomputedKernelMatrix

@@ -29,7 +29,7 @@ from ._fitted import STRATEGIES, model_of
 from ._preimage_fit import PREIMAGE_ATTRS, fit_preimage, inverse_transform_graph
 from ._solve import solve
 from ._state import restore, state_of
-from ._threads import blas_threads_for_dask
+from .threads import blas_threads_for_dask
 from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
 from .persistence import load_state, save_state
 from .plan import FitPlan

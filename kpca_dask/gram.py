@@ -143,7 +143,7 @@ def _cluster_threads() -> int:
 
         return max(1, sum(default_client().nthreads().values()))
     except (ImportError, ValueError):
-        from ._threads import cpu_count
+        from .threads import cpu_count
 
         return cpu_count()
 

@@ -297,7 +297,7 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
         finally:
             client.close()
         return
-    from kpca_dask._threads import cpu_count
+    from kpca_dask.threads import cpu_count
 
     n_workers = cfg.n_workers or max(1, cpu_count() // cfg.threads_per_worker)
     # distributed's nannies take these from os.environ before their config, and spawn

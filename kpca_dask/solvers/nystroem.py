@@ -61,7 +61,7 @@ from dask.highlevelgraph import HighLevelGraph
 from scipy.linalg.blas import dsyrk, ssyrk
 from threadpoolctl import threadpool_limits
 
-from .._threads import blas_threads_for_dask
+from ..threads import blas_threads_for_dask
 from ..kernels import Kernel
 from ._common import EigResult
 from .randomized import randomized_eigh

@@ -93,7 +93,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import scipy.linalg
 
-from .._threads import blas_threads_for_driver
+from ..threads import blas_threads_for_driver
 from ..exceptions import ConvergenceWarning
 from ._common import EigResult, deterministic_signs
 

@@ -17,7 +17,7 @@ import pytest
 from sklearn.datasets import make_blobs
 
 from kpca_dask import KernelPCA
-from kpca_dask._threads import (
+from kpca_dask.threads import (
     DRIVER_BLAS_THREADS,
     _cgroup_quota,
     blas_threads,
