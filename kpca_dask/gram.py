@@ -43,10 +43,8 @@ __all__ = [
     "stored_pair_products",
 ]
 
-#: Target size of one strip of kernel values, in bytes. Measured here (2 cores,
-#: 1.25 MB L2 each, shared L3) with two tasks running at once: 4 MB strips gave
-#: 11.2 ms per 2000 x 2000 float32 block, 2 MB 11.8, 1 MB 13.3, 256 KB 21;
-#: larger strips make the GEMMs more efficient than cache misses cost.
+#: Target size of one strip of kernel values, in bytes: larger strips make the GEMMs
+#: more efficient than their cache misses cost (measurements: docs/tuning.md).
 STRIP_BYTES = 4 << 20
 
 
@@ -91,10 +89,9 @@ def stored_pair_products(
 
     A stored diagonal block (``zj is None``) holds its full square.
     """
-    # The block is in memory already, so strips buy nothing: two GEMMs over the
-    # whole block are faster (measured, one thread, 2000 x 2000 float32, 40
-    # columns: 15.5 ms against 24.8 ms in 524-row strips) and, being bound by
-    # streaming the block, cost little more with wider Z (18.2 ms at 80 columns).
+    # The block is in memory already, so strips buy nothing: two GEMMs over the whole
+    # block are faster and, bound by streaming it, cost little more with wider Z
+    # (docs/tuning.md).
     dtype = np.dtype(dtype)
     blk = block if block.dtype == dtype else block.astype(dtype)
     zi_c = np.ascontiguousarray(zi, dtype=dtype)

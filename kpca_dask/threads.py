@@ -4,8 +4,8 @@ OpenBLAS and MKL start one thread per online CPU by default, whatever the
 affinity mask or the container's CPU quota, and inside every task that calls
 them. With two dask threads on two cores that is four busy threads fighting
 over two cores; OpenBLAS's threads spin while they wait, so oversubscription
-costs far more than the share of cores (issue 17 measured 50.8 s against
-10.1 s with one BLAS thread, with one core busy with another process).
+costs far more than the share of cores, above all with one core busy with
+another process (docs/tuning.md).
 
 Every path that calls BLAS is covered:
 
@@ -102,12 +102,9 @@ def blas_threads_for_driver() -> Iterator[None]:
 
     The solvers' driver-side algebra is tall-skinny (n x L GEMMs, CholQR, small
     eigh): it gains little from threads and loses a lot when a core is busy
-    (OpenBLAS's threads spin-wait for each other). Measured on 2 cores at load
-    ~10, the randomized solver's algebra alone at n = 20 000 (7 passes of a
-    cheap operator): 6-13 s on one thread, 59-118 s on two; the Nyström
-    driver's 2048 x 2048 ``eigh``: 1.95 s vs 9.8 s at load 1.2 (under 2x gain on
-    an idle machine). The passes over the kernel blocks, the dominant cost, run
-    inside :func:`blas_threads_for_dask`, which sets their own budget.
+    (OpenBLAS's threads spin-wait for each other; docs/tuning.md). The passes over
+    the kernel blocks, the dominant cost, run inside :func:`blas_threads_for_dask`,
+    which sets their own budget.
     """
     with threadpool_limits(limits=min(DRIVER_BLAS_THREADS, cpu_count()), user_api="blas"):
         yield

@@ -46,9 +46,8 @@ def worker_environ() -> dict[str, str]:
     distributed starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes
     glibc's mmap threshold at 128 KiB: every block-sized buffer (a stored kernel block is
     16 MB at 2000 rows) is then a fresh ``mmap`` whose pages fault in one by one and are
-    zeroed, and is unmapped again when freed. Measured here reading and multiplying stored
-    2000 x 2000 float32 blocks on one thread: 76.5 ms per block with distributed's setting,
-    38.4 ms with these (9422 -> 483 page faults per block). The price is up to 64 MiB of
+    zeroed, and is unmapped again when freed: keeping them halves a stored block's pass
+    (docs/tuning.md). The price is up to 64 MiB of
     freed heap a worker may keep. A value set in the environment wins, except
     distributed's own 65536, which its nannies copy into the parent's environment.
     """

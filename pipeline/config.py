@@ -357,10 +357,8 @@ class ClusterConfig(_Model):
 # ---------------------------------------------------------------- evaluate, denoise
 #: ``classifier="auto"`` switches from LogisticRegression (lbfgs, whole
 #: training embedding in memory) to SGD (chunk by chunk) above this many
-#: training rows. Measured on the 2-core reference machine with 32 components
-#: and 10 classes: one lbfgs fit took 4.4 s at 50 000 rows and 36 s at
-#: 200 000 (super-linear: more rows, more line-search work), against 1.0 s and
-#: 4.1 s for 5 SGD epochs. The sweep fits two classifiers per sweep point
+#: training rows. lbfgs time grows super-linearly with rows, SGD's linearly
+#: (docs/tuning.md). The sweep fits two classifiers per sweep point
 #: (kernel PCA and the baseline), so above ~50 000 rows lbfgs would make the
 #: evaluate stage slower than the fit it evaluates; SGD also bounds memory by
 #: one chunk instead of the whole embedding.
@@ -391,8 +389,7 @@ class EvaluateConfig(BaseModel):
                             "rows, sgd above.")
     sgd_min_rows: int = Field(
         SGD_MIN_ROWS, description="Training rows above which classifier='auto' uses SGD "
-                                  "(measured: lbfgs takes ~36 s at 200k rows x 32 components "
-                                  "on 2 cores, 5 SGD epochs ~4 s).")
+                                  "(lbfgs slows super-linearly with rows; docs/tuning.md).")
     sgd_epochs: int = Field(5, description="Passes over the training rows for classifier='sgd'.")
     standardize: bool = Field(
         True, description="Scale every component to unit variance (StandardScaler fitted on "
