@@ -1,6 +1,6 @@
 """The packages' import structure, checked from their source (nothing is imported).
 
-- Imports only point down: flows -> pipeline -> kpca_dask (docs: DESIGN.md's layers).
+- Imports only point down: flows -> pipeline -> kpca_dask (docs/design.md, "Layers").
 - No import cycle inside kpca_dask/, pipeline/ or flows/: module-level and function-level
   imports alike (a function-level import only hides a cycle until the function runs),
   relative imports resolved; imports under ``if TYPE_CHECKING:`` never run and do not count.

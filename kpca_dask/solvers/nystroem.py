@@ -1,6 +1,6 @@
 """Nyström kernel PCA: cost linear in n, a model of m landmarks.
 
-Notation (DESIGN.md, ALGORITHMS.md). X (n x d) row blocks, landmarks Z
+Notation (docs/design.md, docs/nystroem.md). X (n x d) row blocks, landmarks Z
 (m x d), ``C = k(X, Z)`` (n x m), ``W = k(Z, Z) = U S U^T``. Keep the
 eigenvalues ``S > rtol * max(S)`` (m' of them) and set ``T = U S^-1/2``
 (m x m'). The Nyström features are ``F = C T`` (n x m'), their column mean
