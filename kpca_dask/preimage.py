@@ -8,7 +8,7 @@ is the projection of ``phi(x)`` on the leading components plus the mean,
 
 an expansion over the model's *expansion points* ``p_i`` (:func:`expansion`).
 There is usually no input ``x'`` with ``phi(x') = P phi(x)``; three ways to
-approximate one (ALGORITHMS.md, "Pre-images"):
+approximate one (docs/denoise.md, with the sources):
 
 ``"learned"`` (Bakır, Weston and Schölkopf 2004)
     Kernel ridge regression from embeddings back to inputs, trained on s rows
