@@ -286,6 +286,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         then refuses columns in another order or with other names.
     eigen_solver_ : str
         Solver actually used.
+    dtype_ : numpy.dtype
+        The dtype the model computes in (``dtype`` resolved; a property).
     n_passes_ : int
         Passes over the kernel blocks the fit made (Nyström: passes over X
         computing ``k(X, Z)``, not counting reading the landmark sample).
@@ -592,6 +594,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "eigenvectors_")
+
+    @property
+    def dtype_(self) -> np.dtype:
+        """The dtype the fitted model computes in (``dtype`` resolved by ``fit``)."""
+        self._check_fitted()
+        return self._dtype
 
     @property
     def _n_features_out(self) -> int:

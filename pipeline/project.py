@@ -37,7 +37,7 @@ def write_embedding(model: Any, X: da.Array, out: Location, *, split: np.ndarray
     """
     t0 = time.perf_counter()
     rows = X.chunks[0]
-    emb = embed_rows(model, X, split=split, dtype=model._dtype)
+    emb = embed_rows(model, X, split=split, dtype=model.dtype_)
     g = out.open_group("a")
     if name in g:
         del g[name]

@@ -189,3 +189,18 @@ def test_persistence_is_pure_io(tmp_path):
     assert sorted(attrs["checksums"]) == sorted(arrays)
     with pytest.raises(FileExistsError):
         save_state(state, tmp_path / "m")
+
+
+def test_dtype_is_public_after_fit_and_survives_save_load(tmp_path):
+    """The pipeline reads the compute dtype through ``dtype_``, never a private name."""
+    import kpca_dask
+    from kpca_dask.exceptions import NotFittedError
+
+    X = np.random.default_rng(0).standard_normal((60, 3))
+    est = kpca_dask.KernelPCA(2, kernel="rbf", dtype="float32")
+    with pytest.raises(NotFittedError):
+        est.dtype_
+    est.fit(X)
+    assert est.dtype_ == np.float32
+    est.save(tmp_path / "m")
+    assert kpca_dask.load(tmp_path / "m").dtype_ == np.float32
