@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.layout import MANIFEST, MODEL, PARQUET, REPORT, REPORT_MD, RunLayout
 from pipeline.store import Location
 
 __all__ = ["ARTIFACT_KEYS", "location_link", "spectrum_rows", "run_summary_markdown",
@@ -55,12 +56,12 @@ def _kernel_text(kernel: dict[str, Any] | None) -> str:
 
 
 def _links(out: Location, manifest: dict[str, Any]) -> list[tuple[str, str]]:
-    links = [("output folder", out), ("manifest.json", out.child("manifest.json")),
-             ("model/", out.child("model"))]
+    lay = RunLayout(out)
+    links = [("output folder", out), (MANIFEST, lay.manifest), (f"{MODEL}/", lay.model)]
     if manifest["config"]["output"].get("parquet"):
-        links.append(("embedding.parquet", out.child("embedding.parquet")))
-    if out.child("report", "report.md").exists():
-        links.append(("report/report.md", out.child("report", "report.md")))
+        links.append((PARQUET, lay.parquet))
+    if lay.report.child(REPORT_MD).exists():
+        links.append((f"{REPORT}/{REPORT_MD}", lay.report.child(REPORT_MD)))
     return [(text, location_link(loc)) for text, loc in links]
 
 

@@ -6,8 +6,11 @@
     kpca info ARTIFACT_DIR             what a run produced, after verifying it
     kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
 
-Errors in the input, the config or the artifacts print one line naming the
-problem and the fix, and exit with status 2; nothing is published.
+Exit status by the error taxonomy (pipeline/errors.py): errors in the input, the
+config or the artifacts print one line naming the problem and the fix and exit with 2
+(nothing is published); a failure of the environment (I/O, network, lost workers) prints
+one line and exits with 1 (re-running resumes); an unexpected exception is a bug: its
+traceback is kept and the status is 70 (EX_SOFTWARE).
 """
 
 from __future__ import annotations
@@ -23,25 +26,11 @@ from typing import Any
 
 import numpy as np
 
-EXIT_USAGE = 2
-EXIT_FAILED = 1
+from pipeline.errors import UserError, is_transient, is_user_error
 
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from pydantic import ValidationError
-
-    from kpca_dask.exceptions import KpcaError
-    from pipeline.cluster import ClusterError
-    from pipeline.config import ConfigError
-    from pipeline.export import RunError
-    from pipeline.ingest import InputError
-    from pipeline.kernel import KernelStoreError
-
-    from .runtime import PrefectUnavailableError
-
-    return (ConfigError, InputError, RunError, KpcaError, ClusterError, KernelStoreError,
-            ValidationError, FileExistsError, FileNotFoundError, PermissionError,
-            IsADirectoryError, NotADirectoryError, ValueError, PrefectUnavailableError)
+EXIT_USAGE = 2  # the user can fix it: config, input, artifacts, output location
+EXIT_FAILED = 1  # the environment failed (I/O, network, workers): re-run to resume
+EXIT_BUG = 70  # an unexpected exception (sysexits.h EX_SOFTWARE): report it
 
 
 class _NoTracebackForUserErrors(logging.Filter):
@@ -49,7 +38,7 @@ class _NoTracebackForUserErrors(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and isinstance(exc, _user_errors()):
+        if exc is not None and is_user_error(exc):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -170,7 +159,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
                  if late else ""))
         return 0
     if args.preimage != "auto":
-        raise ValueError("--preimage applies to --inverse only.")
+        raise UserError("--preimage applies to --inverse only.")
     with show_progress(args.progress):
         res = transform_to_store(args.model, inp, args.output,
                                  chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
@@ -360,23 +349,49 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         return args.func(args)
-    except _user_errors() as exc:
-        msg = str(exc).strip().splitlines()
-        print(f"kpca {args.command}: error: {msg[0] if msg else type(exc).__name__}",
-              file=sys.stderr)
-        for line in msg[1:]:
-            print(f"  {line}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as exc:
-        line = _environment_error(exc)
-        if line is None:
-            raise
-        print(f"kpca {args.command}: error: {line}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"kpca {args.command}: interrupted after {time.perf_counter() - t0:.0f} s; "
               "re-run the same command to resume.", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - classified by the taxonomy, bugs re-shown
+        return _report_error(args.command, exc)
+
+
+def _user_message(exc: BaseException) -> str:
+    """The error's message; pydantic's (a parameter given on the command line) in the
+    config's words: the field and the problem, without pydantic's URLs."""
+    from pydantic import ValidationError
+
+    from pipeline.config import format_validation_error
+
+    if isinstance(exc, ValidationError):
+        return format_validation_error(exc, "the command-line arguments")
+    return str(exc)
+
+
+def _report_error(command: str, exc: Exception) -> int:
+    """Print what went wrong as the taxonomy says (pipeline/errors.py); the exit status."""
+    if is_user_error(exc):
+        msg = _user_message(exc).strip().splitlines()
+        print(f"kpca {command}: error: {msg[0] if msg else type(exc).__name__}",
+              file=sys.stderr)
+        for line in msg[1:]:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_USAGE
+    line = _environment_error(exc)
+    if line is not None:  # the machine or cluster, with a fix to name
+        print(f"kpca {command}: error: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    if is_transient(exc):
+        print(f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
+              "workers); re-run the same command to resume.", file=sys.stderr)
+        return EXIT_FAILED
+    import traceback
+
+    traceback.print_exception(exc, file=sys.stderr)
+    print(f"kpca {command}: internal error ({type(exc).__name__}): a bug in kpca-dask, not "
+          "in your input; please report it with the traceback above.", file=sys.stderr)
+    return EXIT_BUG
 
 
 if __name__ == "__main__":

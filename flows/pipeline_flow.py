@@ -1,6 +1,9 @@
 """The ``kpca_pipeline`` flow: the pipeline's stages as cached, retried Prefect tasks on Dask.
 
-    ingest -> split -> kernel -> centre -> solve -> project -> evaluate -> export
+    ingest -> split -> kernel -> solve -> project -> denoise -> evaluate -> export
+
+(the registered stages, pipeline/stages.py: the flow walks the same registry as the
+plain ``run_pipeline``, one task per stage).
 
 The flow's one parameter is the validated :class:`~pipeline.config.PipelineConfig`
 (the Prefect UI renders it as a form; deployments pass it as JSON). The flow
@@ -28,21 +31,19 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from pipeline import stages
 from pipeline.cluster import dask_client
 from pipeline.config import PipelineConfig
 from pipeline.export import verify_run
-from pipeline.run import RunSummary, run_lock, run_pipeline, stage_begin, stage_locations
+from pipeline.layout import run_layout
+from pipeline.run import RunSummary, run_lock, run_pipeline, run_stages, stage_begin
 
 from . import tasks
 from .artifacts import publish_run_artifacts
 from .caching import result_storage
 from .runtime import check_prefect_api, dashboard_line, forward_library_logs
 
-__all__ = ["STAGES", "kpca_pipeline", "FlowRunSummary", "run_flow", "run_flow_or_plain",
-           "begin"]
-
-STAGES = ("ingest", "split", "kernel", "centre", "solve", "project", "denoise", "evaluate",
-          "export")
+__all__ = ["FlowRunSummary", "begin", "kpca_pipeline", "run_flow", "run_flow_or_plain"]
 
 
 def begin(cfg: PipelineConfig) -> str:
@@ -52,33 +53,33 @@ def begin(cfg: PipelineConfig) -> str:
     actually has to write (``tasks.claim_output``): a fully cached re-run must
     leave the published run in place.
     """
-    out = stage_locations(cfg)["out"]
-    if cfg.output.overwrite and out.child("manifest.json").exists():
+    if cfg.output.overwrite and run_layout(cfg).manifest.exists():
         return "deferred"
     stage_begin(cfg)
     return "begun"
 
 
-@flow(name="kpca-pipeline", validate_parameters=True,
-      description="Kernel PCA batch job: ingest, exact/Nyström fit, embedding, evaluation and "
-                  "a verified manifest, on a Dask cluster.")
+@flow(
+    name="kpca-pipeline",
+    validate_parameters=True,
+    description="Kernel PCA batch job: ingest, exact/Nyström fit, embedding, evaluation and "
+    "a verified manifest, on a Dask cluster.",
+)
 def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Run every stage of the pipeline ``config`` describes; returns the run summary."""
     cfg = config
     log = get_run_logger()
     t_run = time.perf_counter()
-    out = stage_locations(cfg)["out"]
+    registry = stages.REGISTRY
+    out = run_layout(cfg).out
     storage = result_storage(cfg)
-    bound = {name: t.with_options(result_storage=storage)
-             for name, t in tasks.STAGE_TASKS.items()}
     states: dict[str, str] = {}
     timings: dict[str, float] = {}
 
-    def run(stage: str, **params: Any) -> Any:
-        t0 = time.perf_counter()
-        state = bound[stage](**params, return_state=True)
-        timings[stage] = time.perf_counter() - t0
-        states[stage] = state.name
+    def call(stage: stages.Stage, args: dict[str, Any]) -> Any:
+        bound = tasks.stage_task(stage).with_options(result_storage=storage)
+        state = bound(cfg, **args, return_state=True)
+        states[stage.name] = state.name
         return state.result()  # raises the stage's error when it failed
 
     # the output's run lock first: a second run to the same output is refused at once
@@ -89,25 +90,25 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
         how = begin(cfg)
         timings["begin"] = time.perf_counter() - t0
         log.info("output %s (%s); task results cached in %s", out, how, storage)
-        ing = run("ingest", cfg=cfg)
-        split = run("split", cfg=cfg, ing=ing)
-        kernel = run("kernel", cfg=cfg, ing=ing, split=split)
-        centre = run("centre", cfg=cfg, ing=ing, split=split, kernel=kernel)
-        solved = run("solve", cfg=cfg, ing=ing, split=split, kernel=kernel, centre=centre)
-        projected = run("project", cfg=cfg, ing=ing, split=split, solved=solved)
-        denoised = run("denoise", cfg=cfg, ing=ing, split=split, solved=solved)
-        evaluation = run("evaluate", cfg=cfg, ing=ing, split=split, solved=solved,
-                         projected=projected)
-        timings["total"] = time.perf_counter() - t_run
-        run("export", cfg=cfg, ing=ing, split=split, kernel=kernel, solved=solved,
-            projected=projected, evaluation=evaluation, timings=dict(timings), denoised=denoised)
+        results = run_stages(registry, call, timings=timings, t_run=t_run)
         manifest = verify_run(out)  # what a reader checks: complete, checksums match
-    ran = [s for s in STAGES if states[s] != "Cached"]
-    log.info("run verified at %s: %s", out,
-             f"ran {', '.join(ran)}" if ran else "every stage cached, nothing recomputed")
-    artifacts = publish_run_artifacts(out, manifest, states, timings, evaluation, cluster)
-    return {"out": str(out), "manifest": manifest, "states": states, "timings": timings,
-            "cluster": cluster, "artifacts": artifacts}
+    ran = [s for s in registry.names if states[s] != "Cached"]
+    log.info(
+        "run verified at %s: %s",
+        out,
+        f"ran {', '.join(ran)}" if ran else "every stage cached, nothing recomputed",
+    )
+    artifacts = publish_run_artifacts(
+        out, manifest, states, timings, results.get("evaluation"), cluster
+    )
+    return {
+        "out": str(out),
+        "manifest": manifest,
+        "states": states,
+        "timings": timings,
+        "cluster": cluster,
+        "artifacts": artifacts,
+    }
 
 
 @dataclass
@@ -121,8 +122,9 @@ def run_flow(cfg: PipelineConfig) -> FlowRunSummary:
     """Run ``kpca_pipeline`` against ``PREFECT_API_URL`` or an ephemeral local API."""
     check_prefect_api()
     res = kpca_pipeline(cfg)
-    return FlowRunSummary(out=res["out"], manifest=res["manifest"], timings=res["timings"],
-                          states=res["states"])
+    return FlowRunSummary(
+        out=res["out"], manifest=res["manifest"], timings=res["timings"], states=res["states"]
+    )
 
 
 def run_flow_or_plain(cfg: PipelineConfig, *, use_prefect: bool = True) -> RunSummary:

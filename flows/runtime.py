@@ -7,6 +7,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline.errors import UserError
+
 __all__ = ["PrefectUnavailableError", "check_prefect_api", "forward_library_logs",
            "LIBRARY_LOGGERS", "dashboard_line"]
 
@@ -14,7 +16,7 @@ __all__ = ["PrefectUnavailableError", "check_prefect_api", "forward_library_logs
 LIBRARY_LOGGERS = ("pipeline", "kpca_dask")
 
 
-class PrefectUnavailableError(RuntimeError):
+class PrefectUnavailableError(UserError, RuntimeError):
     """No Prefect API to record a flow run in (no server configured, ephemeral mode off)."""
 
 

@@ -22,8 +22,7 @@ from .exceptions import (
 _SKLEARN_SUBCLASSES = ("NotFittedError", "ConvergenceWarning", "PreimageConvergenceWarning")
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .estimator import KernelPCA
-    from .persistence import load
+    from .estimator import KernelPCA, load
 
 
 def __getattr__(name: str) -> Any:
@@ -39,7 +38,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(exceptions, name)
     if name == "load":
-        from .persistence import load
+        from .estimator import load
 
         return load
     raise AttributeError(f"module 'kpca_dask' has no attribute {name!r}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._threads import blas_threads_for_dask
+from .threads import blas_threads_for_dask
 from .gram import BlockKernelMatrix
 
 __all__ = ["centre_columns", "CentredKernel", "centre_cross_kernel"]

@@ -21,7 +21,8 @@ on the threaded scheduler, a LocalCluster or a remote ``distributed`` cluster.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dask.array as da
@@ -32,12 +33,18 @@ from dask.highlevelgraph import HighLevelGraph
 from .exceptions import InvalidInputError
 from .kernels import Kernel
 
-__all__ = ["BlockKernelMatrix", "pair_products", "stored_pair_products", "kernel_block", "cross_products"]
+__all__ = [
+    "KERNEL_CACHE_MODES",
+    "BlockKernelMatrix",
+    "cross_products",
+    "kernel_block",
+    "kernel_cache_budget",
+    "pair_products",
+    "stored_pair_products",
+]
 
-#: Target size of one strip of kernel values, in bytes. Measured here (2 cores,
-#: 1.25 MB L2 each, shared L3) with two tasks running at once: 4 MB strips gave
-#: 11.2 ms per 2000 x 2000 float32 block, 2 MB 11.8, 1 MB 13.3, 256 KB 21;
-#: larger strips make the GEMMs more efficient than cache misses cost.
+#: Target size of one strip of kernel values, in bytes: larger strips make the GEMMs
+#: more efficient than their cache misses cost (measurements: docs/tuning.md).
 STRIP_BYTES = 4 << 20
 
 
@@ -82,10 +89,9 @@ def stored_pair_products(
 
     A stored diagonal block (``zj is None``) holds its full square.
     """
-    # The block is in memory already, so strips buy nothing: two GEMMs over the
-    # whole block are faster (measured, one thread, 2000 x 2000 float32, 40
-    # columns: 15.5 ms against 24.8 ms in 524-row strips) and, being bound by
-    # streaming the block, cost little more with wider Z (18.2 ms at 80 columns).
+    # The block is in memory already, so strips buy nothing: two GEMMs over the whole
+    # block are faster and, bound by streaming it, cost little more with wider Z
+    # (docs/tuning.md).
     dtype = np.dtype(dtype)
     blk = block if block.dtype == dtype else block.astype(dtype)
     zi_c = np.ascontiguousarray(zi, dtype=dtype)
@@ -134,9 +140,78 @@ def _cluster_threads() -> int:
 
         return max(1, sum(default_client().nthreads().values()))
     except (ImportError, ValueError):
-        from ._threads import cpu_count
+        from .threads import cpu_count
 
         return cpu_count()
+
+
+#: What ``kernel_cache`` accepts (the estimator's parameter).
+KERNEL_CACHE_MODES = ("auto", "memory", "recompute")
+
+#: Share of the memory the cached upper blocks may take: of each worker's
+#: ``memory_limit`` (less what the worker already uses) on a distributed
+#: cluster, of the available RAM on the threaded scheduler. Dask starts spilling
+#: a worker's data to disk at 60 % of its limit; the half leaves room for the
+#: tasks' own working memory (two row blocks, one strip, the partial products).
+CACHE_MEMORY_FRACTION = 0.5
+
+#: dask config key overriding the budget (bytes, or a string such as "2GiB").
+CACHE_BUDGET_CONFIG = "kpca.kernel-cache-budget"
+
+
+def _scheduler_kind() -> tuple[str, Any]:
+    """("local", None) (threaded or synchronous: data stays in this process),
+    ("distributed", client) or ("other", None) (e.g. the multiprocessing
+    scheduler, which keeps nothing between computations)."""
+    import dask.local
+    import dask.threaded
+    from dask.base import get_scheduler
+
+    scheduler = get_scheduler()
+    if scheduler is None or scheduler is dask.threaded.get or scheduler is dask.local.get_sync:
+        return "local", None
+    owner = getattr(scheduler, "__self__", None)  # the client whose get() runs the graphs
+    if type(owner).__name__ == "Client" and type(owner).__module__.startswith("distributed"):
+        return "distributed", owner
+    return "other", None
+
+
+def kernel_cache_budget() -> tuple[int, str]:
+    """Bytes the cached kernel blocks may take on the active scheduler, and why.
+
+    Distributed: ``CACHE_MEMORY_FRACTION`` of each worker's ``memory_limit``
+    less the memory the worker process already uses, times the number of
+    workers, taking the worker with the least room (the blocks spread evenly
+    over the workers). Threaded scheduler: ``CACHE_MEMORY_FRACTION`` of this
+    machine's available memory. The dask config key ``kpca.kernel-cache-budget``
+    overrides both.
+    """
+    import dask
+    from dask.utils import format_bytes, parse_bytes
+
+    override = dask.config.get(CACHE_BUDGET_CONFIG, None)
+    if override is not None:
+        return int(parse_bytes(override)), f"dask config {CACHE_BUDGET_CONFIG}"
+    import psutil
+
+    kind, client = _scheduler_kind()
+    if kind == "distributed":
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        room = []
+        for w in workers.values():
+            metrics = w.get("metrics") or {}
+            limit = w.get("memory_limit") or metrics.get("host_total") or 0
+            room.append(max(0, int(CACHE_MEMORY_FRACTION * limit) - int(metrics.get("memory", 0))))
+        if not room:
+            return 0, "no workers"
+        return len(room) * min(room), (
+            f"{CACHE_MEMORY_FRACTION:g} of the memory limit of {len(room)} workers less what "
+            f"they use (least room: {format_bytes(min(room))})")
+    if kind == "local":
+        avail = int(psutil.virtual_memory().available)
+        return int(CACHE_MEMORY_FRACTION * avail), (
+            f"{CACHE_MEMORY_FRACTION:g} of this machine's available memory")
+    return 0, "the scheduler keeps no data between computations"
 
 
 def _diag_block(x, kernel):
@@ -190,6 +265,8 @@ class BlockKernelMatrix:
         self.dtype = np.dtype(dtype)
         self.block_reader = block_reader
         self._products = 0  # products computed: the stored path alternates their order
+        self._cache: dict[tuple[int, int], Any] | None = None  # (I, J) -> persisted block
+        self._cache_pending = False  # fill the cache at the next product
 
     @property
     def n(self) -> int:
@@ -222,6 +299,93 @@ class BlockKernelMatrix:
             step = _strip_rows(r, self.dtype.itemsize)
             diag += sum((min(a + step, r) - a) * (r - a) for a in range(0, r, step))
         return int(off + diag)
+
+    def upper_block_bytes(self) -> int:
+        """Bytes of all upper blocks ``K_IJ`` (``I <= J``, diagonal squares whole) in
+        the compute dtype: what the memory tier of :meth:`kernel_cache` holds."""
+        c = self.row_chunks
+        return int(sum(ci * cj for i, ci in enumerate(c) for cj in c[i:]) * self.dtype.itemsize)
+
+    def plan_cache(self, mode: str = "auto", solver: str = "randomized") -> dict[str, Any]:
+        """Decide where the kernel blocks come from during the passes of a solve.
+
+        Tiers: ``"memory"`` evaluates every upper block once (first pass) and keeps
+        it in memory -- on the workers of a distributed cluster, in this process on
+        the threaded scheduler -- until :meth:`release_cache`; ``"recompute"``
+        evaluates the blocks again at every pass (memory: one strip per task);
+        ``"store"`` reads them from the kernel store (``block_reader``). ``mode``:
+        ``"auto"`` keeps the blocks in memory when they fit
+        :func:`kernel_cache_budget` and the solver makes several passes (a stored
+        kernel stays on disk: the caller chose it); ``"memory"`` and ``"recompute"``
+        force a tier (``"memory"`` with a stored kernel reads each block once).
+        Returns the decision (JSON-serialisable, for ``solver_info_``).
+        """
+        from dask.utils import format_bytes
+
+        if mode not in KERNEL_CACHE_MODES:
+            raise InvalidInputError(
+                f"kernel_cache must be one of {KERNEL_CACHE_MODES}, got {mode!r}.")
+        nbytes = self.upper_block_bytes()
+        info: dict[str, Any] = {"requested": mode, "bytes": nbytes}
+        source = "store" if self.block_reader is not None else "recompute"
+        if solver not in ("randomized", "arpack"):
+            tier, why = source, f"the {solver} solver reads every block once"
+        elif mode == "recompute":
+            tier, why = source, "kernel_cache='recompute'"
+        elif mode == "memory":
+            tier, why = "memory", "kernel_cache='memory'"
+        elif self.block_reader is not None:
+            tier, why = "store", "blocks read from the kernel store"
+        else:
+            budget, where = kernel_cache_budget()
+            info["budget"] = int(budget)
+            fits = nbytes <= budget
+            tier = "memory" if fits else "recompute"
+            why = (f"upper blocks {format_bytes(nbytes)} {'within' if fits else 'above'} "
+                   f"the budget {format_bytes(budget)} ({where})")
+        info["tier"], info["reason"] = tier, why
+        self._cache_pending = tier == "memory"
+        return info
+
+    def _fill_cache(self) -> None:
+        """Evaluate (or read) every upper block once and keep it: ``dask.persist`` of
+        one task per block (futures held on the workers of a distributed cluster,
+        arrays in this process on the threaded scheduler)."""
+        import dask
+
+        self._cache_pending = False
+        token = tokenize(self.X.name, self.kernel, self.dtype.str,
+                         self.block_reader if self.block_reader is not None else "eval")
+        pairs = self.upper_blocks()
+        if self.block_reader is not None:
+            tasks = [dask.delayed(self.block_reader, pure=True)(
+                i, j, dask_key_name=f"kpca-kblock-{token}-{i}-{j}") for i, j in pairs]
+        else:
+            xb = self.X.to_delayed()[:, 0]
+            tasks = [dask.delayed(kernel_block, pure=True)(
+                self.kernel, xb[i], xb[j], self.dtype.str,
+                dask_key_name=f"kpca-kblock-{token}-{i}-{j}") for i, j in pairs]
+        self._cache = dict(zip(pairs, dask.persist(*tasks)))
+
+    def release_cache(self) -> None:
+        """Drop the cached blocks: the last references to their futures (the
+        cluster frees them) or arrays."""
+        self._cache = None
+        self._cache_pending = False
+
+    @contextlib.contextmanager
+    def kernel_cache(self, mode: str = "auto", solver: str = "randomized"
+                     ) -> Iterator[dict[str, Any]]:
+        """:meth:`plan_cache`, then the cached blocks released on exit (even on error).
+
+        The blocks are filled lazily by the first product, so the first pass
+        pays for their evaluation and the following passes read them.
+        """
+        info = self.plan_cache(mode, solver)
+        try:
+            yield info
+        finally:
+            self.release_cache()
 
     def _z_source(self, Z, dsk, deps, token):
         ncols = int(Z.shape[1])
@@ -257,7 +421,11 @@ class BlockKernelMatrix:
         for i in rows:
             for j in range(i, nb):
                 zj = None if i == j else zkey(j)
-                if self.block_reader is not None:
+                if self._cache is not None:
+                    blk = self._cache[(i, j)]
+                    deps.append(blk)
+                    task = (stored_pair_products, blk.key, zkey(i), zj, self.dtype.str)
+                elif self.block_reader is not None:
                     task = (_stored_task, self.block_reader, i, j, zkey(i), zj, self.dtype.str)
                 else:
                     xj = None if i == j else (xn, j, 0)
@@ -284,7 +452,10 @@ class BlockKernelMatrix:
         """
         if Z.ndim != 2 or Z.shape[0] != self.n:
             raise InvalidInputError(f"Z must have shape ({self.n}, l), got {Z.shape}.")
-        token = tokenize(self.X.name, self.kernel, self.dtype.str, Z, self.block_reader is None)
+        if self._cache_pending:
+            self._fill_cache()
+        token = tokenize(self.X.name, self.kernel, self.dtype.str, Z, self.block_reader is None,
+                         self._cache is not None)
         dsk, deps, oname = self._pair_graph(Z, range(self.n_blocks), token)
         graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
         return da.Array(graph, oname, chunks=(self.row_chunks, (int(Z.shape[1]),)),
@@ -306,10 +477,13 @@ class BlockKernelMatrix:
             raise InvalidInputError(f"Z must have shape ({self.n}, l), got {Z.shape}.")
         Z = np.asarray(Z)
         nb = self.n_blocks
+        if self._cache_pending:
+            self._fill_cache()
         wave_tasks = wave_tasks or max(128, 4 * _cluster_threads())
         offsets = np.concatenate([[0], np.cumsum(self.row_chunks)])
         Y = np.zeros((self.n, Z.shape[1]), dtype=np.float64)
-        token = tokenize(self.X.name, self.kernel, self.dtype.str, Z, self.block_reader is None)
+        token = tokenize(self.X.name, self.kernel, self.dtype.str, Z, self.block_reader is None,
+                         self._cache is not None)
         waves, start = [], 0
         while start < nb:
             stop, tasks = start, 0
@@ -318,7 +492,7 @@ class BlockKernelMatrix:
                 stop += 1
             waves.append((start, stop))
             start = stop
-        if self.block_reader is not None:
+        if self.block_reader is not None and self._cache is None:
             # A stored K read in the same order every pass defeats the page cache as
             # soon as the store is a little larger than it: each pass evicts the
             # blocks the next one starts with. Alternating the direction starts every
@@ -353,7 +527,9 @@ class BlockKernelMatrix:
 
         xb = self.X.to_delayed()[:, 0]
         pairs = self.upper_blocks()
-        if self.block_reader is not None:
+        if self._cache is not None:  # e.g. the randomized solver escalated to dense
+            tasks = [self._cache[p] for p in pairs]
+        elif self.block_reader is not None:
             tasks = [dask.delayed(self.block_reader, pure=True)(i, j) for i, j in pairs]
         else:
             tasks = [dask.delayed(kernel_block, pure=True)(self.kernel, xb[i], xb[j], self.dtype)
@@ -458,7 +634,17 @@ class PrecomputedKernelMatrix(BlockKernelMatrix):
         self.dtype = np.dtype(dtype)
         self.block_reader = None
         self._products = 0
+        self._cache = None
+        self._cache_pending = False
         self.symmetric = symmetric
+
+    def plan_cache(self, mode: str = "auto", solver: str = "randomized") -> dict[str, Any]:
+        """A precomputed K is the caller's array: read at every pass, never cached here."""
+        if mode not in KERNEL_CACHE_MODES:
+            raise InvalidInputError(
+                f"kernel_cache must be one of {KERNEL_CACHE_MODES}, got {mode!r}.")
+        return {"requested": mode, "tier": "precomputed",
+                "reason": "kernel='precomputed': the given matrix is read at every pass"}
 
     def inspect(self) -> tuple[int, float, float]:
         """One read of K: (non-finite values, max asymmetry, max |K|); sets ``symmetric``."""

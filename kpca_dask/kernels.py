@@ -13,7 +13,7 @@ loop:
     The block itself: one GEMM on the prepared rows plus at most two
     elementwise passes (clip + exp for rbf, power for polynomial...).
 
-The rbf kernel shows the trick (DESIGN.md): with
+The rbf kernel shows the trick: with
 ``a_i = [sqrt(2 g) x_i, -g |x_i|^2, 1]`` and ``b_j = [sqrt(2 g) y_j, 1, -g |y_j|^2]``,
 ``a_i . b_j = -g |x_i - y_j|^2``, so the block is ``exp(min(A B^T, 0))``; the clip
 removes the tiny positive values that rounding leaves where the squared

@@ -40,8 +40,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 import uuid
+import warnings
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,19 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ._removal import remove_owned
 from .exceptions import ModelFormatError, UnverifiedAttributesWarning
-from .kernels import kernel_from_dict
+from .removal import remove_owned
 
-__all__ = ["save_model", "load", "array_sha256", "attrs_sha256", "FORMAT", "SCHEMA_VERSION"]
+__all__ = [
+    "FORMAT",
+    "SCHEMA_VERSION",
+    "ModelState",
+    "array_sha256",
+    "attrs_sha256",
+    "load_state",
+    "read_model_group",
+    "save_state",
+]
 
 FORMAT = "kpca-dask-model"
 #: 2 added Nyström models (``model_kind``); version 1 stores are exact models
@@ -69,13 +78,16 @@ _ATTRS_RECORD = "attrs_sha256"
 #: arrays every saved model of a kind has; optional ones are listed in attrs["arrays"].
 _REQUIRED = {
     "exact": ("eigenvalues", "eigenvectors", "row_means", "X_fit"),
-    "nystroem": ("eigenvalues", "landmarks", "landmark_indices", "projection", "offset",
-                 "landmark_means", "mean_weights"),
+    "nystroem": (
+        "eigenvalues",
+        "landmarks",
+        "landmark_indices",
+        "projection",
+        "offset",
+        "landmark_means",
+        "mean_weights",
+    ),
 }
-_FITTED_SCALARS = ("gamma_", "n_components_", "n_features_in_", "chunk_size_", "grand_mean_",
-                   "kernel_trace_", "centred_trace_", "eigen_solver_", "n_passes_", "converged_",
-                   "n_samples_fit_", "landmark_method_", "nystroem_method_")
-_PARAM_TYPES = (type(None), bool, int, float, str)
 
 
 def _package_version() -> str:
@@ -99,84 +111,63 @@ def attrs_sha256(attrs: dict[str, Any]) -> str:
     """SHA-256 of a model's attributes as canonical JSON (sorted keys, no spaces), without
     the ``attrs_sha256`` record itself."""
     body = {k: v for k, v in attrs.items() if k != _ATTRS_RECORD}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=True, default=str)
+    text = json.dumps(
+        body,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        allow_nan=True,
+        default=str,
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
+@dataclass(frozen=True)
+class ModelState:
+    """What a saved model holds: its JSON description and its numeric arrays.
+
+    The estimator converts itself to and from a state (``kpca_dask._state``);
+    this module only writes and reads states, and knows no estimator.
+    """
+
+    #: "exact" or "nystroem" (``attrs["model_kind"]``)
+    kind: str
+    #: the estimator's parameters (JSON values)
+    params: dict[str, Any]
+    #: the kernel's JSON description (``Kernel.to_dict``)
+    kernel: dict[str, Any]
+    #: dtype name of kernel evaluation
+    dtype: str
+    #: fitted scalars (``gamma_``, ``n_components_``...)
+    fitted: dict[str, Any]
+    #: every numeric array, by its saved name
+    arrays: dict[str, np.ndarray]
+    #: optional parts (``{"preimage": {"method": ...}}``)
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: where it was read from (for messages; not saved)
+    source: str = ""
 
 
-def _model_kind(model: Any) -> str:
-    return "nystroem" if getattr(model, "eigen_solver_", None) == "nystroem" else "exact"
-
-
-def _model_arrays(model: Any) -> dict[str, np.ndarray]:
-    arrays = {
-        "eigenvalues": model.eigenvalues_,
-        "explained_variance_ratio": model.explained_variance_ratio_,
-        "residuals": model.residuals_,
-    }
-    if _model_kind(model) == "nystroem":
-        arrays.update({
-            "landmarks": model.landmarks_,
-            "landmark_indices": np.asarray(model.landmark_indices_, dtype=np.int64),
-            "projection": model.projection_,
-            "offset": model.offset_,
-            "landmark_means": model.row_means_,
-            "mean_weights": model.mean_weights_,
-        })
-    else:
-        arrays.update({
-            "X_fit": model.X_fit_,
-            "eigenvectors": model.eigenvectors_,
-            "row_means": model.row_means_,
-        })
-    extra = getattr(model, "_extra_arrays", None)
-    if callable(extra):
-        arrays.update(extra())
-    return {k: np.asarray(v) for k, v in arrays.items() if v is not None}
-
-
-def save_model(model: Any, path: Any, *, overwrite: bool = False) -> None:
-    """Write a fitted :class:`~kpca_dask.KernelPCA` to ``path`` (a folder or zarr store URL).
+def save_state(state: ModelState, path: Any, *, overwrite: bool = False) -> None:
+    """Write a model state to ``path`` (a folder or zarr store URL), checksummed.
 
     A local folder is written beside its final name and renamed into place, so
     a reader never sees a half-written model.
     """
-    model._check_fitted()
-    if callable(model.kernel):
-        raise ModelFormatError(
-            "A model with a callable kernel cannot be saved: code is never stored (no "
-            "pickle). Use a named kernel, or refit from data where the model is needed."
-        )
-    params = {k: _jsonable(v) for k, v in model.get_params(deep=False).items()}
-    if not isinstance(params.get("random_state"), (int, type(None))):
-        params["random_state"] = None
-    bad = {k: type(v).__name__ for k, v in params.items()
-           if not isinstance(v, _PARAM_TYPES) and not isinstance(v, dict)}
-    if bad:
-        raise ModelFormatError(f"Parameters {bad} cannot be stored as JSON.")
-    arrays = _model_arrays(model)
+    arrays = {k: np.asarray(v) for k, v in state.arrays.items() if v is not None}
     attrs = {
         "format": FORMAT,
         "schema_version": SCHEMA_VERSION,
-        "model_kind": _model_kind(model),
+        "model_kind": state.kind,
         "kpca_dask_version": _package_version(),
-        "params": params,
-        "kernel": model.kernel_.to_dict(),
-        "dtype": np.dtype(model._dtype).name,
-        "fitted": {k: _jsonable(getattr(model, k)) for k in _FITTED_SCALARS if hasattr(model, k)},
+        "params": state.params,
+        "kernel": state.kernel,
+        "dtype": state.dtype,
+        "fitted": state.fitted,
         "arrays": sorted(arrays),
         "checksums": {k: array_sha256(v) for k, v in arrays.items()},
+        "extra": state.extra,
     }
-    extra_attrs = getattr(model, "_extra_attrs", None)
-    if callable(extra_attrs):
-        attrs["extra"] = extra_attrs()
-
     local = _local_path(path)
     if local is not None:
         if local.exists() and not overwrite:
@@ -205,8 +196,11 @@ def _is_saved_model(p: Path) -> bool:
             meta = json.load(f)
     except (OSError, ValueError):
         return False
-    return (not Path(p).is_symlink() and isinstance(meta, dict)
-            and (meta.get("attributes") or {}).get("format") == FORMAT)
+    return (
+        not Path(p).is_symlink()
+        and isinstance(meta, dict)
+        and (meta.get("attributes") or {}).get("format") == FORMAT
+    )
 
 
 def _local_path(path: Any) -> Path | None:
@@ -215,12 +209,13 @@ def _local_path(path: Any) -> Path | None:
     if isinstance(path, str) and "://" not in path:
         return Path(path)
     if isinstance(path, str) and path.startswith("file://"):
-        return Path(path[len("file://"):])
+        return Path(path[len("file://") :])
     return None
 
 
-def _write_group(store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any],
-                 overwrite: bool = False) -> None:
+def _write_group(
+    store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any], overwrite: bool = False
+) -> None:
     root = zarr.open_group(store, mode="w" if overwrite else "w-", zarr_format=3)
     for name, arr in arrays.items():
         # about 32 MB a chunk: zarr encodes a chunk at a time, so the transient copies
@@ -231,7 +226,7 @@ def _write_group(store: Any, arrays: dict[str, np.ndarray], attrs: dict[str, Any
         z = root.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=chunks)
         # a chunk at a time: zarr encodes the chunks of one write concurrently
         for a in range(0, max(1, arr.shape[0]), rows):
-            z[a:a + rows] = arr[a:a + rows]
+            z[a : a + rows] = arr[a : a + rows]
     # Attributes last: a group without them is not a model. Their checksum is taken over
     # the attributes as zarr stored them (read back), so that any JSON spelling zarr
     # chooses (NaN, float repr) is the one a reader hashes.
@@ -248,12 +243,15 @@ def _read_array(z: Any) -> np.ndarray:
         return np.asarray(z[...])
     out = np.empty(z.shape, dtype=z.dtype)
     for a in range(0, z.shape[0], rows):
-        out[a:a + rows] = z[a:a + rows]
+        out[a : a + rows] = z[a : a + rows]
     return out
 
 
-def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Open a saved model: verified attributes and arrays, or ModelFormatError."""
+def read_model_group(
+    path: Any, *, stacklevel: int = 3
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Open a saved model: verified attributes and arrays, or ModelFormatError
+    (``stacklevel``: of the warning on a model without attribute checksum)."""
     local = _local_path(path)
     if local is not None and not local.exists():
         raise ModelFormatError(f"No saved model at {local}: the folder does not exist.")
@@ -275,15 +273,21 @@ def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         )
     recorded = attrs.get(_ATTRS_RECORD)
     if sv >= 4 and recorded != attrs_sha256(attrs):
-        why = ("it has no attribute checksum (incomplete?)" if recorded is None else
-               "attribute checksum mismatch: its parameters, kernel or fitted values were "
-               "modified after it was saved")
+        why = (
+            "it has no attribute checksum (incomplete?)"
+            if recorded is None
+            else "attribute checksum mismatch: its parameters, kernel or fitted values were "
+            "modified after it was saved"
+        )
         raise ModelFormatError(f"{path}: {why}. Re-create it from the original run.")
     if sv < 4:
         warnings.warn(
             f"{path} is a schema {sv} model: its attributes (parameters, kernel, fitted "
             "values) carry no checksum and cannot be verified; re-save it with this "
-            "kpca-dask to cover them.", UnverifiedAttributesWarning, stacklevel=3)
+            "kpca-dask to cover them.",
+            UnverifiedAttributesWarning,
+            stacklevel=stacklevel,
+        )
     kind = attrs.get("model_kind", "exact")
     if kind not in _REQUIRED:
         raise ModelFormatError(f"{path} has an unknown model_kind {kind!r}.")
@@ -299,7 +303,9 @@ def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         except KeyError as exc:
             raise ModelFormatError(f"{path}: array {name!r} is listed but missing.") from exc
         if not isinstance(z, zarr.Array) or z.dtype.kind not in "fiub":
-            raise ModelFormatError(f"{path}: {name!r} is not a numeric array; refusing to load.")
+            raise ModelFormatError(
+                f"{path}: {name!r} is not a numeric array; refusing to load."
+            )
         try:
             a = _read_array(z)
         except Exception as exc:
@@ -313,64 +319,24 @@ def read_model_group(path: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return attrs, arrays
 
 
-def load(path: Any):
-    """Load a model saved with :meth:`KernelPCA.save` (arrays + JSON only).
+def load_state(path: Any) -> ModelState:
+    """Read a saved model's state: verified attributes and arrays, or ModelFormatError.
 
     Raises :class:`~kpca_dask.exceptions.ModelFormatError` when the store is
     missing, incomplete, of an unknown schema version, or fails its checksums.
     """
-    from .estimator import KernelPCA
-
-    attrs, arrays = read_model_group(path)
+    attrs, arrays = read_model_group(path, stacklevel=4)
     params = attrs["params"]
     if not isinstance(params, dict):
         raise ModelFormatError(f"{path}: malformed parameters.")
-    model = KernelPCA()
-    valid = model.get_params(deep=False)
-    unknown = set(params) - set(valid)
-    if unknown:
-        raise ModelFormatError(f"{path}: unknown parameters {sorted(unknown)}.")
-    model.set_params(**params)
-    model.kernel_ = kernel_from_dict(attrs["kernel"])
-    model._dtype = np.dtype(attrs["dtype"])
-    for k, v in attrs["fitted"].items():
-        if k in _FITTED_SCALARS:
-            setattr(model, k, v)
-    model.eigenvalues_ = arrays["eigenvalues"]
-    if attrs.get("model_kind", "exact") == "nystroem":
-        if model.eigen_solver_ != "nystroem":
-            raise ModelFormatError(f"{path}: a Nyström model must record eigen_solver_='nystroem'.")
-        model.landmarks_ = model.X_fit_ = arrays["landmarks"]
-        model.landmark_indices_ = arrays["landmark_indices"]
-        model.n_landmarks_ = int(arrays["landmarks"].shape[0])
-        model.projection_ = arrays["projection"]
-        model.offset_ = arrays["offset"]
-        model.row_means_ = arrays["landmark_means"]
-        model.mean_weights_ = arrays["mean_weights"]
-        model.eigenvectors_ = model._nystroem_eigenvectors()
-        _check_nystroem_shapes(path, model)
-    else:
-        model.X_fit_ = arrays["X_fit"]
-        model.eigenvectors_ = arrays["eigenvectors"]
-        model.row_means_ = arrays["row_means"]
-    model.explained_variance_ratio_ = arrays.get("explained_variance_ratio")
-    model.residuals_ = arrays.get("residuals")
-    restore = getattr(model, "_restore_extra", None)
-    if callable(restore):
-        restore(attrs.get("extra", {}), arrays)
-    model._coef_cache = None
-    return model
-
-
-def _check_nystroem_shapes(path: Any, model: Any) -> None:
-    m, d = model.landmarks_.shape
-    k = model.eigenvalues_.shape[0]
-    expected = {"projection": (model.projection_.shape, (m, k)),
-                "offset": (model.offset_.shape, (k,)),
-                "landmark_means": (model.row_means_.shape, (m,)),
-                "mean_weights": (model.mean_weights_.shape, (m,)),
-                "landmark_indices": (model.landmark_indices_.shape, (m,))}
-    bad = {name: got for name, (got, want) in expected.items() if got != want}
-    if bad or d != model.n_features_in_:
-        raise ModelFormatError(f"{path}: inconsistent Nyström array shapes {bad} for "
-                               f"{m} landmarks, {k} components and {d} features.")
+    extra = attrs.get("extra", {})
+    return ModelState(
+        kind=attrs.get("model_kind", "exact"),
+        params=params,
+        kernel=attrs["kernel"],
+        dtype=attrs["dtype"],
+        fitted=attrs["fitted"],
+        arrays=arrays,
+        extra=extra if isinstance(extra, dict) else {},
+        source=str(path),
+    )

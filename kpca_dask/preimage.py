@@ -8,7 +8,7 @@ is the projection of ``phi(x)`` on the leading components plus the mean,
 
 an expansion over the model's *expansion points* ``p_i`` (:func:`expansion`).
 There is usually no input ``x'`` with ``phi(x') = P phi(x)``; three ways to
-approximate one (ALGORITHMS.md, "Pre-images"):
+approximate one (docs/denoise.md, with the sources):
 
 ``"learned"`` (Bakır, Weston and Schölkopf 2004)
     Kernel ridge regression from embeddings back to inputs, trained on s rows
@@ -88,9 +88,9 @@ __all__ = [
 PREIMAGE_METHODS = ("auto", "learned", "fixed_point", "exact")
 
 #: Rows the learned pre-image is trained on when ``preimage_sample_size="auto"``
-#: and the model is exact (Nyström models use their landmarks): a 2048 x 2048
-#: solve is about 0.1 s and 32 MB, and every row up to this many training rows
-#: is used, so small fits agree with scikit-learn.
+#: and the model is exact (Nyström models use their landmarks): a cheap solve
+#: (docs/nystroem.md, tuning constants), and every row up to this many training
+#: rows is used, so small fits agree with scikit-learn.
 DEFAULT_PREIMAGE_SAMPLE_SIZE = 2048
 
 #: A fixed-point denominator ``sum_i gamma_i k(x', p_i)`` at or below this

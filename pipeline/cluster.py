@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .config import ClusterConfig
+from .errors import UserError
 
 __all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV",
            "release_worker_memory"]
@@ -19,7 +20,7 @@ __all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV",
 logger = logging.getLogger("pipeline")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(UserError, RuntimeError):
     """The scheduler cannot be reached (or has no workers) in time."""
 
 
@@ -45,9 +46,8 @@ def worker_environ() -> dict[str, str]:
     distributed starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes
     glibc's mmap threshold at 128 KiB: every block-sized buffer (a stored kernel block is
     16 MB at 2000 rows) is then a fresh ``mmap`` whose pages fault in one by one and are
-    zeroed, and is unmapped again when freed. Measured here reading and multiplying stored
-    2000 x 2000 float32 blocks on one thread: 76.5 ms per block with distributed's setting,
-    38.4 ms with these (9422 -> 483 page faults per block). The price is up to 64 MiB of
+    zeroed, and is unmapped again when freed: keeping them halves a stored block's pass
+    (docs/tuning.md). The price is up to 64 MiB of
     freed heap a worker may keep. A value set in the environment wins, except
     distributed's own 65536, which its nannies copy into the parent's environment.
     """
@@ -156,8 +156,8 @@ class PauseWatchdog(threading.Thread):
         return None
 
     def run(self) -> None:
-        from distributed import Future
         from dask.utils import format_bytes
+        from distributed import Future
 
         since = None
         while not self._done.wait(self.interval):
@@ -296,7 +296,7 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
         finally:
             client.close()
         return
-    from kpca_dask._threads import cpu_count
+    from kpca_dask.threads import cpu_count
 
     n_workers = cfg.n_workers or max(1, cpu_count() // cfg.threads_per_worker)
     # distributed's nannies take these from os.environ before their config, and spawn

@@ -11,15 +11,22 @@ options that look like credentials are refused.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from .denoise import DenoiseConfig
-from .evaluate import EvaluateConfig
+from .errors import UserError
 
 __all__ = [
     "InputConfig",
@@ -33,8 +40,11 @@ __all__ = [
     "DenoiseConfig",
     "EvaluateConfig",
     "PipelineConfig",
+    "RESERVED_NAMES",
+    "SGD_MIN_ROWS",
     "ConfigError",
     "load_config",
+    "format_validation_error",
 ]
 
 #: storage_options keys that carry credentials: refused in config files.
@@ -129,7 +139,7 @@ def _check_url(v: str, what: str) -> str:
 MIN_WORKER_MEMORY = 256 << 20
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration file or object is invalid (message lists every problem)."""
 
 
@@ -247,7 +257,8 @@ class SolverConfig(_Model):
 class ChunkConfig(_Model):
     """How data are chunked."""
 
-    target_chunk_mb: float = Field(64.0, gt=0, description="Target size of one ingested row "
+    target_chunk_mb: float = Field(64.0, gt=0, allow_inf_nan=False,
+                                   description="Target size of one ingested row "
                                                            "chunk in MB (50-200 MB suits clusters).")
     block_rows: int | Literal["auto"] = Field(
         "auto", description="Rows per block of the kernel partition ('auto': ~2048).")
@@ -343,6 +354,207 @@ class ClusterConfig(_Model):
         return self
 
 
+# ---------------------------------------------------------------- evaluate, denoise
+#: ``classifier="auto"`` switches from LogisticRegression (lbfgs, whole
+#: training embedding in memory) to SGD (chunk by chunk) above this many
+#: training rows. lbfgs time grows super-linearly with rows, SGD's linearly
+#: (docs/tuning.md). The sweep fits two classifiers per sweep point
+#: (kernel PCA and the baseline), so above ~50 000 rows lbfgs would make the
+#: evaluate stage slower than the fit it evaluates; SGD also bounds memory by
+#: one chunk instead of the whole embedding.
+SGD_MIN_ROWS = 50_000
+
+
+class EvaluateConfig(BaseModel):
+    """The ``evaluate`` section of the pipeline config: classification of the embedding."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool | Literal["auto"] = Field(
+        "auto", description="Run the evaluate stage: true, false, or 'auto' (when the input "
+                            "has a label column). With true and no labels the run fails "
+                            "before anything is fitted.")
+    test_fraction: float = Field(
+        0.2, description="Share of labelled rows held out for testing, in (0, 1). The split "
+                         "is drawn before fitting (stored as <out>/split) and the model never "
+                         "sees held-out rows.")
+    stratify: bool = Field(
+        True, description="Hold out the same share of every class (exact per class when the "
+                          "labels fit in memory, in expectation when they are a dask array).")
+    classifier: Literal["auto", "logistic", "linear_svc", "sgd"] = Field(
+        "auto", description="Linear classifier trained on the embedding: 'logistic' "
+                            "(LogisticRegression, lbfgs), 'linear_svc' (LinearSVC), 'sgd' "
+                            "(SGDClassifier with log loss, trained chunk by chunk with "
+                            "partial_fit), or 'auto': logistic up to sgd_min_rows training "
+                            "rows, sgd above.")
+    sgd_min_rows: int = Field(
+        SGD_MIN_ROWS, description="Training rows above which classifier='auto' uses SGD "
+                                  "(lbfgs slows super-linearly with rows; docs/tuning.md).")
+    sgd_epochs: int = Field(5, description="Passes over the training rows for classifier='sgd'.")
+    standardize: bool = Field(
+        True, description="Scale every component to unit variance (StandardScaler fitted on "
+                          "training rows) before the classifier; kernel PCA components have "
+                          "very different variances, and L2-regularised classifiers are "
+                          "scale-sensitive.")
+    C: float = Field(1.0, description="Inverse regularisation strength of the classifier "
+                                      "(SGD uses alpha = 1 / (C * n_train), the same objective).")
+    max_iter: int = Field(2000, description="Iteration cap of logistic / linear_svc.")
+    sweep_components: list[int] | Literal["auto"] | None = Field(
+        "auto", description="Numbers of components k at which accuracy is measured (kernel PCA "
+                            "and the linear PCA baseline); 'auto' takes about 1.5x steps "
+                            "(1, 2, 3, 4, 6, 8, 12, ...) up to the embedding's k; null only "
+                            "evaluates the full k. Values above the embedding's k are skipped.")
+    gamma_sweep: list[float] | Literal["auto"] | None = Field(
+        None, description="Optional kernel coefficients to compare by cross-validation on the "
+                          "training split (kernel PCA refitted per fold on a subsample of "
+                          "cv_max_rows rows); 'auto' tries the fitted gamma times 1/4, 1/2, "
+                          "1, 2, 4. Evidence for choosing gamma and k; the run's model is not "
+                          "changed. Only for kernels with a gamma (rbf, laplacian, poly, "
+                          "sigmoid).")
+    cv_folds: int = Field(3, description="Stratified folds of the gamma cross-validation (2-20).")
+    cv_max_rows: int = Field(
+        2000, description="Training rows subsampled for the gamma cross-validation (each fold "
+                          "fit is a dense kernel matrix on ~(1 - 1/cv_folds) of them).")
+    baseline_memory_mb: float = Field(
+        512.0, description="Fit the linear PCA baseline with scikit-learn's PCA when the "
+                           "training rows of X fit in this many MB (float64), otherwise stream "
+                           "them through IncrementalPCA chunk by chunk.")
+    max_scatter_points: int = Field(
+        5000, description="Rows drawn (uniformly, seeded) for the 2-D scatter plot.")
+    max_novelty_points: int = Field(
+        5000, description="Held-out rows (and as many training rows) scored with "
+                          "model.score_samples for the novelty histogram; each score costs "
+                          "one kernel evaluation per training row (exact models) or landmark.")
+    random_state: int = Field(0, description="Seed of the split, subsamples, CV folds and SGD.")
+    report: bool = Field(True, description="Write the plots and report.md next to metrics.json.")
+
+    # -- validators: messages name the field, the value and the fix ----------------
+    @field_validator("test_fraction")
+    @classmethod
+    def _check_test_fraction(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0.0 < v < 1.0):
+            raise ValueError(
+                f"test_fraction must be strictly between 0 and 1 (the share of labelled rows "
+                f"held out for testing, e.g. 0.2); got {v!r}")
+        return v
+
+    @field_validator("sgd_min_rows", "sgd_epochs", "max_iter", "max_scatter_points",
+                     "max_novelty_points")
+    @classmethod
+    def _check_positive_int(cls, v: int, info: Any) -> int:
+        if v < 1:
+            raise ValueError(f"{info.field_name} must be a positive integer; got {v!r}")
+        return v
+
+    @field_validator("C", "baseline_memory_mb")
+    @classmethod
+    def _check_positive_real(cls, v: float, info: Any) -> float:
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{info.field_name} must be a positive finite number; got {v!r}")
+        return v
+
+    @field_validator("cv_folds")
+    @classmethod
+    def _check_folds(cls, v: int) -> int:
+        if not 2 <= v <= 20:
+            raise ValueError(f"cv_folds must be between 2 and 20 (cross-validation needs at "
+                             f"least two folds); got {v!r}")
+        return v
+
+    @field_validator("cv_max_rows")
+    @classmethod
+    def _check_cv_rows(cls, v: int) -> int:
+        if v < 20:
+            raise ValueError(f"cv_max_rows must be at least 20 (each fold needs rows of every "
+                             f"class); got {v!r}")
+        return v
+
+    @field_validator("sweep_components")
+    @classmethod
+    def _check_sweep(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("sweep_components must not be empty: list some k (e.g. "
+                                 "[2, 4, 8, 16]), or use 'auto', or null for the full k only")
+            bad = [k for k in v if k < 1]
+            if bad:
+                raise ValueError(f"sweep_components must be positive numbers of components; "
+                                 f"got {bad}")
+            return sorted(set(v))
+        return v
+
+    @field_validator("gamma_sweep")
+    @classmethod
+    def _check_gammas(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("gamma_sweep must not be empty: list kernel coefficients "
+                                 "(e.g. [0.01, 0.1, 1]), use 'auto', or null to skip it")
+            bad = [g for g in v if not (math.isfinite(g) and g > 0)]
+            if bad:
+                raise ValueError(f"gamma_sweep values must be positive finite numbers; "
+                                 f"got {bad}")
+            return sorted(set(float(g) for g in v))
+        return v
+
+
+#: Names an output array may not take: the other artifacts of a run.
+RESERVED_NAMES = {"embedding", "spectrum", "labels", "ids", "split", "model", "report", "work",
+                  "manifest", "embedding.parquet"}
+
+
+class DenoiseConfig(BaseModel):
+    """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(
+        False, description="Write denoised rows (pre-images of their embedding). The solve "
+                            "stage then also fits the pre-image map (fit_inverse_transform).")
+    preimage: Literal["auto", "learned", "fixed_point", "exact"] = Field(
+        "auto", description="'learned': kernel ridge regression from the embedding back to the "
+                            "inputs (scikit-learn's map); 'fixed_point': Mika et al.'s iteration "
+                            "(rbf only), started from the learned one; 'exact': linear kernel "
+                            "only (linear PCA's reconstruction); 'auto': exact for the linear "
+                            "kernel, learned otherwise.")
+    alpha: float = Field(1.0, ge=0, description="Ridge term of the learned pre-image "
+                                                "(scikit-learn's alpha).")
+    sample_size: int | Literal["auto"] = Field(
+        "auto", description="Training rows the learned pre-image is fitted on (one "
+                            "sample_size^2 solve): 'auto' is the landmarks for Nyström, "
+                            "min(n_train, 2048) rows for exact solvers; all rows if larger "
+                            "than the training set.")
+    tol: float = Field(1e-5, gt=0, description="Fixed point: converged when a step moves a row "
+                                               "by at most tol times the data scale.")
+    max_iter: int = Field(100, ge=1, description="Fixed point: iteration cap; rows that do not "
+                                                 "converge keep the learned pre-image.")
+    rows: Literal["all", "held_out", "train"] = Field(
+        "all", description="Which ingested rows to denoise: every row, only the held-out "
+                           "(evaluation) rows, or only the training rows.")
+    max_rows: int | None = Field(
+        None, ge=1, description="Denoise at most this many of the selected rows (the first "
+                                "ones, in row order); null for all of them.")
+    output_name: str = Field(
+        "denoised", description="Array name under the run folder; the row index of a subset "
+                                "goes to '<output_name>_rows'.")
+
+    @field_validator("sample_size")
+    @classmethod
+    def _positive_sample(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("sample_size must be >= 1 (or 'auto')")
+        return v
+
+    @field_validator("output_name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", v) or v in RESERVED_NAMES \
+                or v.startswith(".."):
+            raise ValueError(f"output_name {v!r} must be a plain array name (letters, digits, "
+                             f"_ . -) other than {sorted(RESERVED_NAMES)}")
+        return v
+
+
 class PipelineConfig(_Model):
     """A whole pipeline run."""
 
@@ -365,7 +577,7 @@ class PipelineConfig(_Model):
         return json.loads(self.model_dump_json())
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str) -> str:
     """One line for one problem ("invalid configuration in run.yaml: kernel.gamma: ..."),
     else a header line and one line per problem."""
     lines = [f"invalid configuration in {source}:"]
@@ -451,7 +663,7 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, name)) from None
+        raise ConfigError(format_validation_error(exc, name)) from None
 
 
 def _type_name(t: Any) -> str:

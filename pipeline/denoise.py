@@ -27,81 +27,25 @@ Layout (docs/artifacts.md)::
 from __future__ import annotations
 
 import logging
-import re
 import time
-from typing import Any, Literal
+from typing import Any
 
 import dask.array as da
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .config import DenoiseConfig
+from .errors import UserError
 from .progress import compute
 from .store import Location
+from .transform import embed_rows
 
 __all__ = ["DenoiseConfig", "DenoiseError", "estimator_params", "select_rows",
            "denoise_rows", "stage_denoise", "denoise_to_store"]
 
 logger = logging.getLogger("pipeline")
 
-#: Names an output array may not take: the other artifacts of a run.
-RESERVED_NAMES = {"embedding", "spectrum", "labels", "ids", "split", "model", "report", "work",
-                  "manifest", "embedding.parquet"}
-
-
-class DenoiseError(ValueError):
+class DenoiseError(UserError, ValueError):
     """Denoising cannot run as configured; the message says what to change."""
-
-
-class DenoiseConfig(BaseModel):
-    """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    enabled: bool = Field(
-        False, description="Write denoised rows (pre-images of their embedding). The solve "
-                            "stage then also fits the pre-image map (fit_inverse_transform).")
-    preimage: Literal["auto", "learned", "fixed_point", "exact"] = Field(
-        "auto", description="'learned': kernel ridge regression from the embedding back to the "
-                            "inputs (scikit-learn's map); 'fixed_point': Mika et al.'s iteration "
-                            "(rbf only), started from the learned one; 'exact': linear kernel "
-                            "only (linear PCA's reconstruction); 'auto': exact for the linear "
-                            "kernel, learned otherwise.")
-    alpha: float = Field(1.0, ge=0, description="Ridge term of the learned pre-image "
-                                                "(scikit-learn's alpha).")
-    sample_size: int | Literal["auto"] = Field(
-        "auto", description="Training rows the learned pre-image is fitted on (one "
-                            "sample_size^2 solve): 'auto' is the landmarks for Nyström, "
-                            "min(n_train, 2048) rows for exact solvers; all rows if larger "
-                            "than the training set.")
-    tol: float = Field(1e-5, gt=0, description="Fixed point: converged when a step moves a row "
-                                               "by at most tol times the data scale.")
-    max_iter: int = Field(100, ge=1, description="Fixed point: iteration cap; rows that do not "
-                                                 "converge keep the learned pre-image.")
-    rows: Literal["all", "held_out", "train"] = Field(
-        "all", description="Which ingested rows to denoise: every row, only the held-out "
-                           "(evaluation) rows, or only the training rows.")
-    max_rows: int | None = Field(
-        None, ge=1, description="Denoise at most this many of the selected rows (the first "
-                                "ones, in row order); null for all of them.")
-    output_name: str = Field(
-        "denoised", description="Array name under the run folder; the row index of a subset "
-                                "goes to '<output_name>_rows'.")
-
-    @field_validator("sample_size")
-    @classmethod
-    def _positive_sample(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError("sample_size must be >= 1 (or 'auto')")
-        return v
-
-    @field_validator("output_name")
-    @classmethod
-    def _plain_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", v) or v in RESERVED_NAMES \
-                or v.startswith(".."):
-            raise ValueError(f"output_name {v!r} must be a plain array name (letters, digits, "
-                             f"_ . -) other than {sorted(RESERVED_NAMES)}")
-        return v
 
 
 def estimator_params(cfg: DenoiseConfig) -> dict[str, Any]:
@@ -149,31 +93,6 @@ def _check_model(model: Any, cfg: DenoiseConfig, where: str) -> str | None:
     return None if cfg.preimage == "auto" else cfg.preimage
 
 
-def _embedding_of_rows(model: Any, X: da.Array, split: np.ndarray | None,
-                       idx: np.ndarray | None, training_data: bool = True) -> da.Array:
-    """Embedding of rows ``idx`` of X (all when None), row-chunked like X.
-
-    ``training_data``: X is the data the model was fitted on (its rows with
-    ``split == 1``, or all rows without a split); False for new data.
-    """
-    rows = X.chunks[0]
-    n = int(X.shape[0])
-    sel = np.arange(n) if idx is None else idx
-    exact = getattr(model, "eigen_solver_", None) in ("dense", "randomized")
-    if not exact or not training_data:
-        Xs = X if idx is None else X[idx]
-        return model.transform(Xs.rechunk({0: rows[0]})).rechunk({0: rows[0], 1: -1})
-    train = model.eigenvectors_ * np.sqrt(model.eigenvalues_)
-    is_train = np.ones(n, dtype=bool) if split is None else split.astype(bool)
-    pos = np.cumsum(is_train) - 1  # training row r is row pos[r] of the model's embedding
-    Z = np.empty((sel.size, train.shape[1]), dtype=np.float64)
-    t = is_train[sel]
-    Z[t] = train[pos[sel[t]]]
-    if (~t).any():
-        (Z[~t],) = compute(model.transform(X[sel[~t]]), label="embed held-out rows")
-    return da.from_array(Z, chunks=(rows[0], -1))
-
-
 def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
                  split: np.ndarray | None = None, where: str = "the model",
                  training_data: bool = True
@@ -189,7 +108,8 @@ def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
     if X.shape[1] != model.n_features_in_:
         raise DenoiseError(f"the data have {X.shape[1]} features but the model was fitted on "
                            f"{model.n_features_in_}.")
-    Z = _embedding_of_rows(model, X, split, idx, training_data)
+    Z = embed_rows(model, X, split=split, idx=idx, training_data=training_data,
+                   batch_rows=X.chunks[0][0])
     den, status = model.inverse_transform(Z, method=method, return_status=True)
     return den, status, idx
 
@@ -214,30 +134,32 @@ def _drop_previous(g) -> None:
 WRITTEN_ATTR = "denoised_arrays"
 
 
-def stage_denoise(cfg: Any, ing: dict[str, Any], split: dict[str, Any],
-                  solved: dict[str, Any]) -> dict[str, Any]:
+def stage_denoise(cfg: Any, ing: Any, split: Any, solved: Any) -> dict[str, Any]:
     """Denoised rows of the run (``cfg.denoise``): ``<out>/<denoise.output_name>``.
 
     ``cfg`` is the run's PipelineConfig. Idempotent: the arrays are replaced,
     and a run with denoising disabled removes a stale one. Returns a small
     JSON-able descriptor (rows, method, fixed-point fallbacks, mean squared
-    change per value).
+    change per value). ``ing``, ``split``, ``solved``: the typed results of those
+    stages (pipeline/results.py).
     """
     import kpca_dask
 
-    from .run import _ingested, _read_split, stage_locations
+    from .layout import run_layout
+    from .stage_data import ingested, read_split
 
     dcfg = cfg.denoise
-    out = stage_locations(cfg)["out"]
+    layout = run_layout(cfg)
+    out = layout.out
     g = out.open_group("a")
     _drop_previous(g)  # a re-run (disabled, or to another name) leaves no stale rows behind
     if not dcfg.enabled:
         return {"enabled": False}
     t0 = time.perf_counter()
-    res, src = _ingested(ing)
-    model = kpca_dask.load(solved["path"])
-    mask = _read_split(cfg, split)
-    den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=solved["path"])
+    res, src = ingested(ing)
+    model = kpca_dask.load(solved.model.zarr_source())
+    mask = read_split(layout, split)
+    den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=str(solved.model))
     X_sel = src.X if idx is None else src.X[idx]
     sq_change = ((den.astype(np.float64) - X_sel.rechunk({0: den.chunks[0]})) ** 2).sum()
     chunk_rows = int(src.X.chunks[0][0])

@@ -18,6 +18,8 @@ import numpy as np
 
 from kpca_dask.persistence import read_model_group
 
+from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
+from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST
 from .store import Location, array_checksum, atomic_write_json, read_json
 
 __all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
@@ -27,33 +29,12 @@ __all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
 logger = logging.getLogger("pipeline")
 
 SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-#: arrays of the run group covered by manifest checksums (when present)
-CHECKSUMMED = ("embedding", "spectrum/eigenvalues", "spectrum/explained_variance_ratio",
-               "spectrum/residuals", "labels", "ids", "split")
-#: folders of the run whose files are covered by manifest checksums (when present)
-CHECKSUMMED_FILES = ("embedding.parquet", "report")
+# MANIFEST, CHECKSUMMED (arrays) and CHECKSUMMED_FILES (folders): see pipeline/layout.py
 #: what a manifest of this schema version must hold; a manifest without them is incomplete
 REQUIRED_FIELDS = ("schema_version", "status", "created", "config", "input", "model", "timings",
                    "checksums")
 _PACKAGES = ("kpca-dask", "dask", "distributed", "numpy", "scipy", "zarr", "scikit-learn",
              "prefect", "pandas", "pyarrow")
-
-
-class RunError(ValueError):
-    """A run folder cannot be used as a result; the message says why."""
-
-
-class RunExistsError(RunError, FileExistsError):
-    """A complete run is already at the output path."""
-
-
-class RunIncompleteError(RunError):
-    """The manifest is missing or does not say complete."""
-
-
-class RunCorruptError(RunError):
-    """An array does not match its manifest checksum, or the schema is unknown."""
 
 
 def _versions() -> dict[str, str]:
@@ -135,8 +116,7 @@ def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
     for name in CHECKSUMMED + tuple(arrays):
         if name in g:
             checksums[name] = array_checksum(g[name])
-    model_attrs, _ = read_model_group(out.child("model").url if not out.is_local
-                                      else str(out.child("model").local_path))
+    model_attrs, _ = read_model_group(out.child("model").zarr_source())  # with its options
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "status": "complete",
@@ -215,8 +195,7 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
                     f"{out}: checksum mismatch for file {rel!r}: it changed after the run was "
                     "published. Do not use this run; re-run the pipeline.")
         try:
-            attrs, _ = read_model_group(out.child("model").url if not out.is_local
-                                        else str(out.child("model").local_path))
+            attrs, _ = read_model_group(out.child("model").zarr_source())
         except Exception as exc:
             raise RunCorruptError(f"{out}: the model cannot be verified ({exc}).") from exc
         if attrs.get("checksums") != manifest["model"].get("checksums") or (

@@ -35,6 +35,7 @@ import numpy as np
 from kpca_dask.gram import kernel_block
 from kpca_dask.kernels import Kernel
 
+from .errors import UserError
 from .progress import compute
 from .store import Location
 
@@ -50,7 +51,7 @@ MATERIALIZE_MIN_FEATURES = 512
 _DONE = np.uint64(1 << 32)
 
 
-class KernelStoreError(RuntimeError):
+class KernelStoreError(UserError, RuntimeError):
     """A stored kernel block is missing or corrupt."""
 
 
@@ -94,8 +95,8 @@ MARKER_CHECKSUM = "crc32c"
 def _crc(block: np.ndarray) -> int:
     """CRC-32C of the block's bytes, without copying them.
 
-    google_crc32c (a zarr dependency, hardware-accelerated) takes 3 ms for a 16 MB
-    block here; zlib.crc32 on a ``tobytes()`` copy took 11 ms, a third of a stored pass.
+    google_crc32c (a zarr dependency, hardware-accelerated) is several times faster than
+    zlib.crc32 on a ``tobytes()`` copy (docs/tuning.md).
     """
     import google_crc32c
 
@@ -108,7 +109,7 @@ def _crc(block: np.ndarray) -> int:
 
 #: zarr handles opened by readers in this process, by (url, options, build id): a task
 #: arrives with its own unpickled reader, and opening the group and its two arrays
-#: (three metadata reads) took 11 ms a block here, a quarter of a stored block's pass.
+#: (three metadata reads) costs a quarter of a stored block's pass (docs/tuning.md).
 _OPENED: dict[tuple, "_Handles"] = {}
 _OPENED_LOCK = threading.Lock()
 _OPENED_MAX = 8
@@ -197,7 +198,7 @@ class KernelBlockReader:
             raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} fails its checksum; "
                                    "re-run the kernel stage (it rewrites corrupt blocks).")
         if sig is not None:
-            # A marker read through zarr took 1 ms a block. It is kept, once its block
+            # A marker read through zarr is not free (docs/tuning.md). It is kept, once its block
             # checks out, for as long as the chunk file is the same file: a build writes
             # a block's chunk (a new file) before its marker.
             h.markers[(i, j)] = (sig, marker)
@@ -231,9 +232,9 @@ def _read_block(h: _Handles, i: int, j: int) -> tuple[np.ndarray | None, tuple |
     A whole block is exactly one chunk whose bytes are the block (little-endian, C order)
     followed by their CRC-32C (the bytes + crc32c codecs the build writes), so it is read
     raw and viewed in place; zarr's own decode checked the same CRC and then copied the
-    16 MB into a new array (17.6 ms a block here against 6 ms this way). A local chunk
-    file is memory-mapped (the page cache's pages, no copy at all: 19.4 -> 14.5 ms for a
-    stored block's read, check and products), other stores' chunks are read whole. The
+    16 MB into a new array, three times slower (docs/tuning.md). A local chunk file is
+    memory-mapped (the page cache's pages, no copy at all), other stores' chunks are read
+    whole. The
     caller checks the block against its done marker, which is the same CRC-32C: one
     checksum instead of two. Edge blocks (smaller than a chunk) and any other layout go
     through zarr. ``None``: the chunk is missing or has the wrong size.
@@ -326,8 +327,8 @@ def _write_raw(h: _Handles, i: int, j: int, blk: np.ndarray, crc: int) -> bool:
 
     The chunk is the block's bytes followed by their CRC-32C (the bytes + crc32c codecs),
     and that CRC is the done marker, already computed: zarr's own write encoded the
-    block into a new buffer, checksummed it again and appended (27-66 ms a 16 MB block
-    here, against 19 ms). Written like zarr's local store does, to a temporary file
+    block into a new buffer, checksummed it again and appended (slower: docs/tuning.md).
+    Written like zarr's local store does, to a temporary file
     renamed over the chunk, so a reader never sees half a chunk and a mapped chunk is
     never truncated. zarr reads these chunks back (and checks their CRC) as its own.
     """

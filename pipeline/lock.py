@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+from .layout import LOCK
 from .store import Location
 
 __all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock", "lock_status",
@@ -42,13 +44,13 @@ __all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock
 
 logger = logging.getLogger("pipeline")
 
-LOCK_NAME = ".kpca-run.lock"
+LOCK_NAME = LOCK  # pipeline/layout.py
 
 #: tokens of the locks this process holds (``check_unlocked`` lets them through)
 _HELD: dict[str, str] = {}
 
 
-class OutputLockedError(FileExistsError):
+class OutputLockedError(UserError, FileExistsError):
     """Another run holds the output's lock (or held it on a host we cannot check)."""
 
 
@@ -282,7 +284,7 @@ class RunLock:
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
                     raise
-                from .export import RunError
+                from .errors import RunError
 
                 raise RunError(f"{path} is a symbolic link, not a lock file of ours; "
                                "remove the link (kpca never writes through links) and "
@@ -338,7 +340,7 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         if self.out.exists() and self.out.is_local and not self.out.local_path.is_dir():
-            from .export import RunError
+            from .errors import RunError
 
             raise RunError(f"output path {self.out} is a file, not a folder; choose another "
                            "output.path.")

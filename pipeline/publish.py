@@ -31,8 +31,10 @@ import shutil
 import stat
 from pathlib import Path
 
-from kpca_dask._removal import MARKER_FILE, has_marker, write_marker
+from kpca_dask.removal import MARKER_FILE, has_marker, write_marker
 
+from .errors import UserError
+from .layout import MANIFEST, PREV, RUN_NAMES
 from .store import Location, _marked, read_json
 
 __all__ = ["RUN_NAMES", "PREV", "check_output_folder", "check_not_overlapping",
@@ -40,17 +42,12 @@ __all__ = ["RUN_NAMES", "PREV", "check_output_folder", "check_not_overlapping",
 
 logger = logging.getLogger("pipeline")
 
-#: top-level names a run writes (and may replace) in its output folder
-RUN_NAMES = frozenset({"manifest.json", "zarr.json", "model", "embedding", "embedding.parquet",
-                       "spectrum", "labels", "ids", "split", "report", "work", "denoised",
-                       ".kpca-run.lock"})
-#: where the previous published run is kept while a new one is written
-PREV = ".kpca-prev"
-MANIFEST = "manifest.json"
+# RUN_NAMES: top-level names a run writes (and may replace) in its output folder;
+# PREV: where the previous published run is kept while a new one is written
 
 
 def _run_error(msg: str) -> Exception:
-    from .export import RunError
+    from .errors import RunError
 
     return RunError(msg)
 
@@ -213,7 +210,7 @@ def retire_previous(out: Location) -> bool:
 TRANSFORM_KINDS = ("kpca-dask-transform", "kpca-dask-denoised")
 
 
-class TransformOutputError(ValueError):
+class TransformOutputError(UserError, ValueError):
     """A transform's output path is unsafe or not ours to replace; the message says why."""
 
 
@@ -252,7 +249,7 @@ def check_transform_output(output: str, *, model_path: str, inputs: list[str],
     current or home folder, the input, a run folder or anything inside the model's run,
     a link, and an existing path that is not a transform output of ours (even with
     ``overwrite``); an existing output of ours needs ``overwrite``."""
-    from kpca_dask._removal import removal_refusal
+    from kpca_dask.removal import removal_refusal
 
     raw = "" if output is None else str(output)
     if raw.strip() in ("", ".", "./") or raw.rstrip("/") in ("", ".", ".."):

@@ -11,21 +11,22 @@ import dask.array as da
 import numpy as np
 
 from kpca_dask import KernelPCA
-from kpca_dask.estimator import NYSTROEM_BLOCK_ROWS, _auto_block_rows
+from kpca_dask.plan import NYSTROEM_BLOCK_ROWS, auto_block_rows, resolve_solver
 from kpca_dask.exceptions import (ConstantKernelError, ConvergenceWarning,
                                   DroppedComponentsWarning)
 
+from .errors import UserError
 from .config import PipelineConfig
 from .denoise import estimator_params
 from .store import Location
 
-__all__ = ["make_estimator", "solve", "SolveError", "check_fit", "nystroem_rows",
-           "memory_budget", "PERSIST_FRACTION"]
+__all__ = ["make_estimator", "make_planner", "solve", "SolveError", "check_fit",
+           "nystroem_rows", "memory_budget", "PERSIST_FRACTION"]
 
 logger = logging.getLogger("pipeline")
 
 
-class SolveError(ValueError):
+class SolveError(UserError, ValueError):
     """The fit is not good enough to publish; the message says why and what to change."""
 
 
@@ -132,7 +133,7 @@ def nystroem_rows(X: da.Array, cfg: PipelineConfig, *, budget: int | None = None
     """
     n = int(X.shape[0])
     if cfg.chunks.block_rows == "auto":
-        r = _auto_block_rows(n, target=NYSTROEM_BLOCK_ROWS)
+        r = auto_block_rows(n, target=NYSTROEM_BLOCK_ROWS)
     else:
         r = min(int(cfg.chunks.block_rows), n)
     X = X.rechunk({0: r, 1: -1})
@@ -150,6 +151,21 @@ def nystroem_rows(X: da.Array, cfg: PipelineConfig, *, budget: int | None = None
     return X, {"block_rows": r, "rows_in_memory": in_memory}
 
 
+def make_planner(cfg: Any) -> KernelPCA:
+    """The estimator the kernel stage plans with: the kernel and the fields that choose the
+    solver and its kernel partition (no stopping rule, no pre-image: those only matter to
+    the fit, and the kernel stage's cache key must not depend on them)."""
+    s, k = cfg.solver, cfg.kernel
+    params: dict[str, Any] = dict(
+        n_components=s.n_components, kernel=k.name, gamma=k.gamma, degree=k.degree,
+        coef0=k.coef0, eigen_solver=s.eigen_solver, n_oversamples=s.n_oversamples,
+        random_state=s.random_state, dtype=s.dtype, remove_zero_eig=True,
+        landmark_method=s.landmark_method)
+    if s.n_landmarks is not None:
+        params["n_landmarks"] = s.n_landmarks
+    return KernelPCA().set_params(**params)
+
+
 def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
           block_rows: int | str = "auto", block_reader: Any = None
           ) -> tuple[KernelPCA, dict[str, Any]]:
@@ -157,7 +173,8 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
     reading: dict[str, Any] = {}
-    if block_reader is None and est._resolve_solver(int(X_train.shape[0])) == "nystroem":
+    if block_reader is None and resolve_solver(est.get_params(),
+                                               int(X_train.shape[0])) == "nystroem":
         X_train, reading = nystroem_rows(X_train, cfg)
         est.set_params(chunk_size=reading["block_rows"])
     fit_kw: dict[str, Any] = {}

@@ -24,8 +24,10 @@ import fsspec
 import numpy as np
 import zarr
 
-from kpca_dask._removal import (MARKER_FILE, has_marker, placed_path, remove_owned,
+from kpca_dask.removal import (MARKER_FILE, has_marker, placed_path, remove_owned,
                                 remove_owned_url, write_marker)
+
+from .errors import UserError
 
 __all__ = ["Location", "atomic_write_json", "read_json", "fingerprint_arrays",
            "array_checksum", "json_default", "PathEscapeError", "is_ours", "OUR_FILES",
@@ -150,7 +152,7 @@ def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
     return (name in OUR_FILES or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
 
 
-class PathEscapeError(ValueError):
+class PathEscapeError(UserError, ValueError):
     """A relative store path would leave its root (``..``, absolute paths)."""
 
 
@@ -207,7 +209,7 @@ class Location:
     def remove(self, *, root: Location | None = None, protect: tuple = (),
                owned: Any = None) -> bool:
         """Remove this file/folder through the one deletion primitive
-        (:func:`kpca_dask._removal.remove_owned`): only if kpca-dask wrote it
+        (:func:`kpca_dask.removal.remove_owned`): only if kpca-dask wrote it
         (:func:`is_ours`, or the caller's ``owned`` check), only inside ``root`` (default:
         itself), never following links, never a ``protect``-ed path (the inputs)."""
         root = root or self
@@ -220,9 +222,27 @@ class Location:
         return remove_owned_url(self.fs, self.fs_path, root=r, owned=check,
                                 protect=[str(q) for q in protect if "://" in str(q)])
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``url`` and ``storage_options``); :meth:`from_dict` inverts it."""
+        return {"url": self.url, "storage_options": dict(self.storage_options)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Location:
+        return cls(d["url"], dict(d.get("storage_options") or {}))
+
     def zarr_store(self) -> Any:
         """The string/store zarr accepts for this location."""
         return str(self.local_path) if self.is_local else self.url
+
+    def zarr_source(self) -> Any:
+        """What a reader taking one store argument (``kpca_dask.load``) opens: the path or
+        URL, or, for an object store with storage options, a store carrying them."""
+        if self.is_local or not self.storage_options:
+            return self.zarr_store()
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(self.url, storage_options=dict(self.storage_options),
+                                    read_only=True)
 
     def open_group(self, mode: str = "r") -> zarr.Group:
         kw = {} if self.is_local else {"storage_options": self.storage_options}

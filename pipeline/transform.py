@@ -1,4 +1,8 @@
-"""Transform stage: embed new data with a saved model, streaming chunk by chunk.
+"""Transform: batch inference -- the embedding of rows by a fitted model, chunk by chunk.
+
+:func:`embed_rows` is the one place rows are embedded in batches: the project stage
+(every ingested row), denoising (the rows it reconstructs) and :func:`transform_to_store`
+(new data, ``kpca transform``) all call it.
 
 The model may be given as a run folder (its manifest is verified first: a run
 that is not complete, or whose checksums fail, is refused) or as a model
@@ -15,20 +19,59 @@ import time
 from typing import Any
 
 import dask.array as da
+import numpy as np
 
 import kpca_dask
 
 from .config import ChunkConfig, InputConfig
 from .export import verify_run
-from .ingest import InputError, read_input
+from .parquet import component_names, write_parquet
 from .progress import compute
-from .project import component_names, write_parquet
 from .publish import OutputLock, check_transform_output, publish_beside
+from .readers import InputError, read_input
 from .store import Location
 
-__all__ = ["load_model", "transform_to_store", "verify_transform_output"]
+__all__ = ["embed_rows", "load_model", "transform_to_store", "verify_transform_output"]
 
 logger = logging.getLogger("pipeline")
+
+
+def embed_rows(model: Any, X: da.Array, *, split: np.ndarray | None = None,
+               idx: np.ndarray | None = None, training_data: bool = True,
+               dtype: Any = None, batch_rows: int | None = None) -> da.Array:
+    """The embedding of rows ``idx`` of ``X`` (every row when None), lazy, row-chunked.
+
+    Exact models (dense, randomized) on the data they were fitted on: the training rows
+    (``split == 1``, or every row without a split) take their embedding from the fit,
+    ``V sqrt(lambda)`` (what ``fit_transform`` returns; ``transform`` reproduces it to the
+    solver's certified residual), so no n x n kernel is evaluated; the other rows go
+    through ``model.transform``. Nyström models, and new data (``training_data=False``):
+    ``model.transform`` of every row, batch by batch (O(n m), streaming).
+
+    ``batch_rows``: rows per batch and per output chunk (default: ``X``'s row chunks);
+    ``dtype``: of the rows taken from the fit (default float64).
+    """
+    rows = X.chunks[0]
+    out_rows = rows if batch_rows is None else batch_rows
+    exact = getattr(model, "eigen_solver_", None) in ("dense", "randomized")
+    if not exact or not training_data:
+        Xs = X if idx is None else X[idx]
+        if batch_rows is not None:
+            Xs = Xs.rechunk({0: batch_rows})
+        return model.transform(Xs).rechunk({0: out_rows, 1: -1})
+    train = model.eigenvectors_ * np.sqrt(model.eigenvalues_)
+    if dtype is not None:
+        train = train.astype(dtype)
+    n = int(X.shape[0])
+    sel = np.arange(n) if idx is None else idx
+    is_train = np.ones(n, dtype=bool) if split is None else split.astype(bool)
+    pos = np.cumsum(is_train) - 1  # training row r is row pos[r] of the fit's embedding
+    Z = np.empty((sel.size, train.shape[1]), dtype=np.float64 if dtype is None else dtype)
+    t = is_train[sel]
+    Z[t] = train[pos[sel[t]]]
+    if (~t).any():
+        (Z[~t],) = compute(model.transform(X[sel[~t]]), label="embed held-out rows")
+    return da.from_array(Z, chunks=(out_rows, -1))
 
 
 def _run_folder_of(loc: Location) -> Location | None:
@@ -83,7 +126,7 @@ def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
         raise InputError(f"{input_cfg.path} has {src.X.shape[1]} feature columns but the model "
                          f"was fitted on {model.n_features_in_}; select the same columns "
                          "(input.columns) as in training.")
-    emb = model.transform(src.X)
+    emb = embed_rows(model, src.X, training_data=False)
     n = int(src.X.shape[0])
     parquet = output.rstrip("/").endswith(".parquet")
 
@@ -132,7 +175,7 @@ def _parent_and_name(loc: Location) -> tuple[Location, str]:
 def verify_transform_output(target: Location, *, n_rows: int, n_components: int | None,
                             parquet: bool, array: str = "embedding") -> None:
     """Raise RunError unless ``target`` is a complete transform output of ``n_rows`` rows."""
-    from .export import RunError
+    from .errors import RunError
 
     if parquet:
         import pyarrow.dataset as pads

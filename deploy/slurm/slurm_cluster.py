@@ -11,7 +11,7 @@ named by ``PREFECT_API_URL``, or an ephemeral local API) connects to that
 scheduler, runs, and the workers' jobs are cancelled when it ends. Inputs and
 ``output.path`` must be on a filesystem every node sees (or an object store).
 
-Sizing follows DESIGN.md: one worker process per job with ``--cores`` threads
+Sizing follows docs/design.md: one worker process per job with ``--cores`` threads
 (Dask's nanny pins BLAS to one thread per worker process, so threads never
 exceed cores) and a memory limit a little below the job's allocation, so Dask
 spills and pauses before Slurm kills the job.

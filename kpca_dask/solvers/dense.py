@@ -13,7 +13,7 @@ __all__ = ["dense_eigh", "centre_inplace"]
 def centre_inplace(K: np.ndarray) -> tuple[np.ndarray, float]:
     """``K <- H K H`` in place; returns the row means and the grand mean.
 
-    Uses ``Kc = K - mu 1^T - 1 mu^T + g 11^T`` (DESIGN.md), no copy of K.
+    Uses ``Kc = K - mu 1^T - 1 mu^T + g 11^T`` (docs/design.md), no copy of K.
     """
     mu = K.mean(axis=1)
     g = float(mu.mean())

@@ -52,7 +52,7 @@ import numpy as np
 import scipy.linalg
 from threadpoolctl import threadpool_limits
 
-from .._threads import blas_threads_for_dask
+from ..threads import blas_threads_for_dask
 from ..kernels import Kernel
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Nyström kernel PCA: cost linear in n, a model of m landmarks.
 
-Notation (DESIGN.md, ALGORITHMS.md). X (n x d) row blocks, landmarks Z
+Notation (docs/design.md, docs/nystroem.md). X (n x d) row blocks, landmarks Z
 (m x d), ``C = k(X, Z)`` (n x m), ``W = k(Z, Z) = U S U^T``. Keep the
 eigenvalues ``S > rtol * max(S)`` (m' of them) and set ``T = U S^-1/2``
 (m x m'). The Nyström features are ``F = C T`` (n x m'), their column mean
@@ -61,7 +61,7 @@ from dask.highlevelgraph import HighLevelGraph
 from scipy.linalg.blas import dsyrk, ssyrk
 from threadpoolctl import threadpool_limits
 
-from .._threads import blas_threads_for_dask
+from ..threads import blas_threads_for_dask
 from ..kernels import Kernel
 from ._common import EigResult
 from .randomized import randomized_eigh
@@ -79,10 +79,9 @@ logger = logging.getLogger("kpca_dask")
 
 NYSTROEM_METHODS = ("covariance", "randomized")
 
-#: Strip of kernel values computed and consumed at once inside a task.
-#: Measured here (one thread, m = 2048, float32): 4-16 MB strips cost the same
-#: for the randomized products; the symmetric rank-k update of the covariance
-#: method is 1.7x faster with 16 MB strips than with 4 MB ones.
+#: Strip of kernel values computed and consumed at once inside a task: the
+#: covariance method's rank-k update gains from wider strips, the randomized
+#: products do not (measurements: docs/nystroem.md, tuning constants).
 STRIP_BYTES = {"randomized": 4 << 20, "covariance": 16 << 20}
 
 #: Partial sums added per tree-reduction task.
@@ -92,12 +91,10 @@ SPLIT_EVERY = 8
 def driver_blas():
     """One BLAS thread for the driver's dense algebra (W, Sigma, the Krylov basis).
 
-    Maintenance note: measured here, OpenBLAS on two threads is several times
-    slower than on one as soon as another process keeps one core busy (a
-    2048 x 2048 ``eigh``: 1.95 s on one thread, 9.8 s on two at load 1.2;
-    small matrices fare worse), and it gains under 2x when the machine is
-    idle. The dominant cost, the passes over X, runs in Dask tasks with their
-    own thread budget and is unaffected.
+    Threaded BLAS loses far more on a busy machine than it gains on an idle one
+    (measurements: docs/nystroem.md, tuning constants). The dominant cost, the
+    passes over X, runs in Dask tasks with their own thread budget and is
+    unaffected.
     """
     return threadpool_limits(limits=1, user_api="blas")
 

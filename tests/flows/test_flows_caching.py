@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from flows.caching import (CONFIG_FIELDS, RUN_CONTROL, config_slice, encode_result_object,
-                           identity, jsonable, result_serializer, stage_key)
+from flows.caching import (RUN_CONTROL, encode_result_object, identity, jsonable,
+                           result_serializer, stage_key)
 from flows.tasks import is_transient
 from pipeline.config import PipelineConfig, load_config
+from pipeline.stages import REGISTRY
 
 UPSTREAM = {
     "ing": {"path": "/o/work/ingest.zarr", "n_rows": 600, "n_features": 4,
@@ -18,7 +19,6 @@ UPSTREAM = {
               "checksums": {"ids": "sha256:ii"}},
     "kernel": {"materialized": True, "path": "/o/work/kernel.zarr", "kernel": {"gamma": 0.2},
                "computed": 6, "skipped": 0, "seconds": 0.3},
-    "centre": {"path": "/o/work/centre.zarr", "reused": False, "digest": "sha256:cc"},
     "solved": {"solver": "randomized", "model_checksums": {"V": "sha256:vv"},
                "fit_seconds": 1.0, "seconds": 1.1},
     "projected": {"rows": 600, "components": 3, "checksums": {"embedding": "sha256:ee"}},
@@ -26,11 +26,7 @@ UPSTREAM = {
     "evaluation": None,
 }
 #: the parameters of each stage task besides ``cfg``
-PARAMS = {"ingest": (), "split": ("ing",), "kernel": ("ing", "split"),
-          "centre": ("ing", "split", "kernel"), "solve": ("ing", "split", "kernel", "centre"),
-          "project": ("ing", "split", "solved"), "denoise": ("ing", "split", "solved"),
-          "evaluate": ("ing", "split", "solved", "projected"),
-          "export": ("ing", "split", "kernel", "solved", "projected", "evaluation", "denoised")}
+PARAMS = {s.name: s.inputs for s in REGISTRY}
 
 
 def config(**sections) -> PipelineConfig:
@@ -43,9 +39,9 @@ def config(**sections) -> PipelineConfig:
 
 def keys(cfg: PipelineConfig, upstream: dict | None = None) -> dict[str, str]:
     up = upstream or UPSTREAM
-    return {stage: stage_key(stage, {"cfg": cfg, **{p: up[p] for p in params},
-                                     **({"timings": {"x": 1.0}} if stage == "export" else {})})
-            for stage, params in PARAMS.items()}
+    return {s.name: stage_key(s, {"cfg": cfg, **{p: up[p] for p in s.inputs},
+                                  **{p: {"x": 1.0} for p in s.run_info}})
+            for s in REGISTRY}
 
 
 def changed(a: dict[str, str], b: dict[str, str]) -> set[str]:
@@ -60,7 +56,7 @@ def test_keys_are_deterministic():
 def test_gamma_changes_kernel_and_downstream_keys_only():
     """A new kernel.gamma misses from the kernel on; ingest and split still hit."""
     assert changed(keys(config()), keys(config(kernel={"gamma": 0.5}))) == {
-        "kernel", "centre", "solve", "export"}
+        "kernel", "solve", "export"}
     # project and evaluate do not read the kernel config: their keys change through the
     # new model's checksums, which the solve task returns (content, not configuration;
     # here the upstream descriptors are held fixed)
@@ -90,6 +86,7 @@ def test_content_not_run_statistics_drive_downstream_keys():
     ("solver", {"max_iter": 7}, {"solve", "export"}),
     ("denoise", {"enabled": True}, {"solve", "denoise", "export"}),
     ("denoise", {"alpha": 0.1}, {"solve", "denoise", "export"}),
+    ("denoise", {"tol": 1e-3}, {"solve", "denoise", "export"}),  # the pre-image map's fit
     ("denoise", {"rows": "train", "max_rows": 10}, {"denoise", "export"}),
     ("output", {"parquet": False}, {"project", "export"}),
     ("chunks", {"target_chunk_mb": 8}, {"ingest", "export"}),
@@ -101,14 +98,47 @@ def test_each_config_field_invalidates_what_reads_it(section, values, expected):
 
 
 def test_config_slices_name_real_fields_and_cover_the_manifest():
-    """Every listed field exists; export reads every field except run control."""
+    """Every declared field exists (the registry refuses a misspelt one); export receives
+    every field, and only run control stays out of its key."""
+    from pipeline.stages import Registry, Stage
+
+    with pytest.raises(ValueError, match="kernel.gama"):
+        Registry([Stage("toy", lambda cfg: None, config=("kernel.gama",), result="toy")])
     cfg = config()
-    for stage, fields in CONFIG_FIELDS.items():
-        config_slice(cfg, fields)  # raises KeyError on a misspelt field
-    covered = set(CONFIG_FIELDS["export"]) | set(RUN_CONTROL)
+    export = REGISTRY["export"]
+    assert export.view(cfg).to_json_dict() == cfg.to_json_dict()
+    key = export.key_config(cfg)
+    assert "cluster" not in key and "overwrite" not in key["output"]
     for section, field in PipelineConfig.model_fields.items():
         for name in field.annotation.model_fields:
-            assert section in covered or f"{section}.{name}" in covered, f"{section}.{name}"
+            path = f"{section}.{name}"
+            assert (section in key and name in key[section]) or path in RUN_CONTROL \
+                or section in RUN_CONTROL, path
+
+
+def test_new_code_means_new_keys(tmp_path):
+    """The key holds a hash of every source file of kpca_dask and pipeline: an upgrade that
+    changes any of them (not only the stage function) misses the old cache."""
+    import kpca_dask
+    import pipeline
+    from flows.caching import CODE_PACKAGES, code_version, source_hash
+
+    assert set(CODE_PACKAGES) == {kpca_dask, pipeline}
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    before = source_hash({"pkg": pkg})
+    assert source_hash({"pkg": pkg}) == before
+    (pkg / "sub" / "b.py").write_text("y = 3\n")  # a helper deep in the package
+    assert source_hash({"pkg": pkg}) != before
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "sub" / "b.py").rename(pkg / "b.py")  # same bytes, moved
+    assert source_hash({"pkg": pkg}) != before
+    # the running packages' hash is in every stage's code version
+    from flows.caching import _package_code
+
+    assert all(_package_code()[:16] in code_version(s) for s in REGISTRY)
 
 
 def test_results_round_trip_as_plain_json():

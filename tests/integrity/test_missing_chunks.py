@@ -17,7 +17,7 @@ import pytest
 import zarr
 
 from kpca_dask import KernelPCA
-from kpca_dask._validation import describe_missing_chunks, missing_zarr_chunks
+from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 from kpca_dask.exceptions import InvalidInputError
 from pipeline.config import ChunkConfig, InputConfig
 from pipeline.ingest import InputError, ingest, load_ingested

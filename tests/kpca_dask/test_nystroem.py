@@ -284,7 +284,7 @@ def test_zarr_input_is_read_per_pass_not_held(tmp_path, monkeypatch):
     as in memory, lazy embedding out."""
     import zarr
 
-    import kpca_dask.estimator as est
+    import kpca_dask.plan as est
 
     z = zarr.create_array(str(tmp_path / "x.zarr"), shape=X_BLOBS.shape, chunks=(300, 8),
                           dtype="f8")
@@ -330,11 +330,15 @@ def test_n_components_none_keeps_every_component():
 
 
 def test_auto_picks_nystroem_above_the_threshold():
-    import kpca_dask.estimator as est
+    from kpca_dask.plan import NYSTROEM_MIN_SAMPLES
+
+    def solver(kp, n, **kw):  # the plan reads no data: lazy zeros of n rows
+        return kp.plan(da.zeros((n, 4), chunks=(4096, 4)), **kw).solver
 
     kp = KernelPCA(16, kernel="rbf")
-    assert kp._resolve_solver(est.NYSTROEM_MIN_SAMPLES) == "randomized"
-    assert kp._resolve_solver(est.NYSTROEM_MIN_SAMPLES + 1) == "nystroem"
-    assert kp._resolve_solver(est.NYSTROEM_MIN_SAMPLES + 1, exact_inputs=True) == "randomized"
-    assert kp._resolve_solver(1000) == "dense"
-    assert KernelPCA(3000)._resolve_solver(10**6) == "randomized"  # k > default m
+    assert solver(kp, NYSTROEM_MIN_SAMPLES) == "randomized"
+    assert solver(kp, NYSTROEM_MIN_SAMPLES + 1) == "nystroem"
+    centring = (np.zeros(NYSTROEM_MIN_SAMPLES + 1), 0.0)
+    assert solver(kp, NYSTROEM_MIN_SAMPLES + 1, centring=centring) == "randomized"
+    assert solver(kp, 1000) == "dense"
+    assert solver(KernelPCA(3000), 10**6) == "randomized"  # k > default m

@@ -20,7 +20,7 @@ from sklearn.decomposition import KernelPCA as SkKernelPCA
 from sklearn.metrics.pairwise import rbf_kernel
 
 from kpca_dask import KernelPCA
-from kpca_dask import _validation as V
+from kpca_dask import validation as V
 from kpca_dask.exceptions import InvalidInputError, InvalidParameterError
 
 X = make_blobs(300, n_features=5, centers=4, random_state=0)[0]
@@ -337,7 +337,7 @@ def test_arpack_all_components_small_n_only():
     w_ref, _ = reference(rbf_kernel(Xs, gamma=0.2), 29)
     m = KernelPCA(None, kernel="rbf", eigen_solver="arpack").fit(Xs)
     np.testing.assert_allclose(m.eigenvalues_, w_ref[w_ref > 1e-12 * w_ref[0]], rtol=1e-9)
-    from kpca_dask import estimator
+    from kpca_dask.plan import ARPACK_FORMED_MAX_SAMPLES
 
     with pytest.raises(InvalidParameterError, match="at most n_samples - 2 components"):
-        KernelPCA(None, eigen_solver="arpack")._resolve_solver(estimator.ARPACK_FORMED_MAX_SAMPLES + 1)
+        KernelPCA(None, eigen_solver="arpack").plan(np.zeros((ARPACK_FORMED_MAX_SAMPLES + 1, 2)))

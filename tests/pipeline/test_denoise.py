@@ -19,15 +19,8 @@ from pipeline.denoise import (
     estimator_params,
     stage_denoise,
 )
-from pipeline.run import (
-    stage_begin,
-    stage_centre,
-    stage_ingest,
-    stage_kernel,
-    stage_project,
-    stage_solve,
-    stage_split,
-)
+from pipeline.run import stage_begin
+from pipeline.stages import stage_ingest, stage_kernel, stage_project, stage_solve, stage_split
 
 RNG = np.random.default_rng(0)
 N, D = 600, 4
@@ -57,8 +50,7 @@ def _run(cfg):
     ing = stage_ingest(cfg)
     split = stage_split(cfg, ing)
     kernel = stage_kernel(cfg, ing, split)
-    centre = stage_centre(cfg, ing, split, kernel)
-    solved = stage_solve(cfg, ing, split, kernel, centre)
+    solved = stage_solve(cfg, ing, split, kernel)
     stage_project(cfg, ing, split, solved)
     return ing, split, solved
 
@@ -94,7 +86,7 @@ def test_exact_run_denoises_every_row_like_the_estimator(tmp_path, npy):
     g = zarr.open_group(str(tmp_path / "out"), mode="r")
     z = g["denoised"]
     assert z.shape == (N, D) and z.chunks[0] == g["embedding"].chunks[0]
-    assert z.attrs["columns"] == ing["columns"]
+    assert z.attrs["columns"] == ing.columns
     np.testing.assert_allclose(z[...], want, rtol=1e-8, atol=1e-8)
     assert info["mean_squared_change"] == pytest.approx(np.mean((want - X) ** 2), rel=1e-8)
     # idempotent, and a disabled re-run removes the stale array

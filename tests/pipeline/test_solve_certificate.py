@@ -42,4 +42,10 @@ def test_certified_fit_passes(tmp_path):
     est, info = solve(da.from_array(X, chunks=(200, -1)), _cfg(tmp_path),
                       Location(str(tmp_path / "m")))
     assert info["converged"] is True and est.converged_
-    assert np.max(est.residuals_) < 1e-6
+    # 6 blobs, 4 components: k cuts the flat run of the 5 leading eigenvalues, a
+    # tail certified by its eigenvalues (to 1 %: residuals within the default
+    # max_residual); pairs before a tail are certified to tol (issue 17)
+    tail = est.solver_info_["certificate"]["tail_start"]
+    head = len(est.residuals_) if tail is None else tail
+    assert np.max(est.residuals_[:head], initial=0.0) < 1e-6
+    assert np.max(est.residuals_) <= 1e-2

@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 from kpca_dask import UnsafeRemovalError
-from kpca_dask._removal import remove_owned, removal_refusal
+from kpca_dask.removal import remove_owned, removal_refusal
 from pipeline.export import verify_run
 from pipeline.publish import OutputLock
 from pipeline.run import run_pipeline
@@ -311,7 +311,7 @@ def test_the_primitive_refuses_what_is_not_ours(world):
 def test_the_primitive_removes_our_marked_folder_and_a_link_only_as_a_link(world):
     """What is ours goes: a marked store inside the root; a link the caller owns is unlinked
     without touching its target."""
-    from kpca_dask._removal import write_marker
+    from kpca_dask.removal import write_marker
 
     store = world.tmp / "out" / "store"
     write_marker(store, "test")

@@ -1,7 +1,7 @@
 """Only the deletion primitive deletes: an AST scan of kpca_dask, pipeline and flows for any
 other call that removes or replaces files (issue 19).
 
-Every call below that is allowed outside ``kpca_dask/_removal.py`` is listed with the
+Every call below that is allowed outside ``kpca_dask/removal.py`` is listed with the
 reason it cannot hit a user's file: each removes or replaces a temporary file the same
 function has just created under a unique name, or publishes by rename onto a name whose
 ownership was checked first.
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("kpca_dask", "pipeline", "flows")
-PRIMITIVE = "kpca_dask/_removal.py"
+PRIMITIVE = "kpca_dask/removal.py"
 
 #: attribute calls that delete (``shutil.rmtree``, ``os.unlink``, ``Path.unlink``, ``fs.rm``...)
 DELETING = {"rmtree", "remove", "unlink", "rmdir", "removedirs", "rm", "rm_file", "delete_dir",
@@ -37,7 +37,7 @@ ALLOWED = {
         "the demo's data file in <output>-data (kpca demo); noted as a gap in issue 19",
     ("pipeline/kernel.py", "_write_raw", "unlink"): "its own uuid-named .partial chunk file",
     ("pipeline/kernel.py", "_write_raw", "replace"): "a chunk file of our kernel store",
-    ("kpca_dask/persistence.py", "save_model", "replace"):
+    ("kpca_dask/persistence.py", "save_state", "replace"):
         "renames its own temporary model onto a path emptied by remove_owned",
     ("pipeline/publish.py", "restore_previous", "rename"):
         "moves the kept run back onto names just removed by remove_owned",
@@ -96,7 +96,7 @@ def scan() -> list[str]:
 
 def test_nothing_but_the_primitive_removes_files():
     """No ``rmtree``/``unlink``/``os.remove``/``fs.rm``/``rmdir``/rename-over outside
-    ``kpca_dask/_removal.py`` except the listed temporary-file cases."""
+    ``kpca_dask/removal.py`` except the listed temporary-file cases."""
     assert scan() == []
 
 

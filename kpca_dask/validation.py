@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +14,8 @@ import numpy as np
 
 from .exceptions import InvalidInputError, InvalidParameterError
 
-__all__ = ["Rule", "validate_params", "as_dask_array", "check_finite", "resolve_dtype",
-           "missing_zarr_chunks", "describe_missing_chunks"]
+__all__ = ["Rule", "as_dask_array", "check_feature_names", "check_finite",
+           "describe_missing_chunks", "missing_zarr_chunks", "resolve_dtype", "validate_params"]
 
 
 @dataclass(frozen=True)
@@ -318,3 +319,45 @@ def check_min_samples(n: int, what: str = "X", minimum: int = 2) -> None:
         raise InvalidInputError(
             f"{what} has n_samples={n} (shape[0]); kernel PCA needs at least {minimum} "
             "samples: with 1 sample the centred kernel matrix is zero. Pass more rows.")
+
+
+def check_feature_names(fitted: np.ndarray | None, X: Any) -> None:
+    """scikit-learn's rule: columns given by name must be the fitted ones, in order.
+
+    ``fitted``: the names seen at fit (``feature_names_in_``) or None. Warnings point
+    at the caller of the estimator method that calls this (two frames up).
+    """
+    names = feature_names(X)
+    if fitted is None and names is None:
+        return
+    if fitted is None:
+        warnings.warn(
+            "X has feature names, but KernelPCA was fitted without feature names",
+            UserWarning,
+            stacklevel=4,
+        )
+        return
+    if names is None:
+        if hasattr(X, "columns"):
+            return
+        warnings.warn(
+            "X does not have valid feature names, but KernelPCA was fitted with "
+            "feature names",
+            UserWarning,
+            stacklevel=4,
+        )
+        return
+    if len(names) == len(fitted) and np.all(names == fitted):
+        return
+    unseen = [c for c in names if c not in set(fitted)]
+    missing = [c for c in fitted if c not in set(names)]
+    # scikit-learn's sentences (its checks look for them), on one line
+    msg = "The feature names should match those that were passed during fit."
+    if unseen:
+        msg += f" Feature names unseen at fit time: {unseen[:5]}."
+    if missing:
+        msg += f" Feature names seen at fit time, yet now missing: {missing[:5]}."
+    if not unseen and not missing:
+        msg += " Feature names must be in the same order as they were in fit."
+    msg += " Pass the fitted columns in their order, e.g. X[model.feature_names_in_]."
+    raise InvalidInputError(msg)

@@ -1,0 +1,345 @@
+"""The eigensolve of a planned fit: the kernel operator, the solver the plan names, its
+escalation under ``eigen_solver="auto"``, and the training rows the model keeps.
+
+:func:`solve` is the one entry point; it returns a :class:`Solution` that the
+estimator turns into its fitted attributes (``kpca_dask.estimator``). Nothing
+here knows the estimator class: it reads the parameters and the :class:`FitPlan`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from . import plan as _plan
+from .threads import blas_threads_for_dask
+from .centering import CentredKernel
+from .exceptions import ConvergenceWarning, InvalidInputError, InvalidParameterError
+from .gram import BlockKernelMatrix, PrecomputedKernelMatrix
+from .plan import FitPlan
+from .solvers import EigResult, dense_eigh, randomized_eigh
+from .solvers.arpack import arpack_eigh
+from .solvers.dense import centre_inplace
+from .solvers.landmarks import select_landmarks
+from .solvers.nystroem import choose_method, nystroem_basis, nystroem_eigh
+from .solvers.randomized import _generator, escalation_plan, not_converged_message
+
+__all__ = ["Solution", "gather_rows", "solve"]
+
+logger = logging.getLogger("kpca_dask")
+
+#: stack depth of a warning raised by a solver function here, counted to the user's call
+#: (user -> fit -> _fit -> solve -> _solve_x -> warn)
+_USER_STACK = 5
+
+
+@dataclass
+class Solution:
+    """An eigensolve's result with the centring statistics and the rows the model keeps."""
+
+    result: EigResult
+    row_means: np.ndarray
+    grand_mean: float
+    kernel_trace: float
+    #: the solver that produced ``result`` ("auto" may escalate randomized to dense)
+    solver: str
+    #: exact solvers: the training rows (an (n, 0) array for a precomputed kernel);
+    #: Nyström: the landmarks
+    X_fit: np.ndarray
+    #: Nyström only: landmark indices and methods, mean weights
+    nystroem: dict[str, Any] = field(default_factory=dict)
+
+
+def gather_rows(X: da.Array, group_bytes: int = 64 << 20) -> np.ndarray:
+    """``X`` as one float64 numpy array, filled a few row chunks at a time.
+
+    ``dask.compute(X)`` holds every chunk on the workers and the driver until it
+    concatenates them (twice the array at once on each). Here the driver holds the
+    result and about ``group_bytes`` of chunks in flight (at least one chunk).
+    Measurements: docs/kernel-store.md (peak memory of the 100k-row run).
+    """
+    X = X.rechunk({1: -1})
+    out = np.empty(X.shape, dtype=np.float64)
+    blocks = X.to_delayed()[:, 0]
+    offsets = np.concatenate([[0], np.cumsum(X.chunks[0])])
+    chunk_bytes = max(1, max(X.chunks[0]) * X.shape[1] * X.dtype.itemsize)
+    step = max(1, group_bytes // chunk_bytes)
+    for a in range(0, len(blocks), step):
+        parts = dask.compute(*blocks[a : a + step])
+        for b, part in enumerate(parts, start=a):
+            out[offsets[b] : offsets[b + 1]] = part
+        del parts
+    return out
+
+
+def solve(
+    plan: FitPlan,
+    params: Mapping[str, Any],
+    Xd: da.Array,
+    Xb: da.Array,
+    *,
+    persisted: bool,
+    kernel_blocks: Any = None,
+    centring: tuple[np.ndarray, float] | None = None,
+) -> Solution:
+    """Run the solver ``plan`` names on the row blocks ``Xb`` (``Xd``: the input as given)."""
+    if plan.solver == "nystroem":
+        return _solve_nystroem(plan, params, Xb)
+    if plan.precomputed:
+        K = _precomputed_matrix(Xd, plan)
+    else:
+        K = BlockKernelMatrix(Xb, plan.kernel, plan.dtype, block_reader=kernel_blocks)
+    with blas_threads_for_dask():
+        (trace_K,) = dask.compute(K.diag().sum())
+    solver = plan.solver
+    with K.kernel_cache(params["kernel_cache"], solver) as cache_info:  # released after
+        if solver == "dense":
+            res, mu, g = _solve_dense(K, params["n_components"])
+        elif solver == "arpack":
+            res, mu, g = _solve_arpack(K, params, float(trace_K), centring)
+        else:
+            res, mu, g, solver = _solve_randomized(K, plan, params, centring)
+    res.info["kernel_cache"] = cache_info
+    # The training rows come to the driver after the solve, not during it: the solver's
+    # basis (n x l floats) and X (n x d) are never held at once.
+    if plan.precomputed:  # transform takes kernel values: no training rows to keep
+        X_fit = np.zeros((plan.n_samples, 0))
+    else:
+        with blas_threads_for_dask():  # persisted blocks, else the source's own chunks
+            X_fit = gather_rows(Xb if persisted else Xd)
+    return Solution(res, mu, g, float(trace_K), solver, X_fit)
+
+
+def _precomputed_matrix(Kd: da.Array, plan: FitPlan) -> PrecomputedKernelMatrix:
+    """The caller's n x n kernel matrix as a block operator, after one read that refuses
+    NaN/inf and decides whether its symmetric part must be formed."""
+    K = PrecomputedKernelMatrix(Kd, plan.dtype, block_rows=plan.block_rows)
+    bad, asym, top = K.inspect()
+    if bad:
+        raise InvalidInputError(
+            f"The precomputed kernel matrix contains NaN or infinity ({bad} value(s)); "
+            "recompute it from finite data."
+        )
+    if not K.symmetric:
+        logger.info(
+            "the precomputed kernel matrix is not symmetric (max |K - K^T| = %.3g "
+            "of max |K| = %.3g): its symmetric part is used",
+            asym,
+            top,
+        )
+    return K
+
+
+def _solve_dense(K: Any, n_components: int | None) -> tuple[EigResult, np.ndarray, float]:
+    n = K.n
+    if n > 20000:
+        logger.warning(
+            "dense solver on n=%d forms a %.1f GB matrix; consider eigen_solver='randomized'",
+            n,
+            8 * n * n / 1e9,
+        )
+    with blas_threads_for_dask():
+        Km = K.to_numpy().astype(np.float64, copy=False)
+    mu, g = centre_inplace(Km)
+    k = n if n_components is None else n_components
+    res = dense_eigh(Km, k)
+    return res, mu, g
+
+
+def _centred(K: Any, centring: tuple[np.ndarray, float] | None) -> CentredKernel:
+    op = CentredKernel(K)
+    if centring is not None:
+        mu, g = centring
+        op.row_means, op.grand_mean = np.asarray(mu, dtype=np.float64), float(g)
+    return op
+
+
+def _solve_arpack(
+    K: Any, params: Mapping[str, Any], trace_K: float, centring: tuple[np.ndarray, float] | None
+) -> tuple[EigResult, np.ndarray, float]:
+    """``eigen_solver="arpack"``: Lanczos (scipy's eigsh) on the implicit centred matrix,
+    shifted by ``trace(Kc) / n`` so that a low-rank kernel's zero eigenvalues converge."""
+    op = _centred(K, centring)
+    op.compute_means()  # one pass (none when centring is given): g for the shift
+    shift = max(0.0, (trace_K - K.n * float(op.grand_mean)) / K.n)
+    k = K.n if params["n_components"] is None else int(params["n_components"])
+    max_iter = params["max_iter"]
+    res = arpack_eigh(
+        op,
+        k,
+        tol=float(params["tol"] or 0.0),
+        maxiter=max_iter,
+        random_state=params["random_state"],
+        shift=shift,
+    )
+    if not res.converged:
+        warnings.warn(
+            f"ARPACK stopped at max_iter={max_iter} with {res.eigenvalues.size} of "
+            f"{k} eigenpairs converged; raise max_iter (None: 10 n) or tol.",
+            ConvergenceWarning,
+            stacklevel=_USER_STACK,
+        )
+    res.info["pass_seconds"] = list(op.pass_seconds)
+    return res, op.row_means, float(op.grand_mean)
+
+
+def _solve_randomized(
+    K: Any, plan: FitPlan, params: Mapping[str, Any], centring: tuple[np.ndarray, float] | None
+) -> tuple[EigResult, np.ndarray, float, str]:
+    op = _centred(K, centring)
+    n, k = plan.n_samples, params["n_components"]
+    kw = {
+        "n_oversamples": params["n_oversamples"],
+        "n_power_iter": plan.power_iter,
+        "method": params["randomized_method"],
+        "tol": plan.tol,
+        "max_passes": plan.max_passes,
+        "psd": plan.kernel.psd,
+        "eps": float(np.finfo(plan.dtype).eps),
+        "random_state": params["random_state"],
+    }
+    auto = params["eigen_solver"] == "auto"
+    solver = plan.solver
+    res = randomized_eigh(op, k, warn=not auto, **kw)
+    if auto and not res.converged:
+        # "auto" escalates before it gives up (solvers.randomized.escalation_plan); the
+        # module's constant is read at call time (tests lower it)
+        esc = escalation_plan(n, k, kw, _plan.DENSE_FALLBACK_SAMPLES)
+        logger.info(
+            "randomized solver not certified after %d passes; escalating to %s",
+            res.n_passes,
+            esc["solver"],
+        )
+        first = {"n_passes": res.n_passes, "certificate": res.info.get("certificate")}
+        if esc["solver"] == "dense":
+            res2, mu, g = _solve_dense(K, k)
+            solver = "dense"
+        else:
+            res2 = randomized_eigh(op, k, warn=False, **esc["kwargs"])
+            mu, g = op.row_means, float(op.grand_mean)
+            if not res2.converged:
+                warnings.warn(
+                    not_converged_message(
+                        res2.info["certificate"],
+                        res.n_passes + res2.n_passes,
+                        plan.tol,
+                        escalated=True,
+                    ),
+                    ConvergenceWarning,
+                    stacklevel=_USER_STACK,
+                )
+        res2.n_passes += res.n_passes
+        res2.info["escalated_from"] = first
+        res = res2
+    else:
+        mu, g = op.row_means, float(op.grand_mean)
+    res.info["pass_seconds"] = list(op.pass_seconds)
+    if res.eigenvalues.shape[0] < k:
+        # numerical rank below k: the missing pairs are zero eigenvalues, as
+        # dense eigh reports them (drop_nonpositive then treats both alike)
+        pad = k - res.eigenvalues.shape[0]
+        res.eigenvalues = np.concatenate([res.eigenvalues, np.zeros(pad)])
+        res.eigenvectors = np.hstack([res.eigenvectors, np.zeros((n, pad))])
+        res.residuals = np.concatenate([res.residuals, np.zeros(pad)])
+    return res, mu, g, solver
+
+
+def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> Solution:
+    """Landmarks, the W eigendecomposition, the passes over X."""
+    m = plan.n_landmarks
+    if m > 16384:
+        logger.warning(
+            "Nyström with %d landmarks forms %.1f GB m x m matrices on the driver",
+            m,
+            8 * m * m / 1e9,
+        )
+    kernel, dtype = plan.kernel, plan.dtype
+    rng = _generator(params["random_state"])
+    size = params["landmark_sample_size"]
+    t0 = time.perf_counter()
+    lm = select_landmarks(
+        Xb,
+        m,
+        params["landmark_method"],
+        kernel,
+        rng,
+        sample_size=None if size == "auto" else int(size),
+        dtype=dtype,
+    )
+    t_landmarks = time.perf_counter() - t0
+    basis = nystroem_basis(lm.points, kernel, dtype, shift=lm.column_means)
+    if not kernel.psd and basis.n_dropped:
+        logger.info(
+            "Nyström: the kernel is not positive semi-definite; %d non-positive "
+            "eigenvalues of k(Z, Z) were dropped (the PSD part is used)",
+            basis.n_dropped,
+        )
+    k = params["n_components"]
+    l = (k or 0) + params["n_oversamples"]
+    method = params["nystroem_method"]
+    if method == "auto":
+        method = choose_method(basis.m, plan.n_features, k, l)
+    if k is None and method == "randomized":
+        raise InvalidParameterError(
+            "nystroem_method='randomized' needs an explicit n_components (None means "
+            "all components: use nystroem_method='covariance')."
+        )
+    auto = params["nystroem_method"] == "auto" and method == "randomized"
+    fit = nystroem_eigh(
+        Xb,
+        basis,
+        k,
+        method=method,
+        n_oversamples=params["n_oversamples"],
+        n_power_iter=plan.power_iter,
+        randomized_method=params["randomized_method"],
+        tol=plan.tol,
+        max_passes=plan.max_passes,
+        random_state=np.random.default_rng(rng.integers(2**63)),
+        warn=not auto,
+    )
+    if auto and not fit.converged:
+        # "auto" escalates: the covariance method is exact on the Nyström problem
+        logger.info(
+            "Nyström randomized eigensolve not certified after %d passes; "
+            "using the covariance method",
+            fit.n_passes,
+        )
+        first = {"n_passes": fit.n_passes, "certificate": fit.info.get("certificate")}
+        fit = nystroem_eigh(Xb, basis, k, method="covariance")
+        fit.n_passes += first["n_passes"]
+        fit.info["escalated_from"] = first
+        method = "covariance"
+    lam, A, resid = fit.eigenvalues, fit.projection, fit.residuals
+    if k is not None and lam.size < k:
+        # The features have rank m' < k: pad with zero pairs, which
+        # drop_nonpositive removes with its usual warning.
+        pad = k - lam.size
+        lam = np.concatenate([lam, np.zeros(pad)])
+        A = np.hstack([A, np.zeros((A.shape[0], pad))])
+        resid = np.concatenate([resid, np.full(pad, np.nan)])
+    info = {
+        "solver": "nystroem",
+        "landmarks": lm.info,
+        "landmark_seconds": t_landmarks,
+        **fit.info,
+    }
+    res = EigResult(lam, A, resid, n_passes=fit.n_passes, converged=fit.converged, info=info)
+    extra = {
+        "landmark_indices_": lm.indices,
+        "n_landmarks_": int(lm.indices.size),
+        "landmark_method_": lm.info.get("method", params["landmark_method"]),
+        "nystroem_method_": method,
+        "mean_weights_": fit.mean_weights,
+    }
+    return Solution(
+        res, fit.column_means, fit.grand_mean, fit.kernel_trace, "nystroem", lm.points, extra
+    )

@@ -1,0 +1,446 @@
+"""Planning a fit: the solver, the block partition, the kernel and the dtype, before any pass.
+
+A :class:`FitPlan` is everything :meth:`KernelPCA.fit <kpca_dask.KernelPCA.fit>`
+decides from the parameters and the shape of ``X`` before it touches the
+kernel matrix: which solver ``eigen_solver="auto"`` picks, how many rows each
+block of the kernel partition has, the kernel with its resolved ``gamma``, the
+dtype of kernel evaluation, the number of Nyström landmarks and the pass
+budget. ``fit`` follows the same plan, so a caller (the pipeline, a notebook)
+can size a job, materialise the kernel matrix in the same blocks, or refuse a
+configuration, without fitting:
+
+>>> import numpy as np
+>>> from kpca_dask import KernelPCA
+>>> X = np.random.default_rng(0).normal(size=(5000, 8))
+>>> plan = KernelPCA(16, kernel="rbf").plan(X)
+>>> plan.solver, plan.block_rows, plan.n_blocks, plan.gamma
+('randomized', 834, 6, 0.125)
+
+Planning reads no data, except a sample of at most 1000 rows of ``X`` when
+``gamma="scale"`` (the median heuristic). Invalid parameters and impossible
+combinations (``eigen_solver="randomized"`` without ``n_components``, more
+components than landmarks...) raise here, with the same errors as ``fit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from . import validation as V
+from .exceptions import InvalidInputError, InvalidParameterError
+from .gram import KERNEL_CACHE_MODES
+from .kernels import Kernel, make_kernel
+from .preimage import PREIMAGE_METHODS
+from .solvers.landmarks import LANDMARK_METHODS
+
+__all__ = [
+    "FitPlan",
+    "auto_block_rows",
+    "check_params",
+    "make_plan",
+    "plan_fit",
+    "resolve_kernel",
+    "resolve_preimage",
+    "validate_fit_input",
+]
+
+logger = logging.getLogger("kpca_dask")
+
+#: Below this many samples "auto" uses the dense solver: the crossover with the
+#: randomized solver (benchmarks/bench_exact.py, benchmarks/results/exact-*.json);
+#: dense memory grows as 8 n^2 bytes.
+DENSE_MAX_SAMPLES = 2000
+
+#: ``eigen_solver="auto"``: a randomized solve that is not certified falls back
+#: to the dense solver up to this many samples (8 n^2 bytes: 0.2 GB), else it
+#: retries with a larger block and more passes before it warns.
+DENSE_FALLBACK_SAMPLES = 5000
+
+#: Above this many samples "auto" uses the Nyström solver (with its default
+#: number of landmarks). Measured crossover, see docs/nystroem.md and
+#: ``benchmarks/bench_nystroem.py crossover``.
+NYSTROEM_MIN_SAMPLES = 50_000
+
+#: Largest n for which eigen_solver="arpack" with n_components >= n - 1 (which
+#: ARPACK cannot do) forms the centred matrix and calls eigh, as scipy does.
+ARPACK_FORMED_MAX_SAMPLES = DENSE_MAX_SAMPLES
+
+#: Randomized and Nyström passes when ``max_iter=None`` (scikit-learn's default).
+DEFAULT_MAX_ITER = 20
+
+#: Landmarks used when ``n_landmarks=None``.
+DEFAULT_N_LANDMARKS = 2048
+
+#: Rows per block of the Nyström passes when ``chunk_size="auto"``: each task
+#: computes ``rows x m`` kernel values in strips, so larger blocks only mean
+#: fewer tasks (and fewer partial sums to add).
+NYSTROEM_BLOCK_ROWS = 8192
+
+#: Dask or zarr inputs up to this size are persisted (read once) by the
+#: Nyström solver when they must be rechunked; larger ones are re-read from
+#: their source at every pass, so memory stays at a few blocks.
+NYSTROEM_PERSIST_BYTES = 256 << 20
+
+KERNEL_NAMES = ("linear", "poly", "polynomial", "rbf", "laplacian", "sigmoid", "cosine")
+
+#: Rules of the parameters scikit-learn's KernelPCA has and this estimator took over.
+_SKLEARN_PARAM_RULES = {
+    "remove_zero_eig": V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_))),
+    "iterated_power": V.int_range(0, allow=("auto",)),
+    "copy_X": V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_))),
+    "n_jobs": [V.int_range(-1 << 30), V.Rule("None", lambda v: v is None)],
+}
+
+_NONE = V.Rule("None", lambda v: v is None)
+_BOOL = V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_)))
+
+_PARAM_RULES = {
+    "n_components": [V.int_range(1), _NONE],
+    "kernel": [V.options(*KERNEL_NAMES, "precomputed"), V.Rule("a callable", callable)],
+    "gamma": [V.real_range(0, lo_open=True, allow=("scale",)), _NONE],
+    "degree": V.real_range(0, lo_open=True),
+    "coef0": V.real_range(-np.inf),
+    "kernel_params": [V.Rule("a dict", lambda v: isinstance(v, dict)), _NONE],
+    "eigen_solver": V.options("auto", "dense", "arpack", "randomized", "nystroem"),
+    "n_oversamples": V.int_range(0),
+    "n_power_iter": V.int_range(0, allow=("auto",)),
+    "tol": [V.real_range(0), _NONE],
+    "max_iter": [V.int_range(1), _NONE],
+    "randomized_method": V.options("block_krylov", "subspace"),
+    "chunk_size": V.int_range(1, allow=("auto",)),
+    "n_landmarks": [V.int_range(1), _NONE],
+    "landmark_method": V.options(*LANDMARK_METHODS),
+    "landmark_sample_size": V.int_range(1, allow=("auto",)),
+    "nystroem_method": V.options("auto", "randomized", "covariance"),
+    "fit_inverse_transform": _BOOL,
+    "alpha": V.real_range(0),
+    "preimage": V.options(*PREIMAGE_METHODS),
+    "preimage_sample_size": V.int_range(1, allow=("auto",)),
+    "preimage_tol": V.real_range(0, lo_open=True),
+    "preimage_max_iter": V.int_range(1),
+    "kernel_cache": V.options(*KERNEL_CACHE_MODES),
+    **_SKLEARN_PARAM_RULES,
+}
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """What a fit of ``n_samples x n_features`` rows will do, decided before any pass.
+
+    ``kernel`` and ``gamma`` are None in a plan made by :func:`make_plan` alone
+    (``gamma="scale"`` needs rows); :func:`resolve_kernel` fills them in.
+    """
+
+    n_samples: int
+    n_features: int
+    #: "dense", "arpack", "randomized" or "nystroem": ``eigen_solver`` resolved
+    #: ("auto" and the randomized solver's dense case). ``eigen_solver_`` after fit
+    #: differs only when "auto" escalates an uncertified randomized solve to dense.
+    solver: str
+    #: Rows per block of the kernel partition (and per transform task): ``chunk_size_``.
+    block_rows: int
+    #: Precision of kernel evaluation and in-block products.
+    dtype: np.dtype
+    #: Landmarks of the Nyström solver (None for the exact solvers).
+    n_landmarks: int | None
+    #: Cap on randomized and Nyström passes (``max_iter``, None: 20).
+    max_passes: int
+    #: Randomized passes after the first (``iterated_power`` when set, else ``n_power_iter``).
+    power_iter: int | str
+    #: Accuracy the randomized and Nyström solvers certify (``tol``, 0/None resolved).
+    tol: float
+    #: Pre-image method of ``fit_inverse_transform=True`` ("auto" resolved), else None.
+    preimage: str | None
+    #: ``kernel="precomputed"``: X is the n x n kernel matrix.
+    precomputed: bool
+    #: Stored kernel blocks or centring statistics are given (exact solvers only).
+    exact_inputs: bool = False
+    #: The kernel coefficient used (None for kernels without one).
+    gamma: float | None = None
+    #: The kernel, ``gamma`` resolved (None until :func:`resolve_kernel`).
+    kernel: Kernel | None = None
+
+    @property
+    def n_blocks(self) -> int:
+        """Row blocks of the partition: the kernel matrix has ``n_blocks (n_blocks + 1) / 2``
+        upper blocks (exact solvers); a Nyström pass has ``n_blocks`` tasks."""
+        return math.ceil(self.n_samples / self.block_rows)
+
+    def persists(self, kind: str, nbytes: int) -> bool:
+        """Whether the fit keeps the rechunked rows in memory rather than re-reading the
+        source at each pass: always for in-memory input and the exact solvers (they read
+        every block many times); for Nyström up to ``NYSTROEM_PERSIST_BYTES``."""
+        return self.solver != "nystroem" or kind == "numpy" or nbytes <= NYSTROEM_PERSIST_BYTES
+
+
+def auto_block_rows(n: int, target: int = 2048, min_rows: int = 256) -> int:
+    """Rows per block: about ``target`` (a 16-32 MB kernel block, tens of ms of work per
+    task), and at least 6 row blocks (21 upper-block tasks) when n allows, so that the
+    tasks of a pass balance over the cores."""
+    nb = max(1, math.ceil(n / target))
+    if nb < 6:
+        nb = max(nb, min(6, n // min_rows))
+    return math.ceil(n / nb)
+
+
+def _is_precomputed(params: Mapping[str, Any]) -> bool:
+    return isinstance(params["kernel"], str) and params["kernel"] == "precomputed"
+
+
+def check_params(params: Mapping[str, Any]) -> None:
+    """Refuse invalid parameters (and combinations scikit-learn refuses), before any data."""
+    V.validate_params("KernelPCA", dict(params), _PARAM_RULES)
+    V.resolve_dtype(params["dtype"])
+    if _is_precomputed(params):
+        if params["fit_inverse_transform"]:
+            raise InvalidParameterError(
+                "Cannot fit_inverse_transform with a precomputed kernel: the pre-image "
+                "map needs the input rows. Pass the rows with a named kernel instead."
+            )
+        if params["eigen_solver"] == "nystroem":
+            raise InvalidParameterError(
+                "eigen_solver='nystroem' evaluates the kernel at landmarks and cannot use "
+                "kernel='precomputed'; use 'dense', 'arpack' or 'randomized'."
+            )
+    if params["iterated_power"] != "auto" and params["n_power_iter"] != "auto":
+        raise InvalidParameterError(
+            "iterated_power (scikit-learn's name) and n_power_iter set the same thing; "
+            "pass only one of them."
+        )
+    if params["kernel_params"] is not None and not callable(params["kernel"]):
+        raise InvalidParameterError(
+            f"kernel_params is only used with a callable kernel; for kernel="
+            f"{params['kernel']!r} pass gamma, degree and coef0 directly."
+        )
+
+
+def resolve_preimage(kernel: Any, method: str) -> str:
+    """The pre-image method for ``method`` ("auto" resolved); refuses kernel mismatches."""
+    name = "callable" if callable(kernel) else kernel
+    if method == "auto":
+        return "exact" if name == "linear" else "learned"
+    if method == "fixed_point" and name != "rbf":
+        raise InvalidParameterError(
+            f"preimage='fixed_point' is the fixed-point iteration of Mika et al. for the "
+            f"rbf kernel; kernel={name!r} has no such update. Use preimage='learned'."
+        )
+    if method == "exact" and name != "linear":
+        raise InvalidParameterError(
+            f"preimage='exact' exists only for the linear kernel (where phi is the "
+            f"identity); kernel={name!r} has no exact pre-image. Use preimage='learned' "
+            "(or 'fixed_point' for rbf)."
+        )
+    if method not in PREIMAGE_METHODS:
+        raise InvalidParameterError(
+            f"Unknown pre-image method {method!r}; use one of {list(PREIMAGE_METHODS)}."
+        )
+    return method
+
+
+def validate_fit_input(X: Any, precomputed: bool) -> tuple[da.Array, str]:
+    """``X`` as a dask array (numpy, dask, zarr, scipy.sparse, DataFrame) and its kind; a
+    precomputed kernel must be square; at least 2 rows."""
+    Xd, kind = V.as_dask_array(X)
+    if precomputed and Xd.shape[0] != Xd.shape[1]:
+        V.check_finite(Xd)  # NaN/inf first, as scikit-learn (only on this error path)
+        raise InvalidInputError(
+            f"Precomputed matrix must be a square matrix. Input is a {Xd.shape[0]}x"
+            f"{Xd.shape[1]} matrix; with kernel='precomputed' fit takes the n x n kernel "
+            "matrix of the training rows."
+        )
+    V.check_min_samples(int(Xd.shape[0]))
+    return Xd, kind
+
+
+def n_landmarks_for(params: Mapping[str, Any], n: int) -> int:
+    """Landmarks of a Nyström fit on n rows: ``n_landmarks`` (None: 2048), at most n."""
+    m = DEFAULT_N_LANDMARKS if params["n_landmarks"] is None else int(params["n_landmarks"])
+    return min(m, n)
+
+
+def resolve_solver(params: Mapping[str, Any], n: int, exact_inputs: bool = False) -> str:
+    """The solver for n samples; refuses impossible combinations before any pass."""
+    solver = params["eigen_solver"]
+    k_req = params["n_components"]
+    if solver == "nystroem":
+        if exact_inputs:
+            raise InvalidParameterError(
+                "kernel_blocks and centring describe the exact kernel matrix; "
+                "eigen_solver='nystroem' never uses it. Drop them or pick an exact solver."
+            )
+        m = n_landmarks_for(params, n)
+        if k_req is not None and k_req > m:
+            raise InvalidParameterError(
+                f"n_components={k_req} must be <= n_landmarks={m} for "
+                "eigen_solver='nystroem' (the Nyström features have at most m "
+                "dimensions); ask for fewer components or pass a larger n_landmarks."
+            )
+        return solver
+    if solver == "arpack":
+        k = n if k_req is None else k_req
+        if k >= n - 1 and n > ARPACK_FORMED_MAX_SAMPLES:
+            # ARPACK cannot compute n - 1 or more pairs; the fallback forms Kc (8 n^2 bytes)
+            raise InvalidParameterError(
+                f"eigen_solver='arpack' computes at most n_samples - 2 components (asked "
+                f"for {k} of {n} samples, which would form the {n} x {n} matrix); pass a "
+                "smaller n_components, or eigen_solver='dense'."
+            )
+        return solver
+    if k_req is None:
+        if solver == "randomized":
+            raise InvalidParameterError(
+                "eigen_solver='randomized' needs an explicit n_components "
+                "(None means all components, which only the dense solver computes)."
+            )
+        return "dense"
+    l = k_req + params["n_oversamples"]
+    if solver == "auto":
+        if n <= DENSE_MAX_SAMPLES or 2 * l >= n:
+            solver = "dense"
+        elif (
+            n > NYSTROEM_MIN_SAMPLES
+            and not exact_inputs
+            and k_req <= n_landmarks_for(params, n)
+        ):
+            return "nystroem"
+        else:
+            solver = "randomized"
+    if solver == "randomized" and k_req >= n:
+        raise InvalidParameterError(
+            f"eigen_solver='randomized' needs n_components < n_samples (got "
+            f"{k_req} for {n} samples); use eigen_solver='dense'."
+        )
+    if solver == "randomized" and l >= n:
+        # The block spans all n columns: Rayleigh-Ritz on the whole space is a dense eigh
+        # of the centred matrix (n <= l, so small). Done directly it costs one pass and its
+        # result does not depend on the BLAS kernels' rounding.
+        logger.info(
+            "eigen_solver='randomized' with a block of %d columns >= n=%d: "
+            "solving densely (eigen_solver_='dense')",
+            l,
+            n,
+        )
+        return "dense"
+    return solver
+
+
+def make_plan(
+    params: Mapping[str, Any], n_samples: int, n_features: int, *, exact_inputs: bool = False
+) -> FitPlan:
+    """The plan of a fit on ``n_samples x n_features`` rows, without its kernel (no data read).
+
+    ``params`` are the estimator's (``get_params(deep=False)``), already checked by
+    :func:`check_params`. ``exact_inputs``: stored kernel blocks or centring statistics
+    will be given (they rule out Nyström).
+    """
+    n, d = int(n_samples), int(n_features)
+    if params["n_components"] is not None:
+        V.check_n_components(params["n_components"], n)
+    precomputed = _is_precomputed(params)
+    solver = resolve_solver(params, n, exact_inputs=exact_inputs or precomputed)
+    preimage = (
+        resolve_preimage(params["kernel"], params["preimage"])
+        if params["fit_inverse_transform"]
+        else None
+    )
+    if params["chunk_size"] != "auto":
+        rows = min(int(params["chunk_size"]), n)
+    elif solver == "nystroem":
+        rows = auto_block_rows(n, target=NYSTROEM_BLOCK_ROWS)
+    else:
+        rows = auto_block_rows(n)
+    dtype = V.resolve_dtype(params["dtype"])
+    tol = params["tol"]
+    if not tol:  # None or scikit-learn's 0: the precision's default
+        tol = 1e-8 if dtype == np.float64 else 1e-5
+    power = (
+        params["n_power_iter"]
+        if params["iterated_power"] == "auto"
+        else params["iterated_power"]
+    )
+    return FitPlan(
+        n_samples=n,
+        n_features=d,
+        solver=solver,
+        block_rows=rows,
+        dtype=dtype,
+        n_landmarks=n_landmarks_for(params, n) if solver == "nystroem" else None,
+        max_passes=DEFAULT_MAX_ITER if params["max_iter"] is None else int(params["max_iter"]),
+        power_iter=power,
+        tol=float(tol),
+        preimage=preimage,
+        precomputed=precomputed,
+        exact_inputs=exact_inputs,
+    )
+
+
+def resolve_gamma(
+    params: Mapping[str, Any], rows: da.Array | None, n: int, d: int
+) -> float | None:
+    """``gamma`` as used: None for kernels without one, ``1 / d`` for None, the median
+    heuristic on a sample of at most 1000 of ``rows`` for "scale"."""
+    kernel, gamma = params["kernel"], params["gamma"]
+    name = "callable" if callable(kernel) else kernel
+    if name not in ("rbf", "laplacian", "poly", "polynomial", "sigmoid"):
+        return None
+    if gamma is None:
+        return 1.0 / d
+    if not isinstance(gamma, str):
+        return float(gamma)
+    if rows is None:
+        raise ValueError("gamma='scale' is resolved from rows of X: pass them")
+    seed = params["random_state"]
+    rng = np.random.default_rng(seed if isinstance(seed, int) else 0)
+    m = min(n, 1000)
+    idx = np.sort(rng.choice(n, size=m, replace=False))
+    S = np.asarray(rows[idx].compute(), dtype=np.float64)
+    iu = np.triu_indices(m, 1)
+    if name == "rbf":
+        sq = np.einsum("ij,ij->i", S, S)
+        stat = np.maximum(sq[:, None] + sq[None, :] - 2 * S @ S.T, 0)[iu]
+        med, factor = np.median(stat), 2.0
+    elif name == "laplacian":
+        from scipy.spatial.distance import pdist
+
+        med, factor = np.median(pdist(S, "cityblock")), 1.0
+    else:
+        med, factor = np.median(np.abs(S @ S.T)[iu]), 1.0
+    if not med > 0:
+        raise InvalidInputError(
+            "gamma='scale' needs distinct rows: the median pairwise statistic of a "
+            "sample of X is 0 (mostly duplicate or zero rows). Pass a numeric gamma."
+        )
+    return float(1.0 / (factor * med))
+
+
+def resolve_kernel(plan: FitPlan, params: Mapping[str, Any], rows: da.Array | None) -> FitPlan:
+    """``plan`` with its kernel: ``gamma`` resolved (from a sample of ``rows`` when "scale")."""
+    gamma = resolve_gamma(params, rows, plan.n_samples, plan.n_features)
+    kernel = make_kernel(
+        params["kernel"],
+        gamma=gamma,
+        degree=params["degree"],
+        coef0=params["coef0"],
+        kernel_params=params["kernel_params"],
+    )
+    return dataclasses.replace(plan, gamma=gamma, kernel=kernel)
+
+
+def plan_fit(
+    params: Mapping[str, Any], X: Any, *, exact_inputs: bool = False, kernel: bool = True
+) -> FitPlan:
+    """Check ``params`` and the shape of ``X``, and plan the fit (see :class:`FitPlan`);
+    ``kernel=False`` leaves the kernel unresolved (no data read even for gamma="scale")."""
+    check_params(params)
+    Xd, _ = validate_fit_input(X, _is_precomputed(params))
+    n, d = (int(s) for s in Xd.shape)
+    plan = make_plan(params, n, d, exact_inputs=exact_inputs)
+    return resolve_kernel(plan, params, Xd) if kernel else plan

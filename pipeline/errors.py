@@ -1,0 +1,129 @@
+"""One error taxonomy for the pipeline: who can fix a failure, and whether trying again helps.
+
+- :class:`UserError`: the config, the input, the artifacts or the output location are
+  wrong. The message names the problem and the fix; trying again cannot help. The CLI
+  prints that one line and exits with status 2; the flow never retries it.
+- :class:`TransientError`: the environment failed (I/O, network, a lost worker). The
+  same command may succeed when run again; the flow retries it.
+- :class:`InternalError`, and anything else unexpected, is a bug: the CLI keeps its
+  traceback and exits with its own status, so it is reported rather than mistaken for
+  bad input.
+
+Every pipeline error class derives from :class:`PipelineError` and one of the three kinds,
+and keeps the built-in base it always had (``ConfigError`` is still a ``ValueError``,
+``ClusterError`` still a ``RuntimeError``), so existing ``except`` clauses keep working.
+:func:`is_user_error` and :func:`is_transient` also classify exceptions the pipeline does
+not own (kpca_dask's, pydantic's, the OS's, Dask's) without importing those packages:
+this module imports nothing but the standard library, so every layer can use it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = [
+    "USER_OS_ERRORS",
+    "EvaluationError",
+    "InternalError",
+    "PipelineError",
+    "RunCorruptError",
+    "RunError",
+    "RunExistsError",
+    "RunIncompleteError",
+    "TransientError",
+    "UserError",
+    "is_transient",
+    "is_user_error",
+]
+
+
+class PipelineError(Exception):
+    """Base class of every error the pipeline raises on purpose."""
+
+
+class UserError(PipelineError):
+    """Bad config, input, artifacts or output location: the message says what to fix."""
+
+
+class TransientError(PipelineError):
+    """The environment failed (I/O, network, a lost worker): running again may succeed."""
+
+
+class InternalError(PipelineError):
+    """A bug the pipeline caught itself (an invariant broken, e.g. a stage reading outside
+    its config slice): never retried; the CLI keeps its traceback."""
+
+
+# ------------------------------------------------- run folders (export, publish, transform)
+class RunError(UserError, ValueError):
+    """A run folder cannot be used as a result; the message says why."""
+
+
+class RunExistsError(RunError, FileExistsError):
+    """A complete run is already at the output path."""
+
+
+class RunIncompleteError(RunError):
+    """The manifest is missing or does not say complete."""
+
+
+class RunCorruptError(RunError):
+    """An array does not match its manifest checksum, or the schema is unknown."""
+
+
+class EvaluationError(UserError, ValueError):
+    """The run folder cannot be evaluated as configured (the message names the fix)."""
+
+
+# ---------------------------------------------------------------- classification
+#: OS errors about a path the user named: a wrong path, not a flaky disk
+USER_OS_ERRORS: tuple[type[OSError], ...] = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+
+
+def _loaded(module: str, name: str) -> type | None:
+    """``module.name`` if that module is already imported (an exception of a class whose
+    module was never imported cannot exist), else None: no import happens here."""
+    mod = sys.modules.get(module)
+    return getattr(mod, name, None) if mod is not None else None
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """The user can fix it: a pipeline UserError, any kpca_dask error (bad parameters or
+    data), a pydantic validation error (a config built in code), or an OS error about a
+    path the user named."""
+    if isinstance(exc, (UserError, *USER_OS_ERRORS)):
+        return True
+    for module, name in (
+        ("kpca_dask.exceptions", "KpcaError"),
+        ("pydantic", "ValidationError"),
+    ):
+        cls = _loaded(module, name)
+        if cls is not None and isinstance(exc, cls):
+            return True
+    return False
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: a TransientError, an I/O or network error (ConnectionError,
+    TimeoutError, distributed's CommClosedError are OSErrors), a lost Dask worker.
+
+    A user error is never transient, whatever else it subclasses (``RunExistsError`` is
+    also a ``FileExistsError``), nor is a bug (ValueError, TypeError, KeyError) or
+    running out of memory in the client.
+    """
+    if isinstance(exc, TransientError):
+        return True
+    if is_user_error(exc) or isinstance(exc, ValueError | TypeError | KeyError | MemoryError):
+        return False
+    if isinstance(exc, PipelineError):  # neither kind: not known to be safe to repeat
+        return False
+    if isinstance(exc, OSError):
+        return True
+    killed = _loaded("distributed.scheduler", "KilledWorker")
+    return killed is not None and isinstance(exc, killed)

@@ -1,0 +1,171 @@
+"""The run folder's layout, as code: every path a run writes, named once.
+
+This module is the code form of docs/artifacts.md. A run writes one output folder
+(or object-store prefix) ``<out>/``; the stages, publishing, export, the flow's
+result storage and the CLI address what is in it through :class:`RunLayout`, not
+through string literals of their own.
+
+A :class:`RunLayout` is built from the output location alone (it reads no other
+configuration), so two runs to the same output agree on every path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .store import Location
+
+__all__ = [
+    "CHECKSUMMED",
+    "CHECKSUMMED_FILES",
+    "DENOISED",
+    "EMBEDDING",
+    "FLOW_CACHE",
+    "GROUP_FILE",
+    "INGEST_STORE",
+    "KERNEL_STORE",
+    "LEGACY",
+    "LOCK",
+    "MANIFEST",
+    "METRICS",
+    "MODEL",
+    "PARQUET",
+    "PREV",
+    "REPORT",
+    "REPORT_MD",
+    "ROW_ARRAYS",
+    "RUN_NAMES",
+    "SPECTRUM",
+    "SPECTRUM_ARRAYS",
+    "WORK",
+    "RunLayout",
+    "run_layout",
+]
+
+#: written last, atomically: a run is a result only when this says ``complete``
+MANIFEST = "manifest.json"
+#: the run lock, present while a run writes (pipeline/lock.py)
+LOCK = ".kpca-run.lock"
+#: the previous published run, kept while a new one replaces it (pipeline/publish.py)
+PREV = ".kpca-prev"
+#: the fitted model (``kpca_dask.load(<out>/model)``)
+MODEL = "model"
+#: intermediate stores, kept so that a killed run resumes
+WORK = "work"
+INGEST_STORE = "ingest.zarr"
+KERNEL_STORE = "kernel.zarr"
+#: the Prefect tasks' persisted results (small JSON descriptors)
+FLOW_CACHE = "flow-cache"
+#: (n, k) embedding of every ingested row, and the spectrum arrays
+EMBEDDING = "embedding"
+SPECTRUM = "spectrum"
+SPECTRUM_ARRAYS = (
+    "spectrum/eigenvalues",
+    "spectrum/explained_variance_ratio",
+    "spectrum/residuals",
+)
+#: per-row arrays written by the split stage next to the embedding
+ROW_ARRAYS = ("split", "labels", "ids")
+#: optional Parquet copy of the embedding, and the evaluation report
+PARQUET = "embedding.parquet"
+REPORT = "report"
+METRICS = "metrics.json"
+REPORT_MD = "report.md"
+#: the denoise stage's default array name (``denoise.output_name``)
+DENOISED = "denoised"
+#: the zarr group's own metadata file: the run folder is a zarr v3 group
+GROUP_FILE = "zarr.json"
+
+#: arrays of the run group covered by the manifest's checksums (when present)
+CHECKSUMMED = (EMBEDDING, *SPECTRUM_ARRAYS, "labels", "ids", "split")
+#: folders of the run whose files are covered by the manifest's checksums (when present)
+CHECKSUMMED_FILES = (PARQUET, REPORT)
+#: top-level names a run writes (and may replace) in its output folder
+RUN_NAMES = frozenset(
+    {
+        MANIFEST,
+        GROUP_FILE,
+        MODEL,
+        EMBEDDING,
+        PARQUET,
+        SPECTRUM,
+        *ROW_ARRAYS,
+        REPORT,
+        WORK,
+        DENOISED,
+        LOCK,
+    }
+)
+
+#: paths earlier versions wrote that nothing reads any more; a run ignores them
+#: (they are inside ``work/``, so they are the run's own and go with it)
+LEGACY = ("work/centre.zarr",)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The locations of one run folder (each carries the output's storage options)."""
+
+    out: Location
+
+    @property
+    def work(self) -> Location:
+        return self.out.child(WORK)
+
+    @property
+    def ingest(self) -> Location:
+        return self.work.child(INGEST_STORE)
+
+    @property
+    def kernel(self) -> Location:
+        return self.work.child(KERNEL_STORE)
+
+    @property
+    def flow_cache(self) -> Location:
+        return self.work.child(FLOW_CACHE)
+
+    @property
+    def model(self) -> Location:
+        return self.out.child(MODEL)
+
+    @property
+    def manifest(self) -> Location:
+        return self.out.child(MANIFEST)
+
+    @property
+    def lock(self) -> Location:
+        return self.out.child(LOCK)
+
+    @property
+    def prev(self) -> Location:
+        return self.out.child(PREV)
+
+    @property
+    def parquet(self) -> Location:
+        return self.out.child(PARQUET)
+
+    @property
+    def report(self) -> Location:
+        return self.out.child(REPORT)
+
+    @property
+    def metrics(self) -> Location:
+        return self.report.child(METRICS)
+
+    def stores(self) -> dict[str, Location]:
+        """The run's stores by name (``out``, ``work``, ``ingest``, ``kernel``, ``model``)."""
+        return {
+            "out": self.out,
+            "work": self.work,
+            "ingest": self.ingest,
+            "kernel": self.kernel,
+            "model": self.model,
+        }
+
+
+def run_layout(cfg) -> RunLayout:
+    """The layout of the run ``cfg`` describes; reads ``output.path`` and, for an
+    object-store output, ``input.storage_options`` (the output borrows them)."""
+    path = cfg.output.path
+    opts = cfg.input.storage_options if "://" in path else {}
+    return RunLayout(Location(path, opts))

@@ -1,0 +1,406 @@
+"""Readers: a source (NPY, CSV, Parquet or zarr; local path or fsspec URL) as lazy arrays.
+
+``read_input`` returns a :class:`SourceData`: the float64 feature matrix in row chunks
+of about ``target_chunk_mb``, optional class labels (int codes plus the class names) and
+optional row ids. Nothing is computed or written here: the ingest stage
+(pipeline/ingest.py) validates and stores what a reader returns, and ``kpca transform``
+embeds it directly. Problems with the source raise :class:`InputError`, one line naming
+the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import dask.array as da
+import numpy as np
+import pandas as pd
+
+from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
+
+from .config import ChunkConfig, InputConfig
+from .errors import UserError
+from .store import Location
+
+logger = logging.getLogger("pipeline")
+
+__all__ = [
+    "InputError",
+    "NpyFile",
+    "SourceData",
+    "check_exists",
+    "detect_format",
+    "explain_table_error",
+    "read_input",
+    "rows_per_chunk",
+]
+
+
+class InputError(UserError, ValueError):
+    """The input cannot be used as it is; the message names the problem and the fix."""
+
+
+@dataclass
+class SourceData:
+    """Lazy arrays read from a source."""
+
+    X: da.Array
+    columns: list[str]
+    labels: da.Array | None = None
+    classes: list[str] | None = None
+    ids: da.Array | None = None
+
+
+def detect_format(cfg: InputConfig) -> str:
+    if cfg.format != "auto":
+        return cfg.format
+    p = cfg.path.rstrip("/").lower()
+    for suffix, fmt in (
+        (".npy", "npy"),
+        (".csv", "csv"),
+        (".csv.gz", "csv"),
+        (".tsv", "csv"),
+        (".parquet", "parquet"),
+        (".pq", "parquet"),
+        (".zarr", "zarr"),
+    ):
+        if p.endswith(suffix):
+            return fmt
+    loc = Location(cfg.path, cfg.storage_options)
+    if loc.exists() and loc.fs.isdir(loc.fs_path):
+        files = loc.fs.ls(loc.fs_path, detail=False)
+        if any(str(f).endswith((".parquet", ".pq")) for f in files):
+            return "parquet"
+        if any(str(f).endswith("zarr.json") for f in files):
+            return "zarr"
+    raise InputError(
+        f"cannot infer the format of {cfg.path!r} from its name; set input.format to one of "
+        "npy, csv, parquet, zarr."
+    )
+
+
+def check_exists(cfg: InputConfig) -> Location:
+    loc = Location(cfg.path, cfg.storage_options)
+    try:
+        ok = loc.exists()
+    except ImportError as exc:  # e.g. s3fs missing
+        raise InputError(
+            f"cannot open {cfg.path!r}: {exc} (install the fsspec backend for this "
+            "URL scheme, e.g. `pip install s3fs`)."
+        ) from exc
+    if not ok:
+        raise InputError(f"input {cfg.path!r} does not exist; check input.path.")
+    return loc
+
+
+def rows_per_chunk(n_features: int, target_mb: float) -> int:
+    return max(1, int(target_mb * 1e6 // (max(1, n_features) * 8)))
+
+
+def read_input(cfg: InputConfig, chunks: ChunkConfig | None = None) -> SourceData:
+    """Lazy feature matrix (+ labels, ids) from the configured source."""
+    chunks = chunks or ChunkConfig()
+    loc = check_exists(cfg)
+    fmt = detect_format(cfg)
+    if fmt == "npy":
+        return _read_npy(cfg, loc, chunks)
+    if fmt == "zarr":
+        return _read_zarr(cfg, loc, chunks)
+    return _read_table(cfg, fmt, chunks)
+
+
+def _read_npy(cfg, loc, chunks) -> SourceData:
+    if cfg.columns or cfg.label_column or cfg.id_column:
+        raise InputError(
+            "NPY input has no named columns: remove input.columns/label_column/"
+            "id_column, or convert the data to Parquet/CSV."
+        )
+    try:
+        if loc.is_local:
+            arr = np.load(loc.local_path, mmap_mode="r", allow_pickle=False)
+        else:  # remote NPY is read whole (use Parquet or zarr for large remote data)
+            with loc.fs.open(loc.fs_path, "rb") as f:
+                arr = np.load(f, allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc) or "Python objects" in str(exc):
+            raise InputError(
+                f"{cfg.path}: object arrays are refused (loading them would "
+                "unpickle data); save numeric data."
+            ) from exc
+        raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
+    if not isinstance(arr, np.ndarray):  # np.load opens NPZ archives whatever the name
+        names = list(getattr(arr, "files", []))[:10]
+        if hasattr(arr, "close"):
+            arr.close()
+        raise InputError(
+            f"{cfg.path} is an NPZ archive (arrays {names}), not an NPY file; "
+            "save the feature matrix with numpy.save and point input.path at "
+            "it."
+        )
+    _check_matrix_dtype(arr.dtype, cfg.path)
+    if arr.ndim != 2:
+        raise InputError(
+            f"{cfg.path} holds an array of shape {arr.shape}; need 2-D (n_samples, n_features)."
+        )
+    rows = rows_per_chunk(arr.shape[1], chunks.target_chunk_mb)
+    # A local file is read by the workers, chunk by chunk, through its own memmap: handing
+    # the memmap itself to dask would pickle the whole array into the graph (every byte
+    # through the scheduler, and a worker killed for memory when the file is large).
+    source = NpyFile(str(loc.local_path), arr.shape, arr.dtype) if loc.is_local else arr
+    X = da.from_array(
+        source,
+        chunks=(rows, -1),
+        name=f"npy-{loc.url}-{arr.shape}",
+        asarray=False,
+        inline_array=True,
+    )
+    return SourceData(X=X.astype(np.float64), columns=[f"x{i}" for i in range(arr.shape[1])])
+
+
+class NpyFile:
+    """A local NPY file as an array-like that dask can slice: each read opens a read-only
+    memmap (no pickle), so only the path travels with the tasks."""
+
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype):
+        self.path, self.shape, self.dtype = path, tuple(shape), np.dtype(dtype)
+        self.ndim = len(self.shape)
+
+    def __getitem__(self, key) -> np.ndarray:
+        arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        if arr.shape != self.shape or arr.dtype != self.dtype:
+            raise InputError(
+                f"{self.path} changed while it was being read (now {arr.shape} "
+                f"{arr.dtype}); re-run when the file is complete."
+            )
+        return np.array(arr[key])
+
+    def __dask_tokenize__(self):
+        return ("NpyFile", self.path, self.shape, self.dtype.str)
+
+
+def _read_zarr(cfg, loc, chunks) -> SourceData:
+    import zarr
+
+    if cfg.columns or cfg.label_column or cfg.id_column:
+        raise InputError(
+            "zarr input has no named columns: remove input.columns/label_column/"
+            "id_column, or pass a Parquet/CSV file."
+        )
+    try:
+        node = zarr.open(
+            loc.zarr_store(),
+            mode="r",
+            **({} if loc.is_local else {"storage_options": cfg.storage_options}),
+        )
+    except Exception as exc:
+        msg = " ".join(str(exc).split())[:300]
+        raise InputError(
+            f"{cfg.path} is not a readable zarr store ({type(exc).__name__}: "
+            f"{msg}); restore it from a good copy or point input.path at an "
+            "intact store."
+        ) from exc
+    if isinstance(node, zarr.Group):
+        name = cfg.zarr_array or "X"
+        if name not in node:
+            raise InputError(
+                f"{cfg.path} is a zarr group without an array {name!r}; set "
+                f"input.zarr_array to one of {sorted(node.array_keys())}."
+            )
+        parent, node = node, node[name]
+        if isinstance(node, zarr.Group):
+            raise InputError(
+                f"{cfg.path}: {name!r} is a zarr group, not an array; set "
+                f"input.zarr_array to an array's path (arrays at the top: "
+                f"{sorted(parent.array_keys())[:10]})."
+            )
+    _check_matrix_dtype(node.dtype, cfg.path)
+    if node.ndim != 2:
+        raise InputError(f"{cfg.path}: array of shape {node.shape}; need 2-D.")
+    if cfg.missing_chunks == "error":
+        missing = missing_zarr_chunks(node)
+        if missing:
+            raise InputError(
+                f"{cfg.path}: {describe_missing_chunks(node, missing)}; zarr would read them "
+                "as zeros. Restore the store from a good copy, or set input.missing_chunks: "
+                "fill if those chunks are meant to hold the fill value."
+            )
+    elif missing_zarr_chunks(node):
+        logger.warning(
+            "ingest: %s lacks chunk files; reading them as the fill value %r "
+            "(input.missing_chunks: fill)",
+            cfg.path,
+            node.fill_value,
+        )
+    X = da.from_zarr(node)
+    rows = rows_per_chunk(node.shape[1], chunks.target_chunk_mb)
+    X = X.rechunk({0: rows, 1: -1})
+    return SourceData(X=X.astype(np.float64), columns=[f"x{i}" for i in range(node.shape[1])])
+
+
+def _check_matrix_dtype(dtype, path) -> None:
+    dtype = np.dtype(dtype) if not isinstance(dtype, np.dtype) else dtype
+    if dtype.kind == "c":
+        raise InputError(f"{path}: complex values; kernel PCA needs real numbers.")
+    if dtype.kind not in "fiub":
+        raise InputError(
+            f"{path}: dtype {dtype} is not numeric; store numbers (encode "
+            "categorical columns first)."
+        )
+
+
+def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
+    import dask.dataframe as dd
+
+    opts = dict(cfg.storage_options)
+    try:
+        if fmt == "csv":
+            df = dd.read_csv(
+                cfg.path,
+                storage_options=opts or None,
+                blocksize="64MB",
+                assume_missing=True,
+                sample_rows=1000,
+            )
+        else:
+            df = dd.read_parquet(cfg.path, storage_options=opts or None)
+    except Exception as exc:  # pandas/pyarrow raise many types for bad files
+        if type(exc).__name__ == "EmptyDataError":
+            raise InputError(
+                f"{cfg.path} is empty (no header, no rows); point input.path at a "
+                "file with data."
+            ) from exc
+        raise InputError(explain_table_error(cfg.path, exc, fmt)) from exc
+    available = list(df.columns)
+    if not available:
+        raise InputError(
+            f"{cfg.path} has no columns (empty file?); point input.path at a file with data."
+        )
+    for what, col in (("label_column", cfg.label_column), ("id_column", cfg.id_column)):
+        if col is not None and col not in available:
+            raise InputError(
+                f"input.{what} {col!r} is not a column of {cfg.path}; available: "
+                f"{available[:20]}"
+            )
+    reserved = {cfg.label_column, cfg.id_column} - {None}
+    if cfg.columns:
+        missing = [c for c in cfg.columns if c not in available]
+        if missing:
+            raise InputError(
+                f"input.columns {missing} are not in {cfg.path}; available: {available[:20]}"
+            )
+        features = list(cfg.columns)
+        bad = [c for c in features if not _is_numeric(df[c].dtype)]
+        if bad:
+            raise InputError(
+                f"input.columns {bad} are not numeric ({[str(df[c].dtype) for c in bad]}); "
+                "drop them from input.columns or encode them as numbers."
+            )
+    else:
+        features = [c for c in available if c not in reserved and _is_numeric(df[c].dtype)]
+        skipped = [c for c in available if c not in reserved and c not in features]
+        if skipped:
+            logger.warning(
+                "ingest: ignoring non-numeric columns %s (list input.columns to "
+                "choose features explicitly)",
+                skipped[:10],
+            )
+        if not features and fmt == "csv" and _no_rows(df):
+            raise InputError(
+                f"{cfg.path} is empty: it has a header ({available[:5]}) but no "
+                "data rows; point input.path at a file with data."
+            )
+        if not features:
+            raise InputError(
+                f"{cfg.path} has no numeric feature columns (columns: "
+                f"{available[:20]}); set input.columns."
+            )
+    try:
+        X = df[features].astype("float64").to_dask_array(lengths=True)
+    except Exception as exc:
+        raise InputError(explain_table_error(cfg.path, exc)) from exc
+    labels = classes = ids = None
+    if cfg.label_column:
+        labels, classes = _encode_labels(df[cfg.label_column], cfg)
+    if cfg.id_column:
+        ids = df[cfg.id_column].to_dask_array(lengths=list(X.chunks[0]))
+        if ids.dtype == object:
+            ids = ids.astype(str)
+    rows = rows_per_chunk(len(features), chunks.target_chunk_mb)
+    X = X.rechunk({0: rows, 1: -1})
+    if labels is not None:
+        labels = labels.rechunk({0: X.chunks[0]})
+    if ids is not None:
+        ids = ids.rechunk({0: X.chunks[0]})
+    return SourceData(
+        X=X, columns=[str(c) for c in features], labels=labels, classes=classes, ids=ids
+    )
+
+
+def _is_numeric(dtype) -> bool:
+    try:
+        return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_complex_dtype(dtype)
+    except TypeError:
+        return False
+
+
+def _no_rows(df) -> bool:
+    try:
+        return len(df.head(1, npartitions=-1, compute=True)) == 0
+    except Exception:  # noqa: BLE001 - only a hint for the message; the read itself reports
+        return False
+
+
+def explain_table_error(path: str, exc: Exception, fmt: str = "csv") -> str:
+    msg = str(exc)
+    if "Original Message:" in msg:  # dask's wrapper around the pandas error: keep the cause
+        msg = msg.split("Original Message:", 1)[1]
+    if "Mismatched dtypes" in msg:  # dask's sample said numeric, a later row holds text
+        import re
+
+        cols = re.findall(r"^\|\s*(\S+)\s*\|\s*(?:object|str|string)\s*\|", msg, re.MULTILINE)
+        why = re.search(r"could not convert [^\n]*?'[^']*'", msg)
+        return (
+            f"{path}: column(s) {cols or '?'} hold text where numbers are expected"
+            f"{f' ({why.group(0)})' if why else ''}; clean the file, or leave those columns "
+            "out of input.columns."
+        )
+    msg = " ".join(msg.split())
+    if "Expected" in msg and "fields" in msg:
+        return (
+            f"{path} is ragged: {msg.strip()}. Every row needs the same number of "
+            "fields; fix the file (quoting? stray delimiters?)."
+        )
+    if "could not convert" in msg or "Unable to parse" in msg:
+        return (
+            f"{path}: a feature column holds text where numbers are expected ({msg.strip()}); "
+            "set input.columns to numeric columns only."
+        )
+    return (
+        f"cannot read {path} as {fmt} ({type(exc).__name__}: {msg}); check that the file "
+        "is intact and input.format is right."
+    )
+
+
+def _encode_labels(col, cfg: InputConfig) -> tuple[da.Array, list[str]]:
+    try:
+        uniques = col.dropna().unique().compute()
+    except Exception as exc:
+        raise InputError(explain_table_error(cfg.path, exc)) from exc
+    classes = sorted(map(str, uniques.tolist()))
+    if len(classes) < 2:
+        raise InputError(
+            f"label column {cfg.label_column!r} has {len(classes)} class(es); "
+            "evaluation needs at least 2 (or drop input.label_column)."
+        )
+    lookup = {c: i for i, c in enumerate(classes)}
+
+    def codes(s: pd.Series) -> np.ndarray:
+        return s.map(lambda v: -1 if pd.isna(v) else lookup[str(v)]).to_numpy(dtype=np.int64)
+
+    labels = col.map_partitions(
+        lambda s: pd.Series(codes(s), index=s.index), meta=(cfg.label_column, "int64")
+    ).to_dask_array(lengths=True)
+    return labels, classes
