@@ -13,14 +13,8 @@ import pytest
 
 from kpca_dask import KernelPCA
 from pipeline.config import load_config
-from pipeline.run import (
-    stage_begin,
-    stage_centre,
-    stage_ingest,
-    stage_kernel,
-    stage_solve,
-    stage_split,
-)
+from pipeline.run import stage_begin
+from pipeline.stages import stage_ingest, stage_kernel, stage_solve, stage_split
 
 N, D, M = 40_000, 8, 200
 
@@ -90,15 +84,14 @@ def _solve(cfg, client):
     ing = stage_ingest(cfg)
     split = stage_split(cfg, ing)
     kernel = stage_kernel(cfg, ing, split)
-    centre = stage_centre(cfg, ing, split, kernel)
     store = sum(
         f.stat().st_size
-        for f in (Path(ing["path"]) / "X").rglob("*")
+        for f in (Path(ing.store.local_path) / "X").rglob("*")
         if f.is_file() and f.name != "zarr.json"
     )
     before = _read(client)
-    solved = stage_solve(cfg, ing, split, kernel, centre)
-    return solved, _read(client) - before, store
+    solved = stage_solve(cfg, ing, split, kernel)
+    return solved.to_dict(), _read(client) - before, store
 
 
 def test_nystroem_solve_reads_the_ingest_store_once(tmp_path, data, dask_client, monkeypatch):
