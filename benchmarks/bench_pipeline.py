@@ -14,6 +14,12 @@ of memory-mapped files such as stored kernel blocks).
     python benchmarks/bench_pipeline.py nystroem             # n = 2M, d = 64
     python benchmarks/bench_pipeline.py exact --n 20000      # smaller, quicker
 
+nystroem also fits the estimator on the same rows in the same run (``--no-estimator``:
+not): ``KernelPCA(eigen_solver="nystroem")`` with the pipeline's resolved gamma, 2048
+rpcholesky landmarks, float32, dask's threaded scheduler, reading the pipeline's own
+ingest store (zarr) and writing the embedding to zarr, in a fresh process sampled the
+same way: fit + embedding against the whole ``kpca run``.
+
 Data: Gaussian blobs (16 centres) in d dimensions written as one NPY file,
 rbf kernel with gamma = 'scale' (median heuristic), 16 components, float32.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -69,6 +76,7 @@ class TreeSampler(threading.Thread):
         self.parent: dict[int, int] = {}
         self.gone: set[int] = set()
         self.roles: dict[int, str] = {}
+        self.cpu: dict[int, float] = {}  # pid -> its own user + system CPU seconds (latest)
         self.timeline: list | None = None  # (seconds, {role: PSS}) when asked for
         self.t0 = time.perf_counter()
         self.stop = threading.Event()
@@ -88,6 +96,8 @@ class TreeSampler(threading.Thread):
                 role = self.roles.get(p.pid) or self._role(p)
                 self.roles[p.pid] = role
                 parts[role] = parts.get(role, 0) + pss
+                ct = p.cpu_times()
+                self.cpu[p.pid] = ct.user + ct.system
                 io = p.io_counters()
                 self.io[p.pid] = (io.read_bytes, io.write_bytes, io.read_chars, io.write_chars)
                 self.parent.setdefault(p.pid, p.ppid())
@@ -127,10 +137,69 @@ class TreeSampler(threading.Thread):
             self.sample()
             self.stop.wait(self.interval)
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the whole tree (as last sampled): a comparison that a machine
+        shared with other jobs distorts far less than wall time."""
+        return float(sum(self.cpu.values()))
+
     def totals(self) -> dict[str, int]:
         cols = list(zip(*self.own.values())) or [(0,)] * 4
         return {"read_bytes": sum(cols[0]), "write_bytes": sum(cols[1]),
                 "read_chars": sum(cols[2]), "write_chars": sum(cols[3])}
+
+
+def cpu_model() -> str:
+    """The CPU's model name and SIMD level (OPENBLAS_CORETYPE named when it is set)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = info.get("Flags", "")
+    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    core = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"{info.get('Model name', 'unknown').strip()} ({simd}"
+            f"{f', OPENBLAS_CORETYPE={core}' if core else ''})")
+
+
+def estimator_child(store: str, gamma: float, out: str) -> None:
+    """The estimator on the pipeline's ingested rows: fit, then the embedding to zarr."""
+    import dask.array as da
+    import zarr
+
+    from kpca_dask import KernelPCA
+
+    X = zarr.open_group(store, mode="r")["X"]
+    da.ones(4, chunks=2).sum().compute()  # dask's thread pool started before the clock
+    t0 = time.perf_counter()
+    est = KernelPCA(16, kernel="rbf", gamma=gamma, eigen_solver="nystroem", n_landmarks=2048,
+                    landmark_method="rpcholesky", random_state=0, dtype="float32")
+    emb = est.fit_transform(X)  # lazy past the fit
+    fit_s = time.perf_counter() - t0
+    da.to_zarr(emb, out, overwrite=True)
+    print(json.dumps({"fit_seconds": fit_s, "total_seconds": time.perf_counter() - t0,
+                      "n_passes": est.n_passes_, "chunk_size": est.chunk_size_,
+                      "eigenvalues": est.eigenvalues_.tolist()}))
+
+
+def run_estimator(root: Path, out: Path, gamma: float) -> dict:
+    """:func:`estimator_child` in a fresh process, its memory and I/O sampled."""
+    cmd = [sys.executable, __file__, "--estimator-child", str(out / "work" / "ingest.zarr"),
+           repr(gamma), str(root / "estimator-embedding.zarr")]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=HERE.parent, stdout=subprocess.PIPE, text=True)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    text = proc.stdout.read()
+    proc.wait()
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"the estimator run failed with exit code {proc.returncode}")
+    res = json.loads(text.strip().splitlines()[-1])
+    return {**res, "wall_seconds": time.perf_counter() - t0,
+            "peak_memory_gib": sampler.peak / 2**30, "io": sampler.totals(),
+            "cpu_seconds": sampler.cpu_seconds()}
 
 
 def du(path: Path) -> int:
@@ -147,6 +216,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep data and outputs")
     ap.add_argument("--timeline", help="write the sampled memory by role over time to this "
                     "JSON file, and the run's log next to it (where the peak comes from)")
+    ap.add_argument("--no-estimator", action="store_true",
+                    help="nystroem: do not also run the estimator on the same rows")
     args = ap.parse_args()
     case = dict(CASES[args.case])
     n = args.n or case["n"]
@@ -159,6 +230,10 @@ def main() -> None:
         make_data(data, n, d)
         print(f"data: {data} ({data.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t:.0f} s")
     out = root / f"out-{args.case}-{n}"
+    if out.exists():  # a fresh run: the flow would reuse a kept run's cached stages
+        import shutil
+
+        shutil.rmtree(out)
     cfg = root / f"{args.case}.yaml"
     cfg.write_text(
         f"input:\n  path: {data}\n"
@@ -169,6 +244,7 @@ def main() -> None:
         f"output:\n  path: {out}\n  overwrite: true\n  parquet: false\n"
         f"cluster:\n  n_workers: {psutil.cpu_count()}\n  memory_limit: {args.memory_limit}\n")
     cmd = [sys.executable, "-m", "flows.cli", "run", str(cfg), "--no-progress"]
+    load_before = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -194,20 +270,37 @@ def main() -> None:
     result = {
         "case": args.case, "n": n, "d": d, "date": datetime.date.today().isoformat(),
         "machine": f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "wall_seconds": wall, "peak_memory_gib": sampler.peak / 2**30,
+        "wall_seconds": wall, "cpu_seconds": sampler.cpu_seconds(),
+        "peak_memory_gib": sampler.peak / 2**30,
         "peak_memory_parts_gib": {k: v / 2**30 for k, v in sampler.peak_parts.items()},
         "peak_memory_by_role_gib": {k: v / 2**30 for k, v in sampler.role_peak.items()},
         "stage_seconds": manifest["timings"], "model": {k: manifest["model"].get(k) for k in
-                                                         ("solver", "n_passes", "max_residual")},
+                                                         ("solver", "n_passes", "max_residual", "block_rows",
+                                                          "rows_in_memory", "gamma")},
         "kernel_store": manifest.get("kernel_store"),
         "io": io, "output_bytes": du(out), "kernel_store_bytes": du(out / "work" / "kernel.zarr"),
         "data_bytes": data.stat().st_size,
+        "ingest_store_bytes": du(out / "work" / "ingest.zarr"), "cpu": cpu_model(),
+        "load_before": list(load_before),
     }
+    if args.case == "nystroem" and not args.no_estimator:
+        est = run_estimator(root, out, float(manifest["model"]["gamma"]))
+        result["estimator"] = est
+        result["pipeline_over_estimator"] = wall / est["wall_seconds"]
+        result["pipeline_over_estimator_cpu"] = result["cpu_seconds"] / est["cpu_seconds"]
     print(json.dumps(result, indent=1))
     print(f"\n| case | n | d | wall | peak memory | written (disk) | read (disk / incl. cache) |"
           f"\n|---|---|---|---|---|---|---|\n| {args.case} | {n:,} | {d} | {wall:.0f} s | "
           f"{result['peak_memory_gib']:.2f} GiB | {io['write_bytes'] / 1e9:.1f} GB | "
           f"{io['read_bytes'] / 1e9:.1f} / {io['read_chars'] / 1e9:.1f} GB |")
+    if "estimator" in result:
+        e = result["estimator"]
+        print(f"| estimator, same rows | {n:,} | {d} | {e['wall_seconds']:.0f} s "
+              f"(fit {e['fit_seconds']:.0f} s) | {e['peak_memory_gib']:.2f} GiB | "
+              f"{e['io']['write_bytes'] / 1e9:.1f} GB | {e['io']['read_bytes'] / 1e9:.1f} / "
+              f"{e['io']['read_chars'] / 1e9:.1f} GB |\n\npipeline / estimator: "
+              f"{result['pipeline_over_estimator']:.2f}x wall, "
+              f"{result['pipeline_over_estimator_cpu']:.2f}x CPU seconds; {result['cpu']}")
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"pipeline-{args.case}-{n}-{result['date']}.json").write_text(
         json.dumps(result, indent=1))
@@ -219,4 +312,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--estimator-child"]:
+        estimator_child(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+    else:
+        main()

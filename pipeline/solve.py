@@ -11,6 +11,7 @@ import dask.array as da
 import numpy as np
 
 from kpca_dask import KernelPCA
+from kpca_dask.plan import NYSTROEM_BLOCK_ROWS, auto_block_rows, resolve_solver
 from kpca_dask.exceptions import (ConstantKernelError, ConvergenceWarning,
                                   DroppedComponentsWarning)
 
@@ -19,7 +20,8 @@ from .config import PipelineConfig
 from .denoise import estimator_params
 from .store import Location
 
-__all__ = ["make_estimator", "make_planner", "solve", "SolveError", "check_fit"]
+__all__ = ["make_estimator", "make_planner", "solve", "SolveError", "check_fit",
+           "nystroem_rows", "memory_budget", "PERSIST_FRACTION"]
 
 logger = logging.getLogger("pipeline")
 
@@ -90,6 +92,65 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
     return est.set_params(**params)
 
 
+#: Share of the workers' memory (all workers' memory limits together; without a cluster,
+#: the memory available now) that the Nyström solve may fill with the training rows, read
+#: once from the ingest store, instead of re-reading the store at every pass.
+PERSIST_FRACTION = 0.3
+
+
+def memory_budget(fraction: float | None = None) -> int:
+    """Bytes of training rows the solve may keep in memory: ``fraction`` of the memory
+    limits of the current Dask client's workers (the memory available on this machine
+    when there is no client, or a worker has no limit); ``fraction`` defaults to
+    :data:`PERSIST_FRACTION`."""
+    import psutil
+
+    fraction = PERSIST_FRACTION if fraction is None else float(fraction)
+    try:
+        from distributed import default_client
+
+        client = default_client()
+    except (ImportError, ValueError):
+        client = None
+    if client is not None:
+        workers = client.scheduler_info(n_workers=-1).get("workers", {}).values()
+        limits = [int(w.get("memory_limit") or 0) for w in workers]
+        if limits and all(limits):
+            return int(fraction * sum(limits))
+    return int(fraction * psutil.virtual_memory().available)
+
+
+def nystroem_rows(X: da.Array, cfg: PipelineConfig, *, budget: int | None = None
+                  ) -> tuple[da.Array, dict[str, Any]]:
+    """The training rows as the Nyström passes read them, and how.
+
+    Blocks of the estimator's own Nyström size (about 8192 rows; ``chunks.block_rows``
+    when set): 2048-row blocks (the exact solver's kernel partition) cost a quarter more
+    CPU per pass here. Read from the ingest store once into the workers' memory when they
+    fit ``budget`` (default :func:`memory_budget`): the fit otherwise re-reads the whole
+    store for its NaN check, the gamma and landmark samples and every pass (11 reads of a
+    1.1 GB store at n = 2M). benchmarks/diag_pipeline_io.py measures both.
+    """
+    n = int(X.shape[0])
+    if cfg.chunks.block_rows == "auto":
+        r = auto_block_rows(n, target=NYSTROEM_BLOCK_ROWS)
+    else:
+        r = min(int(cfg.chunks.block_rows), n)
+    X = X.rechunk({0: r, 1: -1})
+    budget = memory_budget() if budget is None else int(budget)
+    nbytes = int(X.nbytes)
+    in_memory = nbytes <= budget
+    if in_memory:
+        X = X.persist()
+        logger.info("solve: Nyström passes over %d rows in blocks of %d, read once into "
+                    "memory (%.2f GB of a %.2f GB budget)", n, r, nbytes / 1e9, budget / 1e9)
+    else:
+        logger.info("solve: Nyström passes over %d rows in blocks of %d, re-read from the "
+                    "ingest store at every pass (%.2f GB > a %.2f GB memory budget)", n, r,
+                    nbytes / 1e9, budget / 1e9)
+    return X, {"block_rows": r, "rows_in_memory": in_memory}
+
+
 def make_planner(cfg: Any) -> KernelPCA:
     """The estimator the kernel stage plans with: the kernel and the fields that choose the
     solver and its kernel partition (no stopping rule, no pre-image: those only matter to
@@ -111,6 +172,11 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
     """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON)."""
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
+    reading: dict[str, Any] = {}
+    if block_reader is None and resolve_solver(est.get_params(),
+                                               int(X_train.shape[0])) == "nystroem":
+        X_train, reading = nystroem_rows(X_train, cfg)
+        est.set_params(chunk_size=reading["block_rows"])
     fit_kw: dict[str, Any] = {}
     if block_reader is not None:
         fit_kw["kernel_blocks"] = block_reader
@@ -123,6 +189,7 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
             est.fit(X_train, **fit_kw)
         except ConstantKernelError as e:
             raise SolveError(CONSTANT_KERNEL) from e
+    del X_train  # rows kept in the workers' memory are released with it
     for w in caught:
         if issubclass(w.category, ConvergenceWarning):
             logger.warning("solve: %s", w.message)
@@ -136,7 +203,7 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
             "converged": bool(getattr(est, "converged_", True)),
             "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
             "gamma": est.gamma_, "kernel": est.kernel_.to_dict(), "fit_seconds": fit_s,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, **reading}
     logger.info("solve: %s solver, %d components, %d passes, max residual %.2e in %.1f s",
                 info["solver"], info["n_components"], info["n_passes"],
                 info["max_residual"] or 0.0, fit_s)
