@@ -179,11 +179,12 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     from benchmarks.bench_pipeline import make_data
-    from kpca_dask import _validation as V
+    from kpca_dask import validation as V
+    from kpca_dask.plan import auto_block_rows
     from kpca_dask.solvers.landmarks import select_landmarks
-    from pipeline import run as prun
     from pipeline.config import PipelineConfig
-    from pipeline.ingest import ingest
+    from pipeline.ingest import ingest, load_ingested
+    from pipeline.layout import run_layout
     from pipeline.solve import make_estimator
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="kpca-diag-"))
@@ -221,22 +222,20 @@ def main() -> None:
     ):
         client.run(_install_counter)
         meter = Meter(client)
-        loc = prun.stage_locations(cfg)
+        layout = run_layout(cfg)
         out.mkdir(parents=True, exist_ok=True)
-        res = meter.step("ingest (npy -> zarr)", ingest, cfg.input, cfg.chunks, loc["ingest"])
-        store_bytes = sum(f.stat().st_size for f in Path(res.path).rglob("*") if f.is_file())
+        res = meter.step("ingest (npy -> zarr)", ingest, cfg.input, cfg.chunks, layout.ingest)
+        store_path = res.store.local_path
+        store_bytes = sum(f.stat().st_size for f in store_path.rglob("*") if f.is_file())
         print(f"ingest store: {store_bytes / 1e6:.1f} MB, {res.rows_per_chunk} rows per chunk")
-        ing = res.to_dict()
-        split = {"held_out": False, "n_train": res.n_rows, "n_test": 0, "split_id": "all"}
-        Xb, r = prun._training_rows(cfg, ing, split)
+        # every row is a training row here (no held-out split), in the kernel stage's blocks
+        r = auto_block_rows(res.n_rows) if br == "auto" else min(br, res.n_rows)
+        Xb = load_ingested(res).X.rechunk({0: r, 1: -1})
         print(f"solver blocks: {r} rows ({len(Xb.chunks[0])} blocks)")
         est = make_estimator(cfg, r)
         meter.step("check_finite (fit)", V.check_finite, Xb)
-        est._check_params()
-        est._dtype = np.dtype("float32")
-        gamma = meter.step("gamma='scale' sample", est._resolve_gamma, Xb, res.n_rows, args.d)
-        est.gamma_ = gamma
-        kernel = est._make_kernel()
+        plan = meter.step("gamma='scale' sample (KernelPCA.plan)", est.plan, Xb)
+        kernel = plan.kernel
         rng = np.random.default_rng(0)
         meter.step(
             "landmarks (rpcholesky)",
@@ -257,11 +256,10 @@ def main() -> None:
             f"{[round(s, 1) for s in info.get('pass_seconds', [])]}, "
             f"landmark seconds: {info.get('landmark_seconds', 0):.1f}"
         )
-        from pipeline.ingest import load_ingested
         from pipeline.project import write_embedding
 
         src = load_ingested(res)
-        meter.step("project (write_embedding)", write_embedding, est, src.X, loc["out"])
+        meter.step("project (write_embedding)", write_embedding, est, src.X, layout.out)
         result = {
             "n": args.n,
             "d": args.d,
@@ -283,7 +281,7 @@ def main() -> None:
         import dask.array as da
         import zarr
 
-        X0 = da.from_zarr(zarr.open_group(res.path, mode="r")["X"])
+        X0 = da.from_zarr(zarr.open_group(str(store_path), mode="r")["X"])
         result["fits"] = []
         for v in args.fits.split(","):
             row = fit_variant(X0, v, gamma, args.m)
