@@ -81,14 +81,21 @@ def measure(d: int, workdir: Path, n_blocks: int, repeat: int) -> dict:
     from zarr.codecs import Crc32cCodec
 
     n = n_blocks * R
-    g.create_array("K", shape=(n, n), chunks=(R, R), dtype="float32",
-                   compressors=[Crc32cCodec()], fill_value=0)
-    g.create_array("done", shape=(n_blocks, n_blocks), chunks=(1, 1), dtype="uint64",
-                   fill_value=0)
+    g.create_array(
+        "K",
+        shape=(n, n),
+        chunks=(R, R),
+        dtype="float32",
+        compressors=[Crc32cCodec()],
+        fill_value=0,
+    )
+    g.create_array(
+        "done", shape=(n_blocks, n_blocks), chunks=(1, 1), dtype="uint64", fill_value=0
+    )
     g.attrs.update({"block_rows": R, "build_id": f"bench-{d}"})
     url = Location(str(path)).url
     blocks = [(0, j) for j in range(1, n_blocks)]
-    xs = [X[j * R:(j + 1) * R] for j in range(n_blocks)]
+    xs = [X[j * R : (j + 1) * R] for j in range(n_blocks)]
     with threadpool_limits(1):
         t = time.perf_counter()
         for i, j in blocks:  # the build: evaluate, checksum, write, mark done
@@ -110,17 +117,21 @@ def measure(d: int, workdir: Path, n_blocks: int, repeat: int) -> dict:
 
         def write_only():  # block row 1 is not used by the other measurements
             j = 2 + next(it) % (n_blocks - 2)
-            Kz[R:2 * R, j * R:(j + 1) * R] = blk
+            Kz[R : 2 * R, j * R : (j + 1) * R] = blk
             _crc(blk)
 
         def recompute():
             j = 1 + next(it) % (n_blocks - 1)
             pair_products(kernel, xs[0], xs[j], z, z, "float32")
 
-        res = {"d": d, "build_ms": build, "stored_ms": median_ms(stored, repeat),
-               "read_ms": median_ms(read_only, repeat),
-               "write_ms": median_ms(write_only, max(3, repeat // 3)),
-               "recompute_ms": median_ms(recompute, repeat)}
+        res = {
+            "d": d,
+            "build_ms": build,
+            "stored_ms": median_ms(stored, repeat),
+            "read_ms": median_ms(read_only, repeat),
+            "write_ms": median_ms(write_only, max(3, repeat // 3)),
+            "recompute_ms": median_ms(recompute, repeat),
+        }
     _OPENED.clear()
     block_gb = R * R * 4 / 1e9
     res["write_gb_s"] = block_gb / (res["write_ms"] / 1e3)
@@ -131,8 +142,9 @@ def measure(d: int, workdir: Path, n_blocks: int, repeat: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--d", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024, 2048])
     ap.add_argument("--blocks", type=int, default=9, help="row blocks of the test store")
     ap.add_argument("--repeat", type=int, default=15)
@@ -141,20 +153,31 @@ def main() -> None:
     root = Path(args.workdir or tempfile.mkdtemp(prefix="kpca-kstore-"))
     root.mkdir(parents=True, exist_ok=True)
     rows = []
-    print("| d | recompute a block | stored: read + multiply (read alone) | build once: "
-          "evaluate + write (write alone) | passes to break even |\n|---|---|---|---|---|")
+    print(
+        "| d | recompute a block | stored: read + multiply (read alone) | build once: "
+        "evaluate + write (write alone) | passes to break even |\n|---|---|---|---|---|"
+    )
     for d in args.d:
         r = measure(d, root, args.blocks, args.repeat)
         rows.append(r)
         be = "never" if r["break_even_passes"] is None else f"{r['break_even_passes']:.1f}"
-        print(f"| {d} | {r['recompute_ms']:.1f} ms | {r['stored_ms']:.1f} ms "
-              f"({r['read_ms']:.1f} ms, {r['read_gb_s']:.2f} GB/s) | {r['build_ms']:.1f} ms "
-              f"({r['write_ms']:.1f} ms, {r['write_gb_s']:.2f} GB/s) | {be} |", flush=True)
-    result = {"date": datetime.date.today().isoformat(),
-              "machine": f"{psutil.cpu_count()} cores, "
-                         f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
-              "block_rows": R, "block_columns": L, "dtype": "float32", "kernel": "rbf",
-              "threads": 1, "rows": rows}
+        print(
+            f"| {d} | {r['recompute_ms']:.1f} ms | {r['stored_ms']:.1f} ms "
+            f"({r['read_ms']:.1f} ms, {r['read_gb_s']:.2f} GB/s) | {r['build_ms']:.1f} ms "
+            f"({r['write_ms']:.1f} ms, {r['write_gb_s']:.2f} GB/s) | {be} |",
+            flush=True,
+        )
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{psutil.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "block_rows": R,
+        "block_columns": L,
+        "dtype": "float32",
+        "kernel": "rbf",
+        "threads": 1,
+        "rows": rows,
+    }
     (HERE / "results").mkdir(exist_ok=True)
     out = HERE / "results" / f"kernel-store-{result['date']}.json"
     out.write_text(json.dumps(result, indent=1))

@@ -25,11 +25,11 @@ then, and is never killed.
 
 Measured here (2 cores, shared with other jobs; results/memory-pressure-*.json):
 4 GiB 43 s, peak 250/255 MB, nothing spilled; 280 MiB 52 s, peak 227/254 MB,
-1.37 GB spilled and 0.87 GB read back, no worker lost, artifacts bit-identical. Smaller limits fail with a
-KilledWorker naming the task (the exact solver gathers the n x d input onto
-one worker to hand it to the driver: 2 x 41 MB here; see the note in the
-reliability report). A limit that is too small is a failure, never a different
-result.
+1.37 GB spilled and 0.87 GB read back, no worker lost, artifacts bit-identical.
+Smaller limits fail with a KilledWorker naming the task (the exact solver
+gathers the n x d input onto one worker to hand it to the driver: 2 x 41 MB
+here; see the note in the reliability report). A limit that is too small is a
+failure, never a different result.
 """
 
 from __future__ import annotations
@@ -87,15 +87,27 @@ class WorkerSampler(threading.Thread):
 
 def _worker_spill(dask_worker) -> dict:
     """A worker's cumulative spill metrics (bytes and counts written/read, seconds)."""
-    metrics = {f"{label}-{unit}": float(v)
-               for (label, unit), v in dict(dask_worker.data.cumulative_metrics).items()}
+    metrics = {
+        f"{label}-{unit}": float(v)
+        for (label, unit), v in dict(dask_worker.data.cumulative_metrics).items()
+    }
     memory, disk = dask_worker.data.spilled_total
-    return {"metrics": metrics, "on_disk_now": int(disk),
-            "memory_limit": dask_worker.memory_manager.memory_limit}
+    return {
+        "metrics": metrics,
+        "on_disk_now": int(disk),
+        "memory_limit": dask_worker.memory_manager.memory_limit,
+    }
 
 
-def run_once(data: Path, work: Path, *, memory_limit: str, n_workers: int, block_rows: int,
-             n_components: int) -> dict:
+def run_once(
+    data: Path,
+    work: Path,
+    *,
+    memory_limit: str,
+    n_workers: int,
+    block_rows: int,
+    n_components: int,
+) -> dict:
     import dask
 
     from pipeline.cluster import dask_client
@@ -104,18 +116,28 @@ def run_once(data: Path, work: Path, *, memory_limit: str, n_workers: int, block
     from pipeline.run import run_pipeline
 
     out = work / f"out-{memory_limit}"
-    cfg = load_config({
-        "input": {"path": str(data)},
-        "kernel": {"name": "rbf", "gamma": "scale"},
-        "solver": {"n_components": n_components, "eigen_solver": "randomized",
-                   "dtype": "float32", "random_state": 0},
-        "chunks": {"target_chunk_mb": 16, "block_rows": block_rows},
-        "kernel_store": {"materialize": "always"},
-        "output": {"path": str(out), "parquet": False, "overwrite": True},
-        "evaluate": {"enabled": False},
-        "cluster": {"n_workers": n_workers, "threads_per_worker": 1,
-                    "memory_limit": memory_limit, "dashboard_address": None},
-    })
+    cfg = load_config(
+        {
+            "input": {"path": str(data)},
+            "kernel": {"name": "rbf", "gamma": "scale"},
+            "solver": {
+                "n_components": n_components,
+                "eigen_solver": "randomized",
+                "dtype": "float32",
+                "random_state": 0,
+            },
+            "chunks": {"target_chunk_mb": 16, "block_rows": block_rows},
+            "kernel_store": {"materialize": "always"},
+            "output": {"path": str(out), "parquet": False, "overwrite": True},
+            "evaluate": {"enabled": False},
+            "cluster": {
+                "n_workers": n_workers,
+                "threads_per_worker": 1,
+                "memory_limit": memory_limit,
+                "dashboard_address": None,
+            },
+        }
+    )
     spill_dir = work / f"spill-{memory_limit}"
     spill_dir.mkdir(parents=True, exist_ok=True)
     sampler = WorkerSampler()
@@ -168,33 +190,60 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         data = tmp / "x.npy"
         make_data(data, args.n, args.d)
-        runs = [run_once(data, tmp, memory_limit=m, n_workers=args.workers,
-                         block_rows=args.block_rows, n_components=args.components)
-                for m in (args.roomy, args.tight)]
+        runs = [
+            run_once(
+                data,
+                tmp,
+                memory_limit=m,
+                n_workers=args.workers,
+                block_rows=args.block_rows,
+                n_components=args.components,
+            )
+            for m in (args.roomy, args.tight)
+        ]
     ref, tight = runs
-    identical = (ref["checksums"] == tight["checksums"]
-                 and ref["model_checksums"] == tight["model_checksums"])
-    print(f"exact path, n={args.n}, d={args.d}, {args.workers} workers x 1 thread, "
-          f"kernel blocks of {args.block_rows} rows (float32, materialised)")
-    print(f"{'memory limit':>13} {'time s':>7} {'peak RSS MB':>14} {'spilled MB':>11} "
-          f"{'read back MB':>13} {'deaths':>7}")
+    identical = (
+        ref["checksums"] == tight["checksums"]
+        and ref["model_checksums"] == tight["model_checksums"]
+    )
+    print(
+        f"exact path, n={args.n}, d={args.d}, {args.workers} workers x 1 thread, "
+        f"kernel blocks of {args.block_rows} rows (float32, materialised)"
+    )
+    print(
+        f"{'memory limit':>13} {'time s':>7} {'peak RSS MB':>14} {'spilled MB':>11} "
+        f"{'read back MB':>13} {'deaths':>7}"
+    )
     for r in runs:
-        print(f"{r['memory_limit']:>13} {r['seconds']:>7} "
-              f"{'/'.join(map(str, r['worker_peak_rss_mb'])):>14} {r['spilled_to_disk_mb']:>11} "
-              f"{r['read_back_from_disk_mb']:>13} {r['worker_deaths']:>7}")
+        print(
+            f"{r['memory_limit']:>13} {r['seconds']:>7} "
+            f"{'/'.join(map(str, r['worker_peak_rss_mb'])):>14} {r['spilled_to_disk_mb']:>11} "
+            f"{r['read_back_from_disk_mb']:>13} {r['worker_deaths']:>7}"
+        )
     print(f"published arrays and model bit-identical: {identical}")
-    result = {"date": datetime.date.today().isoformat(), "n": args.n, "d": args.d,
-              "workers": args.workers, "block_rows": args.block_rows, "runs": runs,
-              "identical": identical, "machine": {"cpus": psutil.cpu_count(),
-                                                  "memory_gb": round(psutil.virtual_memory()
-                                                                     .total / 2**30)}}
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "n": args.n,
+        "d": args.d,
+        "workers": args.workers,
+        "block_rows": args.block_rows,
+        "runs": runs,
+        "identical": identical,
+        "machine": {
+            "cpus": psutil.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30),
+        },
+    }
     if args.save:
         path = HERE / "results" / f"memory-pressure-{result['date']}.json"
         path.write_text(json.dumps(result, indent=2))
         print(f"saved {path}")
     if not identical or tight["spilled_to_disk_mb"] <= 0:
-        print("FAILED: " + ("results differ" if not identical else "nothing was spilled; "
-                            "lower --tight"), file=sys.stderr)
+        print(
+            "FAILED: "
+            + ("results differ" if not identical else "nothing was spilled; lower --tight"),
+            file=sys.stderr,
+        )
         return 1
     return 0
 

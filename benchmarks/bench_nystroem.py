@@ -125,8 +125,14 @@ def angles(emb, ref_vecs) -> dict:
     import scipy.linalg
 
     a = scipy.linalg.subspace_angles(np.asarray(emb, dtype=float), ref_vecs)
-    return {"max_angle": float(a.max()), "max_angle_top8": float(
-        scipy.linalg.subspace_angles(np.asarray(emb, dtype=float)[:, :8], ref_vecs[:, :8]).max())}
+    return {
+        "max_angle": float(a.max()),
+        "max_angle_top8": float(
+            scipy.linalg.subspace_angles(
+                np.asarray(emb, dtype=float)[:, :8], ref_vecs[:, :8]
+            ).max()
+        ),
+    }
 
 
 # --------------------------------------------------------------- children
@@ -136,11 +142,21 @@ def child_reference(kind: str, n: int, out: str) -> dict:
 
     X = make_data(kind, n)
     t = time.perf_counter()
-    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0,
-                  tol=1e-12, max_iter=30).fit(X)
+    m = KernelPCA(
+        K,
+        kernel="rbf",
+        gamma=GAMMA,
+        eigen_solver="randomized",
+        random_state=0,
+        tol=1e-12,
+        max_iter=30,
+    ).fit(X)
     np.savez(out, eigenvalues=m.eigenvalues_, eigenvectors=m.eigenvectors_)
-    return {"seconds": time.perf_counter() - t, "max_residual": float(m.residuals_.max()),
-            "eigenvalues": m.eigenvalues_.tolist()}
+    return {
+        "seconds": time.perf_counter() - t,
+        "max_residual": float(m.residuals_.max()),
+        "eigenvalues": m.eigenvalues_.tolist(),
+    }
 
 
 def child_accuracy(kind: str, n: int, m: int, method: str, ref: str, seeds: int) -> dict:
@@ -154,20 +170,33 @@ def child_accuracy(kind: str, n: int, m: int, method: str, ref: str, seeds: int)
             from sklearn.decomposition import PCA
             from sklearn.kernel_approximation import Nystroem
 
-            F = Nystroem(kernel="rbf", gamma=GAMMA, n_components=m,
-                         random_state=seed).fit_transform(X)
+            F = Nystroem(
+                kernel="rbf", gamma=GAMMA, n_components=m, random_state=seed
+            ).fit_transform(X)
             pca = PCA(K, random_state=seed).fit(F)
             emb, w = pca.transform(F), pca.explained_variance_ * (n - 1)
         else:
             from kpca_dask import KernelPCA
 
-            est = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="nystroem",
-                            n_landmarks=m, landmark_method=method, random_state=seed,
-                            dtype="float32")
+            est = KernelPCA(
+                K,
+                kernel="rbf",
+                gamma=GAMMA,
+                eigen_solver="nystroem",
+                n_landmarks=m,
+                landmark_method=method,
+                random_state=seed,
+                dtype="float32",
+            )
             emb = est.fit_transform(X)
             w = est.eigenvalues_
-        rows.append({"seconds": time.perf_counter() - t, **errors(w, ref_d["eigenvalues"]),
-                     **angles(emb, ref_d["eigenvectors"])})
+        rows.append(
+            {
+                "seconds": time.perf_counter() - t,
+                **errors(w, ref_d["eigenvalues"]),
+                **angles(emb, ref_d["eigenvectors"]),
+            }
+        )
     agg = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
     return {**agg, "per_seed": rows, "peak_mb": peak_mb()}
 
@@ -188,7 +217,9 @@ def child_scale(n: int, m: int, method: str, nys_method: str, cache: str, solver
         X = src[...]
         t0 = time.perf_counter()
         try:
-            F = Nystroem(kernel="rbf", gamma=GAMMA, n_components=m, random_state=0).fit_transform(X)
+            F = Nystroem(
+                kernel="rbf", gamma=GAMMA, n_components=m, random_state=0
+            ).fit_transform(X)
             pca = PCA(K, random_state=0).fit(F)
             emb = pca.transform(F)
             res["eigenvalues"] = (pca.explained_variance_ * (n - 1)).tolist()
@@ -199,21 +230,33 @@ def child_scale(n: int, m: int, method: str, nys_method: str, cache: str, solver
     else:
         from kpca_dask import KernelPCA
 
-        est = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver=solver, n_landmarks=m,
-                        landmark_method=method, nystroem_method=nys_method, random_state=0,
-                        dtype="float32")
+        est = KernelPCA(
+            K,
+            kernel="rbf",
+            gamma=GAMMA,
+            eigen_solver=solver,
+            n_landmarks=m,
+            landmark_method=method,
+            nystroem_method=nys_method,
+            random_state=0,
+            dtype="float32",
+        )
         emb = est.fit_transform(src)  # lazy: nothing computed past the fit
         res["fit_seconds"] = time.perf_counter() - t0
         da.to_zarr(emb, str(out), overwrite=True)
         res["total_seconds"] = time.perf_counter() - t0
         info = est.solver_info_
-        res.update({
-            "eigenvalues": est.eigenvalues_.tolist(), "passes": est.n_passes_,
-            "nystroem_method": est.nystroem_method_ if solver == "nystroem" else None,
-            "landmark_seconds": info.get("landmark_seconds"),
-            "pass_seconds": info.get("pass_seconds"), "max_residual": float(est.residuals_.max()),
-            "n_landmarks": getattr(est, "n_landmarks_", None),
-        })
+        res.update(
+            {
+                "eigenvalues": est.eigenvalues_.tolist(),
+                "passes": est.n_passes_,
+                "nystroem_method": est.nystroem_method_ if solver == "nystroem" else None,
+                "landmark_seconds": info.get("landmark_seconds"),
+                "pass_seconds": info.get("pass_seconds"),
+                "max_residual": float(est.residuals_.max()),
+                "n_landmarks": getattr(est, "n_landmarks_", None),
+            }
+        )
         shutil.rmtree(out, ignore_errors=True)
     res["peak_mb"] = peak_mb()
     return res
@@ -225,11 +268,16 @@ def child_crossover(n: int, solver: str, dtype: str, ref: str | None) -> dict:
     X = make_data("gaussian", n)
     warm_up()
     t = time.perf_counter()
-    est = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver=solver, random_state=0,
-                    dtype=dtype)
+    est = KernelPCA(
+        K, kernel="rbf", gamma=GAMMA, eigen_solver=solver, random_state=0, dtype=dtype
+    )
     emb = est.fit_transform(X)
-    res = {"seconds": time.perf_counter() - t, "peak_mb": peak_mb(), "passes": est.n_passes_,
-           "eigenvalues": est.eigenvalues_.tolist()}
+    res = {
+        "seconds": time.perf_counter() - t,
+        "peak_mb": peak_mb(),
+        "passes": est.n_passes_,
+        "eigenvalues": est.eigenvalues_.tolist(),
+    }
     if solver == "randomized":
         np.savez(ref, eigenvalues=est.eigenvalues_, eigenvectors=est.eigenvectors_)
     elif ref is not None:
@@ -251,10 +299,12 @@ def run_child(spec: dict, cap_gb: float | None = None) -> dict:
 
 
 def machine() -> dict:
-    return {"processor": platform.processor() or platform.machine(),
-            "cores": len(os.sched_getaffinity(0)),
-            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "load_before": os.getloadavg()}
+    return {
+        "processor": platform.processor() or platform.machine(),
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_before": os.getloadavg(),
+    }
 
 
 def save(part: str, results: dict, tag: str = "") -> None:
@@ -267,8 +317,14 @@ def save(part: str, results: dict, tag: str = "") -> None:
 # ------------------------------------------------------------------ parts
 def part_accuracy(args) -> None:
     n = args.n or 20000
-    results = {"date": datetime.date.today().isoformat(), "machine": machine(), "n": n,
-               "m": args.m, "seeds": args.seeds, "data": {}}
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "n": n,
+        "m": args.m,
+        "seeds": args.seeds,
+        "data": {},
+    }
     tmp = Path(tempfile.mkdtemp(prefix="kpca-nys-ref-"))
     try:
         for kind in args.data:
@@ -277,15 +333,33 @@ def part_accuracy(args) -> None:
             rows = {}
             for method in [*METHODS, "sklearn"]:
                 for m in args.m:
-                    spec = {"kind": "accuracy", "data": kind, "n": n, "m": m, "method": method,
-                            "ref": ref, "seeds": args.seeds}
+                    spec = {
+                        "kind": "accuracy",
+                        "data": kind,
+                        "n": n,
+                        "m": m,
+                        "method": method,
+                        "ref": ref,
+                        "seeds": args.seeds,
+                    }
                     rows[f"{method}-{m}"] = r = run_child(spec)
-                    print(f"  {kind} {method} m={m}: "
-                          + (r.get("error") or f"eig err {r['max_rel_eig_error']:.2e}, "
-                             f"angle {r['max_angle']:.3f}, {r['seconds']:.1f} s"), flush=True)
-            results["data"][kind] = {"reference": r0, "runs": rows,
-                                     "m_for_1e-2": m_for_target(rows, args.m, 1e-2)}
-            print_accuracy(kind, n, rows, args.m, results["data"][kind]["m_for_1e-2"], args.seeds)
+                    print(
+                        f"  {kind} {method} m={m}: "
+                        + (
+                            r.get("error")
+                            or f"eig err {r['max_rel_eig_error']:.2e}, "
+                            f"angle {r['max_angle']:.3f}, {r['seconds']:.1f} s"
+                        ),
+                        flush=True,
+                    )
+            results["data"][kind] = {
+                "reference": r0,
+                "runs": rows,
+                "m_for_1e-2": m_for_target(rows, args.m, 1e-2),
+            }
+            print_accuracy(
+                kind, n, rows, args.m, results["data"][kind]["m_for_1e-2"], args.seeds
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     save("accuracy", results, "-" + "-".join(args.data))
@@ -318,13 +392,18 @@ def print_accuracy(kind, n, rows, ms, target_m, seeds) -> None:
         cells = []
         for m in ms:
             r = rows[f"{method}-{m}"]
-            cells.append(r.get("error", "")[:20] if "error" in r else
-                         f"{r['max_rel_eig_error']:.1e} / {r['max_angle']:.2f} / "
-                         f"{r['seconds']:.1f} s")
+            cells.append(
+                r.get("error", "")[:20]
+                if "error" in r
+                else f"{r['max_rel_eig_error']:.1e} / {r['max_angle']:.2f} / "
+                f"{r['seconds']:.1f} s"
+            )
         name = "sklearn Nystroem+PCA (uniform)" if method == "sklearn" else f"ours {method}"
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print("(cells: max relative error of the top-16 eigenvalues / largest principal angle "
-          "(rad) between the training embedding and the exact top-16 eigenvectors / fit time)")
+    print(
+        "(cells: max relative error of the top-16 eigenvalues / largest principal angle "
+        "(rad) between the training embedding and the exact top-16 eigenvectors / fit time)"
+    )
     print("m reaching 1e-2:", {k: v["interpolated"] for k, v in target_m.items()})
 
 
@@ -333,20 +412,40 @@ def part_scale(args) -> None:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     zarr_data(cache, n)
-    results = {"date": datetime.date.today().isoformat(), "machine": machine(), "n": n,
-               "runs": {}}
-    cases = [("ours", m, meth, nm) for m in args.m for meth in args.methods
-             for nm in args.nystroem_methods]
-    caps = args.sklearn_cap_gb * len(args.sklearn_m) if len(args.sklearn_cap_gb) == 1 \
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "n": n,
+        "runs": {},
+    }
+    cases = [
+        ("ours", m, meth, nm)
+        for m in args.m
+        for meth in args.methods
+        for nm in args.nystroem_methods
+    ]
+    caps = (
+        args.sklearn_cap_gb * len(args.sklearn_m)
+        if len(args.sklearn_cap_gb) == 1
         else args.sklearn_cap_gb
+    )
     cap_of = dict(zip(args.sklearn_m, caps))
     cases += [("sklearn", m, "uniform", "-") for m in args.sklearn_m]
     results["sklearn_cap_gb"] = cap_of
     for solver, m, meth, nm in cases:
-        spec = {"kind": "scale", "n": n, "m": m, "method": meth, "nys_method": nm,
-                "cache": str(cache), "solver": "sklearn" if solver == "sklearn" else "nystroem"}
-        reps = [run_child(spec, cap_gb=cap_of[m] if solver == "sklearn" else None)
-                for _ in range(args.repeat if solver == "ours" else 1)]
+        spec = {
+            "kind": "scale",
+            "n": n,
+            "m": m,
+            "method": meth,
+            "nys_method": nm,
+            "cache": str(cache),
+            "solver": "sklearn" if solver == "sklearn" else "nystroem",
+        }
+        reps = [
+            run_child(spec, cap_gb=cap_of[m] if solver == "sklearn" else None)
+            for _ in range(args.repeat if solver == "ours" else 1)
+        ]
         ok = [r for r in reps if "error" not in r]
         r = dict(ok[0] if ok else reps[0])
         if ok:
@@ -356,21 +455,31 @@ def part_scale(args) -> None:
             r["peak_mb"] = max(x["peak_mb"] for x in ok)
         key = f"{solver}-{meth}-{nm}-{m}"
         results["runs"][key] = r
-        print(f"  {key}: " + (r.get("error") or f"fit {r['fit_seconds']:.1f} s, total "
-                              f"{r['total_seconds']:.1f} s, peak {r['peak_mb']:.0f} MB"),
-              flush=True)
+        print(
+            f"  {key}: "
+            + (
+                r.get("error")
+                or f"fit {r['fit_seconds']:.1f} s, total "
+                f"{r['total_seconds']:.1f} s, peak {r['peak_mb']:.0f} MB"
+            ),
+            flush=True,
+        )
     print(f"\n## scale: n = {n}, d = {D}, rbf, {K} components, X read from zarr (float64)")
-    print("| solver | m | landmarks | method | fit s | fit + embedding to zarr s | s per 1M rows "
-          "| peak MB | passes |")
+    print(
+        "| solver | m | landmarks | method | fit s | fit + embedding to zarr s | s per 1M rows "
+        "| peak MB | passes |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for key, r in results["runs"].items():
         solver, meth, nm, m = key.split("-", 3)[0], *key.split("-")[1:3], key.split("-")[-1]
         if "error" in r:
             print(f"| {solver} | {m} | {meth} | {nm} | {r['error']} | | | | |")
             continue
-        print(f"| {solver} | {m} | {meth} | {r.get('nystroem_method') or nm} | "
-              f"{r['fit_seconds']:.1f} | {r['total_seconds']:.1f} | "
-              f"{r['total_seconds'] * 1e6 / n:.1f} | {r['peak_mb']:.0f} | {r.get('passes', '')} |")
+        print(
+            f"| {solver} | {m} | {meth} | {r.get('nystroem_method') or nm} | "
+            f"{r['fit_seconds']:.1f} | {r['total_seconds']:.1f} | "
+            f"{r['total_seconds'] * 1e6 / n:.1f} | {r['peak_mb']:.0f} | {r.get('passes', '')} |"
+        )
     save("scale", results)
 
 
@@ -382,27 +491,51 @@ def part_crossover(args) -> None:
         for dtype in args.dtypes:
             for n in ns:
                 ref = str(tmp / f"{n}-{dtype}.npz")
-                ex = run_child({"kind": "crossover", "n": n, "solver": "randomized",
-                                "dtype": dtype, "ref": ref})
-                ny = run_child({"kind": "crossover", "n": n, "solver": "nystroem",
-                                "dtype": dtype, "ref": ref})
+                ex = run_child(
+                    {
+                        "kind": "crossover",
+                        "n": n,
+                        "solver": "randomized",
+                        "dtype": dtype,
+                        "ref": ref,
+                    }
+                )
+                ny = run_child(
+                    {
+                        "kind": "crossover",
+                        "n": n,
+                        "solver": "nystroem",
+                        "dtype": dtype,
+                        "ref": ref,
+                    }
+                )
                 results["runs"][f"{dtype}-{n}"] = {"randomized": ex, "nystroem": ny}
-                print(f"  {dtype} n={n}: exact randomized {ex.get('seconds', float('nan')):.1f} s, "
-                      f"nystroem {ny.get('seconds', float('nan')):.1f} s, "
-                      f"eig err {ny.get('max_rel_eig_error', float('nan')):.1e}", flush=True)
+                print(
+                    f"  {dtype} n={n}: exact randomized "
+                    f"{ex.get('seconds', float('nan')):.1f} s, "
+                    f"nystroem {ny.get('seconds', float('nan')):.1f} s, "
+                    f"eig err {ny.get('max_rel_eig_error', float('nan')):.1e}",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n## crossover: gaussian d = {D}, rbf, {K} components, default Nyström "
-          "(m = 2048, rpcholesky) vs exact randomized")
-    print("| dtype | n | exact randomized s | Nyström s | speed-up | Nyström max rel. eig. error "
-          "| angle top-8 |")
+    print(
+        f"\n## crossover: gaussian d = {D}, rbf, {K} components, default Nyström "
+        "(m = 2048, rpcholesky) vs exact randomized"
+    )
+    print(
+        "| dtype | n | exact randomized s | Nyström s | speed-up | Nyström max rel. eig. error "
+        "| angle top-8 |"
+    )
     print("|---|---|---|---|---|---|---|")
     for key, r in results["runs"].items():
         dtype, n = key.split("-")
         ex, ny = r["randomized"], r["nystroem"]
-        print(f"| {dtype} | {n} | {ex['seconds']:.1f} | {ny['seconds']:.1f} | "
-              f"{ex['seconds'] / ny['seconds']:.1f}x | {ny['max_rel_eig_error']:.1e} | "
-              f"{ny['max_angle_top8']:.2f} |")
+        print(
+            f"| {dtype} | {n} | {ex['seconds']:.1f} | {ny['seconds']:.1f} | "
+            f"{ex['seconds'] / ny['seconds']:.1f}x | {ny['max_rel_eig_error']:.1e} | "
+            f"{ny['max_angle_top8']:.2f} |"
+        )
     save("crossover", results)
 
 
@@ -417,14 +550,24 @@ def part_report(args) -> None:
             print()
     for f in sorted(res.glob("nystroem-crossover-*.json")):
         print(f"<!-- {f.name} -->")
-        print(json.dumps({k: {s: {a: b for a, b in v.items() if a != "eigenvalues"}
-                              for s, v in d.items()} for k, d in
-                          json.loads(f.read_text())["runs"].items()}, indent=1))
+        print(
+            json.dumps(
+                {
+                    k: {
+                        s: {a: b for a, b in v.items() if a != "eigenvalues"}
+                        for s, v in d.items()
+                    }
+                    for k, d in json.loads(f.read_text())["runs"].items()
+                },
+                indent=1,
+            )
+        )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("part", nargs="?", choices=["accuracy", "scale", "crossover", "report"])
     ap.add_argument("--n", type=int, help="rows (accuracy: 20000, scale: 1000000)")
     ap.add_argument("--m", type=int, nargs="+", help="landmarks")
@@ -433,9 +576,13 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["rpcholesky"])
     ap.add_argument("--nystroem-methods", nargs="+", default=["auto"])
     ap.add_argument("--sklearn-m", type=int, nargs="*", default=[2048])
-    ap.add_argument("--sklearn-cap-gb", type=float, nargs="+", default=[12.0],
-                    help="address-space cap of each scikit-learn run (one per --sklearn-m, or one "
-                         "for all)")
+    ap.add_argument(
+        "--sklearn-cap-gb",
+        type=float,
+        nargs="+",
+        default=[12.0],
+        help="address-space cap of each scikit-learn run (one per --sklearn-m, or one for all)",
+    )
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--ns", type=int, nargs="+", default=[10000, 20000, 50000])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
@@ -450,10 +597,12 @@ def main() -> None:
         s = json.loads(args.child)
         fn = {
             "reference": lambda: child_reference(s["data"], s["n"], s["out"]),
-            "accuracy": lambda: child_accuracy(s["data"], s["n"], s["m"], s["method"], s["ref"],
-                                               s["seeds"]),
-            "scale": lambda: child_scale(s["n"], s["m"], s["method"], s["nys_method"],
-                                         s["cache"], s["solver"]),
+            "accuracy": lambda: child_accuracy(
+                s["data"], s["n"], s["m"], s["method"], s["ref"], s["seeds"]
+            ),
+            "scale": lambda: child_scale(
+                s["n"], s["m"], s["method"], s["nys_method"], s["cache"], s["solver"]
+            ),
             "crossover": lambda: child_crossover(s["n"], s["solver"], s["dtype"], s["ref"]),
         }[s["kind"]]
         print(json.dumps(fn()))

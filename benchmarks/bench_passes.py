@@ -75,6 +75,7 @@ def head(wref, rtol=0.05) -> int:
     """Components before the reference's flat tail: the run of eigenvalues ending at
     the K-th with relative gaps below ``rtol`` (the solver's default tail_tol), if
     the K-th is cut from the next by less than that too."""
+
     def close(i):
         return wref[i] - wref[i + 1] <= rtol * wref[i]
 
@@ -95,7 +96,7 @@ def max_angle(V, w, Vref, wref, rtol=1e-2) -> float:
         if i == len(wref) or wref[i - 1] - wref[i] > rtol * wref[i - 1]:
             if a < k:
                 B = Vref[:, a:i]
-                part = V[:, a:min(i, k)]
+                part = V[:, a : min(i, k)]
                 resid = part - B @ (B.T @ part)
                 worst = max(worst, float(np.linalg.norm(resid, 2)))
             a = i
@@ -114,13 +115,19 @@ def run_sklearn(kind: str, n: int, ref) -> dict:
     wref, Vref = ref
     err = np.abs(m.eigenvalues_ - wref[:K]) / wref[:K]
     return {
-        "data": kind, "n": n, "dtype": "float64 (scikit-learn)", "passes": None,
-        "converged": None, "seconds": round(secs, 2),
+        "data": kind,
+        "n": n,
+        "dtype": "float64 (scikit-learn)",
+        "passes": None,
+        "converged": None,
+        "seconds": round(secs, 2),
         "max_eigenvalue_error": float(err.max()),
-        "gapped_eigenvalue_error": float(err[:head(wref)].max()) if head(wref) else None,
-        "max_subspace_angle": (max_angle(m.eigenvectors_, m.eigenvalues_, Vref, wref)
-                               if head(wref) else None),
-        "tail_start": None, "warnings": [],
+        "gapped_eigenvalue_error": float(err[: head(wref)].max()) if head(wref) else None,
+        "max_subspace_angle": (
+            max_angle(m.eigenvectors_, m.eigenvalues_, Vref, wref) if head(wref) else None
+        ),
+        "tail_start": None,
+        "warnings": [],
     }
 
 
@@ -128,8 +135,9 @@ def run(kind: str, n: int, dtype: str, ref) -> dict:
     from kpca_dask import KernelPCA
 
     X = data(kind, n)
-    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0,
-                  dtype=dtype)
+    m = KernelPCA(
+        K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0, dtype=dtype
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -141,12 +149,17 @@ def run(kind: str, n: int, dtype: str, ref) -> dict:
     info = getattr(m, "solver_info_", {}) or {}
     cert = info.get("certificate") or {}
     return {
-        "data": kind, "n": n, "dtype": dtype, "passes": int(m.n_passes_),
-        "converged": bool(m.converged_), "seconds": round(secs, 2),
+        "data": kind,
+        "n": n,
+        "dtype": dtype,
+        "passes": int(m.n_passes_),
+        "converged": bool(m.converged_),
+        "seconds": round(secs, 2),
         "max_eigenvalue_error": float(err.max()),
-        "gapped_eigenvalue_error": float(err[:head(wref)].max()) if head(wref) else None,
-        "max_subspace_angle": (max_angle(m.eigenvectors_, m.eigenvalues_, Vref, wref)
-                               if head(wref) else None),
+        "gapped_eigenvalue_error": float(err[: head(wref)].max()) if head(wref) else None,
+        "max_subspace_angle": (
+            max_angle(m.eigenvectors_, m.eigenvalues_, Vref, wref) if head(wref) else None
+        ),
         "cluster_sizes": cert.get("cluster_sizes"),
         "tail_start": cert.get("tail_start"),
         "warnings": sorted({w.category.__name__ for w in caught}),
@@ -161,10 +174,17 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
-    ap.add_argument("--sklearn", action="store_true",
-                    help="also scikit-learn's randomized solver (its accuracy, for comparison)")
-    ap.add_argument("--data", choices=("clustered", "gaussian"), action="append",
-                    help="data sets to run (default both)")
+    ap.add_argument(
+        "--sklearn",
+        action="store_true",
+        help="also scikit-learn's randomized solver (its accuracy, for comparison)",
+    )
+    ap.add_argument(
+        "--data",
+        choices=("clustered", "gaussian"),
+        action="append",
+        help="data sets to run (default both)",
+    )
     args = ap.parse_args(argv)
     rows = []
     for kind in args.data or ("clustered", "gaussian"):
@@ -177,13 +197,17 @@ def main(argv=None) -> None:
             print(json.dumps(rows[-1]), flush=True)
     cpu = cpu_model()
     print(f"\nCPU: {cpu}\n")
-    print("| data | dtype | passes | converged | tail from | seconds | max eigenvalue error "
-          "| error before the tail | max subspace angle before the tail |")
+    print(
+        "| data | dtype | passes | converged | tail from | seconds | max eigenvalue error "
+        "| error before the tail | max subspace angle before the tail |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['data']} | {r['dtype']} | {r['passes']} | {r['converged']} | "
-              f"{r['tail_start']} | {r['seconds']} | {r['max_eigenvalue_error']:.1e} | "
-              f"{_e(r['gapped_eigenvalue_error'])} | {_e(r['max_subspace_angle'])} |")
+        print(
+            f"| {r['data']} | {r['dtype']} | {r['passes']} | {r['converged']} | "
+            f"{r['tail_start']} | {r['seconds']} | {r['max_eigenvalue_error']:.1e} | "
+            f"{_e(r['gapped_eigenvalue_error'])} | {_e(r['max_subspace_angle'])} |"
+        )
     if args.out:
         args.out.write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))
 

@@ -118,8 +118,12 @@ class TreeSampler(threading.Thread):
         last sample is subtracted from its parent's counters instead."""
         self.gone |= set(self.io) - alive
         for pid in alive & set(self.io):
-            reaped = [self.io[c] for c, par in self.parent.items() if par == pid and c in self.gone]
-            self.own[pid] = tuple(v - sum(r[i] for r in reaped) for i, v in enumerate(self.io[pid]))
+            reaped = [
+                self.io[c] for c, par in self.parent.items() if par == pid and c in self.gone
+            ]
+            self.own[pid] = tuple(
+                v - sum(r[i] for r in reaped) for i, v in enumerate(self.io[pid])
+            )
 
     def _role(self, p: psutil.Process) -> str:
         """client (the `kpca run` process, with the scheduler), workers, or other."""
@@ -144,8 +148,12 @@ class TreeSampler(threading.Thread):
 
     def totals(self) -> dict[str, int]:
         cols = list(zip(*self.own.values())) or [(0,)] * 4
-        return {"read_bytes": sum(cols[0]), "write_bytes": sum(cols[1]),
-                "read_chars": sum(cols[2]), "write_chars": sum(cols[3])}
+        return {
+            "read_bytes": sum(cols[0]),
+            "write_bytes": sum(cols[1]),
+            "read_chars": sum(cols[2]),
+            "write_chars": sum(cols[3]),
+        }
 
 
 def cpu_model() -> str:
@@ -158,8 +166,10 @@ def cpu_model() -> str:
     flags = info.get("Flags", "")
     simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     core = os.environ.get("OPENBLAS_CORETYPE")
-    return (f"{info.get('Model name', 'unknown').strip()} ({simd}"
-            f"{f', OPENBLAS_CORETYPE={core}' if core else ''})")
+    return (
+        f"{info.get('Model name', 'unknown').strip()} ({simd}"
+        f"{f', OPENBLAS_CORETYPE={core}' if core else ''})"
+    )
 
 
 def estimator_child(store: str, gamma: float, out: str) -> None:
@@ -172,20 +182,42 @@ def estimator_child(store: str, gamma: float, out: str) -> None:
     X = zarr.open_group(store, mode="r")["X"]
     da.ones(4, chunks=2).sum().compute()  # dask's thread pool started before the clock
     t0 = time.perf_counter()
-    est = KernelPCA(16, kernel="rbf", gamma=gamma, eigen_solver="nystroem", n_landmarks=2048,
-                    landmark_method="rpcholesky", random_state=0, dtype="float32")
+    est = KernelPCA(
+        16,
+        kernel="rbf",
+        gamma=gamma,
+        eigen_solver="nystroem",
+        n_landmarks=2048,
+        landmark_method="rpcholesky",
+        random_state=0,
+        dtype="float32",
+    )
     emb = est.fit_transform(X)  # lazy past the fit
     fit_s = time.perf_counter() - t0
     da.to_zarr(emb, out, overwrite=True)
-    print(json.dumps({"fit_seconds": fit_s, "total_seconds": time.perf_counter() - t0,
-                      "n_passes": est.n_passes_, "chunk_size": est.chunk_size_,
-                      "eigenvalues": est.eigenvalues_.tolist()}))
+    print(
+        json.dumps(
+            {
+                "fit_seconds": fit_s,
+                "total_seconds": time.perf_counter() - t0,
+                "n_passes": est.n_passes_,
+                "chunk_size": est.chunk_size_,
+                "eigenvalues": est.eigenvalues_.tolist(),
+            }
+        )
+    )
 
 
 def run_estimator(root: Path, out: Path, gamma: float) -> dict:
     """:func:`estimator_child` in a fresh process, its memory and I/O sampled."""
-    cmd = [sys.executable, __file__, "--estimator-child", str(out / "work" / "ingest.zarr"),
-           repr(gamma), str(root / "estimator-embedding.zarr")]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--estimator-child",
+        str(out / "work" / "ingest.zarr"),
+        repr(gamma),
+        str(root / "estimator-embedding.zarr"),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=HERE.parent, stdout=subprocess.PIPE, text=True)
     sampler = TreeSampler(proc.pid)
@@ -197,9 +229,13 @@ def run_estimator(root: Path, out: Path, gamma: float) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"the estimator run failed with exit code {proc.returncode}")
     res = json.loads(text.strip().splitlines()[-1])
-    return {**res, "wall_seconds": time.perf_counter() - t0,
-            "peak_memory_gib": sampler.peak / 2**30, "io": sampler.totals(),
-            "cpu_seconds": sampler.cpu_seconds()}
+    return {
+        **res,
+        "wall_seconds": time.perf_counter() - t0,
+        "peak_memory_gib": sampler.peak / 2**30,
+        "io": sampler.totals(),
+        "cpu_seconds": sampler.cpu_seconds(),
+    }
 
 
 def du(path: Path) -> int:
@@ -207,17 +243,25 @@ def du(path: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--n", type=int)
     ap.add_argument("--d", type=int)
     ap.add_argument("--workdir", help="where data and outputs go (default: a temp dir)")
     ap.add_argument("--memory-limit", default="auto", help="per worker, e.g. 1.5GiB")
     ap.add_argument("--keep", action="store_true", help="keep data and outputs")
-    ap.add_argument("--timeline", help="write the sampled memory by role over time to this "
-                    "JSON file, and the run's log next to it (where the peak comes from)")
-    ap.add_argument("--no-estimator", action="store_true",
-                    help="nystroem: do not also run the estimator on the same rows")
+    ap.add_argument(
+        "--timeline",
+        help="write the sampled memory by role over time to this "
+        "JSON file, and the run's log next to it (where the peak comes from)",
+    )
+    ap.add_argument(
+        "--no-estimator",
+        action="store_true",
+        help="nystroem: do not also run the estimator on the same rows",
+    )
     args = ap.parse_args()
     case = dict(CASES[args.case])
     n = args.n or case["n"]
@@ -228,7 +272,10 @@ def main() -> None:
     if not data.exists():
         t = time.perf_counter()
         make_data(data, n, d)
-        print(f"data: {data} ({data.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t:.0f} s")
+        print(
+            f"data: {data} ({data.stat().st_size / 1e9:.2f} GB) "
+            f"in {time.perf_counter() - t:.0f} s"
+        )
     out = root / f"out-{args.case}-{n}"
     if out.exists():  # a fresh run: the flow would reuse a kept run's cached stages
         import shutil
@@ -242,12 +289,14 @@ def main() -> None:
         f"  random_state: 0\n"
         f"kernel_store:\n  materialize: {case['materialize']}\n"
         f"output:\n  path: {out}\n  overwrite: true\n  parquet: false\n"
-        f"cluster:\n  n_workers: {psutil.cpu_count()}\n  memory_limit: {args.memory_limit}\n")
+        f"cluster:\n  n_workers: {psutil.cpu_count()}\n  memory_limit: {args.memory_limit}\n"
+    )
     cmd = [sys.executable, "-m", "flows.cli", "run", str(cfg), "--no-progress"]
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     sampler = TreeSampler(proc.pid)
     if args.timeline:
         sampler.timeline = []
@@ -261,26 +310,49 @@ def main() -> None:
         print(log)
         raise SystemExit(f"run failed with exit code {proc.returncode}")
     if args.timeline:
-        Path(args.timeline).write_text(json.dumps(
-            [{"t": round(t, 2), **{k: round(v / 2**30, 3) for k, v in parts.items()}}
-             for t, parts in sampler.timeline]))
+        Path(args.timeline).write_text(
+            json.dumps(
+                [
+                    {"t": round(t, 2), **{k: round(v / 2**30, 3) for k, v in parts.items()}}
+                    for t, parts in sampler.timeline
+                ]
+            )
+        )
         Path(args.timeline).with_suffix(".log").write_text(log)
     manifest = json.loads((out / "manifest.json").read_text())
     io = sampler.totals()
     result = {
-        "case": args.case, "n": n, "d": d, "date": datetime.date.today().isoformat(),
-        "machine": f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "wall_seconds": wall, "cpu_seconds": sampler.cpu_seconds(),
+        "case": args.case,
+        "n": n,
+        "d": d,
+        "date": datetime.date.today().isoformat(),
+        "machine": (
+            f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
+        ),
+        "wall_seconds": wall,
+        "cpu_seconds": sampler.cpu_seconds(),
         "peak_memory_gib": sampler.peak / 2**30,
         "peak_memory_parts_gib": {k: v / 2**30 for k, v in sampler.peak_parts.items()},
         "peak_memory_by_role_gib": {k: v / 2**30 for k, v in sampler.role_peak.items()},
-        "stage_seconds": manifest["timings"], "model": {k: manifest["model"].get(k) for k in
-                                                         ("solver", "n_passes", "max_residual", "block_rows",
-                                                          "rows_in_memory", "gamma")},
+        "stage_seconds": manifest["timings"],
+        "model": {
+            k: manifest["model"].get(k)
+            for k in (
+                "solver",
+                "n_passes",
+                "max_residual",
+                "block_rows",
+                "rows_in_memory",
+                "gamma",
+            )
+        },
         "kernel_store": manifest.get("kernel_store"),
-        "io": io, "output_bytes": du(out), "kernel_store_bytes": du(out / "work" / "kernel.zarr"),
+        "io": io,
+        "output_bytes": du(out),
+        "kernel_store_bytes": du(out / "work" / "kernel.zarr"),
         "data_bytes": data.stat().st_size,
-        "ingest_store_bytes": du(out / "work" / "ingest.zarr"), "cpu": cpu_model(),
+        "ingest_store_bytes": du(out / "work" / "ingest.zarr"),
+        "cpu": cpu_model(),
         "load_before": list(load_before),
     }
     if args.case == "nystroem" and not args.no_estimator:
@@ -289,26 +361,30 @@ def main() -> None:
         result["pipeline_over_estimator"] = wall / est["wall_seconds"]
         result["pipeline_over_estimator_cpu"] = result["cpu_seconds"] / est["cpu_seconds"]
     print(json.dumps(result, indent=1))
-    print(f"\n| case | n | d | wall | peak memory | written (disk) | read (disk / incl. cache) |"
-          f"\n|---|---|---|---|---|---|---|\n| {args.case} | {n:,} | {d} | {wall:.0f} s | "
-          f"{result['peak_memory_gib']:.2f} GiB | {io['write_bytes'] / 1e9:.1f} GB | "
-          f"{io['read_bytes'] / 1e9:.1f} / {io['read_chars'] / 1e9:.1f} GB |")
+    print(
+        f"\n| case | n | d | wall | peak memory | written (disk) | read (disk / incl. cache) |"
+        f"\n|---|---|---|---|---|---|---|\n| {args.case} | {n:,} | {d} | {wall:.0f} s | "
+        f"{result['peak_memory_gib']:.2f} GiB | {io['write_bytes'] / 1e9:.1f} GB | "
+        f"{io['read_bytes'] / 1e9:.1f} / {io['read_chars'] / 1e9:.1f} GB |"
+    )
     if "estimator" in result:
         e = result["estimator"]
-        print(f"| estimator, same rows | {n:,} | {d} | {e['wall_seconds']:.0f} s "
-              f"(fit {e['fit_seconds']:.0f} s) | {e['peak_memory_gib']:.2f} GiB | "
-              f"{e['io']['write_bytes'] / 1e9:.1f} GB | {e['io']['read_bytes'] / 1e9:.1f} / "
-              f"{e['io']['read_chars'] / 1e9:.1f} GB |\n\npipeline / estimator: "
-              f"{result['pipeline_over_estimator']:.2f}x wall, "
-              f"{result['pipeline_over_estimator_cpu']:.2f}x CPU seconds; {result['cpu']}")
+        print(
+            f"| estimator, same rows | {n:,} | {d} | {e['wall_seconds']:.0f} s "
+            f"(fit {e['fit_seconds']:.0f} s) | {e['peak_memory_gib']:.2f} GiB | "
+            f"{e['io']['write_bytes'] / 1e9:.1f} GB | {e['io']['read_bytes'] / 1e9:.1f} / "
+            f"{e['io']['read_chars'] / 1e9:.1f} GB |\n\npipeline / estimator: "
+            f"{result['pipeline_over_estimator']:.2f}x wall, "
+            f"{result['pipeline_over_estimator_cpu']:.2f}x CPU seconds; {result['cpu']}"
+        )
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"pipeline-{args.case}-{n}-{result['date']}.json").write_text(
-        json.dumps(result, indent=1))
+        json.dumps(result, indent=1)
+    )
     if not args.keep and not args.workdir:
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
-
 
 
 if __name__ == "__main__":

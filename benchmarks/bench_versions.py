@@ -57,8 +57,14 @@ print(json.dumps({"seconds": dt, "passes": int(getattr(est, "n_passes_", 0) or 0
 
 def run(tree: Path, case: str, n: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", CHILD, case, str(n)], env=env, cwd=tree,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, case, str(n)],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -74,9 +80,14 @@ def main() -> None:
     from bench_passes import cpu_model  # noqa: E402  (benchmarks/ is not a package)
 
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
-    commits = {k: subprocess.run(["git", "-C", str(t), "rev-parse", "--short", "HEAD"],
-                                 capture_output=True, text=True).stdout.strip()
-               for k, t in trees.items()}
+    commits = {
+        k: subprocess.run(
+            ["git", "-C", str(t), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        for k, t in trees.items()
+    }
     rows: dict[str, dict[str, list[dict]]] = {}
     for case, n in (("exact", args.exact_n), ("nystroem", args.nystroem_n)):
         rows[case] = {"old": [], "new": []}
@@ -85,18 +96,29 @@ def main() -> None:
             for which in order:
                 res = run(trees[which], case, n)
                 rows[case][which].append(res)
-                print(f"{case:9s} n={n:<7d} {which} ({commits[which]}): "
-                      f"{res['seconds']:7.2f} s, {res['passes']} passes, "
-                      f"lambda1 {res['lambda1']:.6g}", flush=True)
+                print(
+                    f"{case:9s} n={n:<7d} {which} ({commits[which]}): "
+                    f"{res['seconds']:7.2f} s, {res['passes']} passes, "
+                    f"lambda1 {res['lambda1']:.6g}",
+                    flush=True,
+                )
     summary = {}
     for case, by in rows.items():
         med = {w: statistics.median(x["seconds"] for x in by[w]) for w in by}
         summary[case] = {"median_seconds": med, "ratio_new_over_old": med["new"] / med["old"]}
-        print(f"{case}: median old {med['old']:.2f} s, new {med['new']:.2f} s, "
-              f"new/old {med['new'] / med['old']:.2f}")
-    record = {"date": datetime.date.today().isoformat(), "cpu": cpu_model(),
-              "load_before": os.getloadavg()[0], "commits": commits,
-              "repeat": args.repeat, "runs": rows, "summary": summary}
+        print(
+            f"{case}: median old {med['old']:.2f} s, new {med['new']:.2f} s, "
+            f"new/old {med['new'] / med['old']:.2f}"
+        )
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_model(),
+        "load_before": os.getloadavg()[0],
+        "commits": commits,
+        "repeat": args.repeat,
+        "runs": rows,
+        "summary": summary,
+    }
     out = HERE / "results" / f"versions-{commits['old']}-{commits['new']}-{record['date']}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")

@@ -12,7 +12,8 @@ LocalCluster of 2 worker processes (1 thread each, as ``kpca run`` on 2 cores):
 
     python benchmarks/diag_pipeline_io.py --n 300000              # m = 2048, d = 64
     python benchmarks/diag_pipeline_io.py --n 300000 --block-rows 8192
-    python benchmarks/diag_pipeline_io.py --n 300000 --fits threaded-8192,dist-2041,dist-7813,persist-7813
+    python benchmarks/diag_pipeline_io.py --n 300000 \
+        --fits threaded-8192,dist-2041,dist-7813,persist-7813
 
 ``--fits``: the whole Nyström fit on the ingest store, one variant each: ``threaded-R``
 (dask's threaded scheduler in this process, as benchmarks/bench_nystroem.py scale runs the
@@ -98,7 +99,8 @@ class Meter:
         self.rows.append(row)
         print(
             f"{name:28s} {secs:7.2f} s  {row['chunk_reads']:6d} chunk reads  "
-            f"{row['store_bytes'] / 1e6:9.1f} MB from the store  {row['rchar'] / 1e6:9.1f} MB rchar  "
+            f"{row['store_bytes'] / 1e6:9.1f} MB from the store  "
+            f"{row['rchar'] / 1e6:9.1f} MB rchar  "
             f"cpu: workers {row['worker_cpu']:6.1f} s, driver {row['driver_cpu']:5.1f} s",
             flush=True,
         )

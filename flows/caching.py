@@ -29,8 +29,8 @@ since (deleted, half rewritten by a killed run, or overwritten by a run with
 another config at the same output path). Before Prefect looks the key up,
 :func:`stage_cache_key` reads the cached record and checks it against the
 stores (each stage's ``fresh`` check in the registry: completion markers, content
-fingerprints, checksums, the published manifest). A record that no longer describes what is on disk is
-expired in place, so the stage runs again and its fresh record replaces the
+fingerprints, checksums, the published manifest). A record that no longer describes
+what is on disk is expired in place, so the stage runs again and its fresh record replaces the
 stale one under the same key: a cache hit never points at missing or foreign
 artifacts.
 

@@ -49,11 +49,15 @@ def _print_summary(summary, out: str) -> None:
     model = m["model"]
     inp = m["input"]
     print(f"\nkpca: run complete -> {out}")
-    print(f"  input      {inp['n_rows']} rows x {inp['n_features']} features "
-          f"({inp['source'].get('path')}), {inp['dropped_rows']} dropped")
-    print(f"  model      {model['solver']} solver, {model['n_components']} components, "
-          f"kernel {model['kernel']}, {model['n_passes']} passes, "
-          f"max residual {model['max_residual']:.1e}")
+    print(
+        f"  input      {inp['n_rows']} rows x {inp['n_features']} features "
+        f"({inp['source'].get('path')}), {inp['dropped_rows']} dropped"
+    )
+    print(
+        f"  model      {model['solver']} solver, {model['n_components']} components, "
+        f"kernel {model['kernel']}, {model['n_passes']} passes, "
+        f"max residual {model['max_residual']:.1e}"
+    )
     ev = m.get("evaluation") or {}
     if ev:
         shown = {k: v for k, v in ev.items() if isinstance(v, float)}
@@ -61,19 +65,25 @@ def _print_summary(summary, out: str) -> None:
     den = m.get("denoise") or {}
     if den:
         late = sum(den["fixed_point_not_converged"].values())
-        print(f"  denoised   {den['rows']} rows ({den['selection']}) -> {den['array']}, "
-              f"{den['method']} pre-image, mean squared change {den['mean_squared_change']:.3g}"
-              + (f", {late} fixed-point fallbacks" if late else ""))
+        print(
+            f"  denoised   {den['rows']} rows ({den['selection']}) -> {den['array']}, "
+            f"{den['method']} pre-image, mean squared change {den['mean_squared_change']:.3g}"
+            + (f", {late} fixed-point fallbacks" if late else "")
+        )
     print("  timings    " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings"].items()))
     states = getattr(summary, "states", None)
     if states:
         ran = [s for s, st in states.items() if st != "Cached"]
-        print(f"  prefect    {len(states) - len(ran)} of {len(states)} stages cached; "
-              + (f"ran {', '.join(ran)}" if ran else "nothing recomputed"))
-    print(f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
-          + (f", {den['array']}" if den else "")
-          + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
-          + (", report/report.md" if Path(out, "report", "report.md").exists() else ""))
+        print(
+            f"  prefect    {len(states) - len(ran)} of {len(states)} stages cached; "
+            + (f"ran {', '.join(ran)}" if ran else "nothing recomputed")
+        )
+    print(
+        f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
+        + (f", {den['array']}" if den else "")
+        + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
+        + (", report/report.md" if Path(out, "report", "report.md").exists() else "")
+    )
     print(f"  inspect    kpca info {out}")
 
 
@@ -119,18 +129,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     path = write_demo_dataset(data_dir)
     demo = DEMO_DATASETS["digits"]
     print(f"kpca demo: {demo.description}; written to {path}")
-    cfg = load_config({
-        "input": {"path": str(path), "label_column": demo.label_column,
-                  "id_column": demo.id_column},
-        "kernel": demo.kernel,
-        "solver": {"n_components": demo.n_components, "random_state": 0},
-        # small chunks on purpose: the demo shows chunked ingest and a blocked kernel
-        "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
-        "output": {"path": str(out), "overwrite": True},
-        "evaluate": {"enabled": True},
-        # and kernel PCA denoising of the held-out digits (docs/denoise.md)
-        "denoise": {"enabled": True, "rows": "held_out"},
-    })
+    cfg = load_config(
+        {
+            "input": {
+                "path": str(path),
+                "label_column": demo.label_column,
+                "id_column": demo.id_column,
+            },
+            "kernel": demo.kernel,
+            "solver": {"n_components": demo.n_components, "random_state": 0},
+            # small chunks on purpose: the demo shows chunked ingest and a blocked kernel
+            "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
+            "output": {"path": str(out), "overwrite": True},
+            "evaluate": {"enabled": True},
+            # and kernel PCA denoising of the held-out digits (docs/denoise.md)
+            "denoise": {"enabled": True, "rows": "held_out"},
+        }
+    )
     summary = _run_config(cfg, progress=args.progress, use_prefect=args.prefect)
     _print_summary(summary, str(out))
     return 0
@@ -141,31 +156,50 @@ def cmd_transform(args: argparse.Namespace) -> int:
     from pipeline.progress import show_progress
     from pipeline.transform import transform_to_store
 
-    inp = InputConfig(path=args.input, format=args.format,
-                      columns=args.columns.split(",") if args.columns else None,
-                      id_column=args.id_column, label_column=args.label_column)
+    inp = InputConfig(
+        path=args.input,
+        format=args.format,
+        columns=args.columns.split(",") if args.columns else None,
+        id_column=args.id_column,
+        label_column=args.label_column,
+    )
     if args.inverse:
         from pipeline.denoise import denoise_to_store
 
         with show_progress(args.progress):
-            res = denoise_to_store(args.model, inp, args.output,
-                                   chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
-                                   method=None if args.preimage == "auto" else args.preimage,
-                                   overwrite=args.overwrite)
+            res = denoise_to_store(
+                args.model,
+                inp,
+                args.output,
+                chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+                method=None if args.preimage == "auto" else args.preimage,
+                overwrite=args.overwrite,
+            )
         late = res["fixed_point_not_converged"]
-        print(f"kpca: denoised {res['rows']} rows ({res['n_features']} features) -> "
-              f"{res['output']} ({res['seconds']:.1f} s)"
-              + (f"; the fixed point fell back to the learned pre-image for {late} rows"
-                 if late else ""))
+        print(
+            f"kpca: denoised {res['rows']} rows ({res['n_features']} features) -> "
+            f"{res['output']} ({res['seconds']:.1f} s)"
+            + (
+                f"; the fixed point fell back to the learned pre-image for {late} rows"
+                if late
+                else ""
+            )
+        )
         return 0
     if args.preimage != "auto":
         raise UserError("--preimage applies to --inverse only.")
     with show_progress(args.progress):
-        res = transform_to_store(args.model, inp, args.output,
-                                 chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
-                                 overwrite=args.overwrite)
-    print(f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
-          f"{res['output']} ({res['seconds']:.1f} s)")
+        res = transform_to_store(
+            args.model,
+            inp,
+            args.output,
+            chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+            overwrite=args.overwrite,
+        )
+    print(
+        f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
+        f"{res['output']} ({res['seconds']:.1f} s)"
+    )
     return 0
 
 
@@ -185,32 +219,57 @@ def cmd_info(args: argparse.Namespace) -> int:
     evr = np.asarray(g["spectrum/explained_variance_ratio"][...])
     res = np.asarray(g["spectrum/residuals"][...])
     inp, model = m["input"], m["model"]
-    print(f"run        {args.artifact_dir}  [{m['status']}, verified{' (skipped)' if args.no_verify else ''}]")
-    print(f"created    {m['created']} with kpca-dask {m['packages'].get('kpca-dask', '?')}, "
-          f"dask {m['packages'].get('dask', '?')}, zarr {m['packages'].get('zarr', '?')}")
-    print(f"input      {inp['source'].get('path')}: {inp['n_rows']} rows x {inp['n_features']} "
-          f"features, {inp['dropped_rows']} dropped; fingerprint {inp['fingerprint']}")
+    skipped = " (skipped)" if args.no_verify else ""
+    print(f"run        {args.artifact_dir}  [{m['status']}, verified{skipped}]")
+    print(
+        f"created    {m['created']} with kpca-dask {m['packages'].get('kpca-dask', '?')}, "
+        f"dask {m['packages'].get('dask', '?')}, zarr {m['packages'].get('zarr', '?')}"
+    )
+    print(
+        f"input      {inp['source'].get('path')}: {inp['n_rows']} rows x {inp['n_features']} "
+        f"features, {inp['dropped_rows']} dropped; fingerprint {inp['fingerprint']}"
+    )
     if inp.get("label_column"):
         print(f"labels     column {inp['label_column']!r}: {len(inp['classes'])} classes")
-    print(f"model      {model['solver']} solver, kernel {model['kernel']}, "
-          f"{model['n_components']} components, {model['n_passes']} passes")
+    print(
+        f"model      {model['solver']} solver, kernel {model['kernel']}, "
+        f"{model['n_components']} components, {model['n_passes']} passes"
+    )
     cum = np.cumsum(evr)
-    print("spectrum   " + "  ".join(f"{v:.4g}" for v in ev[:8]) + (" ..." if len(ev) > 8 else ""))
-    print(f"explained  {100 * cum[-1]:.1f}% of the feature-space variance by {len(ev)} components "
-          f"(first: {100 * evr[0]:.1f}%)")
+    print(
+        "spectrum   " + "  ".join(f"{v:.4g}" for v in ev[:8]) + (" ..." if len(ev) > 8 else "")
+    )
+    print(
+        f"explained  {100 * cum[-1]:.1f}% of the feature-space variance "
+        f"by {len(ev)} components "
+        f"(first: {100 * evr[0]:.1f}%)"
+    )
     print(f"residuals  max {res.max():.1e}  (||Kc v - lambda v|| / lambda)")
     print("timings    " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings"].items()))
     ev_sum = m.get("evaluation")
     if ev_sum:
-        print("evaluation " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                        for k, v in ev_sum.items()))
+        print(
+            "evaluation "
+            + ", ".join(
+                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in ev_sum.items()
+            )
+        )
     ks = m.get("kernel_store") or {}
     if ks:
-        print(f"kernel     {'materialised' if ks.get('materialized') else 'recomputed per pass'}"
-              f" ({ks.get('reason')})")
-    print(f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
-          + (", embedding.parquet" if Path(args.artifact_dir, "embedding.parquet").exists() else "")
-          + (", report/" if Path(args.artifact_dir, "report").exists() else ""))
+        print(
+            f"kernel     {'materialised' if ks.get('materialized') else 'recomputed per pass'}"
+            f" ({ks.get('reason')})"
+        )
+    print(
+        f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
+        + (
+            ", embedding.parquet"
+            if Path(args.artifact_dir, "embedding.parquet").exists()
+            else ""
+        )
+        + (", report/" if Path(args.artifact_dir, "report").exists() else "")
+    )
     return 0
 
 
@@ -234,8 +293,10 @@ def _disk_full(exc: BaseException) -> str | None:
 
     if isinstance(exc, OSError) and errno.errorcode.get(exc.errno or -1) in _DISK_FULL:
         where = f" writing {exc.filename}" if exc.filename else ""
-        return (f"out of disk space{where} ({exc.strerror or exc}); free space or set "
-                "output.path to a bigger disk, then re-run the same command to resume.")
+        return (
+            f"out of disk space{where} ({exc.strerror or exc}); free space or set "
+            "output.path to a bigger disk, then re-run the same command to resume."
+        )
     return None
 
 
@@ -245,41 +306,63 @@ def _environment_error(exc: BaseException) -> str | None:
     line = _disk_full(exc)
     if line is None and isinstance(exc, OSError) and exc.errno == 30:  # EROFS
         where = f" {exc.filename}" if exc.filename else ""
-        line = (f"cannot write{where}: the file system is read-only; set output.path (or "
-                "--output) to a writable folder.")
+        line = (
+            f"cannot write{where}: the file system is read-only; set output.path (or "
+            "--output) to a writable folder."
+        )
     if line is None and type(exc).__name__ == "KilledWorker":
         from dask.utils import key_split
 
         task = key_split(exc.args[0]) if exc.args else "?"
         tries = exc.args[2] + 1 if len(exc.args) > 2 else "several"
-        line = (f"{tries} workers died running a {task!r} task (out of memory, as a rule); "
-                "give the workers more memory (cluster.memory_limit) or use smaller chunks "
-                "(chunks.block_rows, chunks.target_chunk_mb), then re-run the same command to "
-                "resume.")
+        line = (
+            f"{tries} workers died running a {task!r} task (out of memory, as a rule); "
+            "give the workers more memory (cluster.memory_limit) or use smaller chunks "
+            "(chunks.block_rows, chunks.target_chunk_mb), then re-run the same command to "
+            "resume."
+        )
     return line
 
 
 # ------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kpca", description="Distributed, out-of-core kernel PCA.")
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more logging (-v: stages and passes, -vv: debug)")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more logging (-v: stages and passes, -vv: debug)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def progress_flags(sp):
-        sp.add_argument("--progress", dest="progress", action="store_true", default=None,
-                        help="show progress bars (default: when stderr is a terminal)")
+        sp.add_argument(
+            "--progress",
+            dest="progress",
+            action="store_true",
+            default=None,
+            help="show progress bars (default: when stderr is a terminal)",
+        )
         sp.add_argument("--no-progress", dest="progress", action="store_false")
 
     def prefect_flags(sp):
-        sp.add_argument("--no-prefect", dest="prefect", action="store_false", default=True,
-                        help="run the stages without Prefect (no run record, no task cache, "
-                             "no temporary API server; default: the kpca_pipeline flow, "
-                             "against PREFECT_API_URL or an ephemeral local API)")
+        sp.add_argument(
+            "--no-prefect",
+            dest="prefect",
+            action="store_false",
+            default=True,
+            help="run the stages without Prefect (no run record, no task cache, "
+            "no temporary API server; default: the kpca_pipeline flow, "
+            "against PREFECT_API_URL or an ephemeral local API)",
+        )
 
     d = sub.add_parser("demo", help="run the whole job on a built-in labelled dataset")
-    d.add_argument("--output", default="kpca-demo-output", help="artifact folder "
-                   "(default: ./kpca-demo-output)")
+    d.add_argument(
+        "--output",
+        default="kpca-demo-output",
+        help="artifact folder (default: ./kpca-demo-output)",
+    )
     progress_flags(d)
     prefect_flags(d)
     d.set_defaults(func=cmd_demo)
@@ -287,8 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the job a YAML config describes")
     r.add_argument("config", help="YAML config (see docs/config.md)")
     r.add_argument("--output", help="override output.path")
-    r.add_argument("--overwrite", action="store_true", help="replace a complete run there "
-                   "(with the flow: only the stages whose inputs changed run again)")
+    r.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a complete run there "
+        "(with the flow: only the stages whose inputs changed run again)",
+    )
     progress_flags(r)
     prefect_flags(r)
     r.set_defaults(func=cmd_run)
@@ -297,19 +384,27 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("model", help="run folder (verified) or model folder")
     t.add_argument("input", help="NPY, CSV, Parquet or zarr input (path or URL)")
     t.add_argument("output", help="output zarr folder, or a path ending in .parquet")
-    t.add_argument("--format", default="auto", choices=["auto", "npy", "csv", "parquet", "zarr"])
+    t.add_argument(
+        "--format", default="auto", choices=["auto", "npy", "csv", "parquet", "zarr"]
+    )
     t.add_argument("--columns", help="comma-separated feature columns (tabular input)")
     t.add_argument("--id-column")
     t.add_argument("--label-column")
     t.add_argument("--chunk-mb", type=float, default=64.0)
     t.add_argument("--overwrite", action="store_true")
-    t.add_argument("--inverse", action="store_true",
-                   help="denoise: write the pre-images of the rows' embedding (zarr array "
-                        "'denoised'); needs a model fitted with denoise.enabled / "
-                        "fit_inverse_transform=True")
-    t.add_argument("--preimage", choices=["auto", "learned", "fixed_point", "exact"],
-                   default="auto", help="with --inverse: the pre-image method (default: the "
-                                        "model's)")
+    t.add_argument(
+        "--inverse",
+        action="store_true",
+        help="denoise: write the pre-images of the rows' embedding (zarr array "
+        "'denoised'); needs a model fitted with denoise.enabled / "
+        "fit_inverse_transform=True",
+    )
+    t.add_argument(
+        "--preimage",
+        choices=["auto", "learned", "fixed_point", "exact"],
+        default="auto",
+        help="with --inverse: the pre-image method (default: the model's)",
+    )
     progress_flags(t)
     t.set_defaults(func=cmd_transform)
 
@@ -330,8 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     if args.command in ("demo", "run") and args.verbose == 0:
         level = logging.INFO
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
+    )
     import distributed  # noqa: F401  (configures its loggers on import; quieten them after)
 
     if getattr(args, "prefect", False):
@@ -345,13 +441,18 @@ def main(argv: list[str] | None = None) -> int:
             handler.addFilter(_NoTracebackForUserErrors())
 
     for noisy in ("distributed", "prefect", "httpx", "asyncio", "tornado"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose >= 2 else logging.WARNING)
+        logging.getLogger(noisy).setLevel(
+            logging.DEBUG if args.verbose >= 2 else logging.WARNING
+        )
     t0 = time.perf_counter()
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print(f"kpca {args.command}: interrupted after {time.perf_counter() - t0:.0f} s; "
-              "re-run the same command to resume.", file=sys.stderr)
+        print(
+            f"kpca {args.command}: interrupted after {time.perf_counter() - t0:.0f} s; "
+            "re-run the same command to resume.",
+            file=sys.stderr,
+        )
         return 130
     except Exception as exc:  # noqa: BLE001 - classified by the taxonomy, bugs re-shown
         return _report_error(args.command, exc)
@@ -373,8 +474,9 @@ def _report_error(command: str, exc: Exception) -> int:
     """Print what went wrong as the taxonomy says (pipeline/errors.py); the exit status."""
     if is_user_error(exc):
         msg = _user_message(exc).strip().splitlines()
-        print(f"kpca {command}: error: {msg[0] if msg else type(exc).__name__}",
-              file=sys.stderr)
+        print(
+            f"kpca {command}: error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr
+        )
         for line in msg[1:]:
             print(f"  {line}", file=sys.stderr)
         return EXIT_USAGE
@@ -383,14 +485,20 @@ def _report_error(command: str, exc: Exception) -> int:
         print(f"kpca {command}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     if is_transient(exc):
-        print(f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
-              "workers); re-run the same command to resume.", file=sys.stderr)
+        print(
+            f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
+            "workers); re-run the same command to resume.",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     import traceback
 
     traceback.print_exception(exc, file=sys.stderr)
-    print(f"kpca {command}: internal error ({type(exc).__name__}): a bug in kpca-dask, not "
-          "in your input; please report it with the traceback above.", file=sys.stderr)
+    print(
+        f"kpca {command}: internal error ({type(exc).__name__}): a bug in kpca-dask, not "
+        "in your input; please report it with the traceback above.",
+        file=sys.stderr,
+    )
     return EXIT_BUG
 
 

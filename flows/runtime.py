@@ -9,8 +9,13 @@ from typing import Any
 
 from pipeline.errors import UserError
 
-__all__ = ["PrefectUnavailableError", "check_prefect_api", "forward_library_logs",
-           "LIBRARY_LOGGERS", "dashboard_line"]
+__all__ = [
+    "PrefectUnavailableError",
+    "check_prefect_api",
+    "forward_library_logs",
+    "LIBRARY_LOGGERS",
+    "dashboard_line",
+]
 
 #: Stdlib loggers of the layers below, forwarded to the Prefect run log.
 LIBRARY_LOGGERS = ("pipeline", "kpca_dask")
@@ -38,7 +43,8 @@ def check_prefect_api() -> str:
         "no Prefect API to run the flow against: PREFECT_API_URL is not set and ephemeral "
         "mode is disabled (PREFECT_SERVER_ALLOW_EPHEMERAL_MODE=false). Set PREFECT_API_URL "
         "to your server (e.g. http://127.0.0.1:4200/api after `prefect server start`), allow "
-        "ephemeral mode, or run the stages without Prefect (`kpca run --no-prefect`).")
+        "ephemeral mode, or run the stages without Prefect (`kpca run --no-prefect`)."
+    )
 
 
 @contextlib.contextmanager

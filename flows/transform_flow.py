@@ -28,20 +28,38 @@ from .runtime import dashboard_line, forward_library_logs
 __all__ = ["kpca_transform"]
 
 
-@flow(name="kpca-transform", validate_parameters=True,
-      description="Embed a new batch of rows with a saved kernel PCA model.")
-def kpca_transform(model: str, input: InputConfig, output: str,
-                   chunks: ChunkConfig | None = None, cluster: ClusterConfig | None = None,
-                   overwrite: bool = False) -> dict[str, Any]:
+@flow(
+    name="kpca-transform",
+    validate_parameters=True,
+    description="Embed a new batch of rows with a saved kernel PCA model.",
+)
+def kpca_transform(
+    model: str,
+    input: InputConfig,
+    output: str,
+    chunks: ChunkConfig | None = None,
+    cluster: ClusterConfig | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Embed ``input`` with ``model`` into ``output``; returns rows, components, seconds."""
     log = get_run_logger()
     # before any cluster starts: "", ".", the input, a run folder, a path kpca did not write
     check_transform_output(output, model_path=model, inputs=[input.path], overwrite=overwrite)
     with forward_library_logs(), dask_client(cluster or ClusterConfig()) as client:
         log.info(dashboard_line(client))
-        res = tasks.transform(model=model, input=input, output=output,
-                              chunks=chunks or ChunkConfig(), overwrite=overwrite)
-    log.info("embedded %d rows of %s into %d components -> %s", res["rows"], input.path,
-             res["components"], output)
+        res = tasks.transform(
+            model=model,
+            input=input,
+            output=output,
+            chunks=chunks or ChunkConfig(),
+            overwrite=overwrite,
+        )
+    log.info(
+        "embedded %d rows of %s into %d components -> %s",
+        res["rows"],
+        input.path,
+        res["components"],
+        output,
+    )
     res["artifacts"] = publish_transform_artifacts(model, input.path, res)
     return res

@@ -43,6 +43,7 @@ def __getattr__(name: str) -> Any:
         return load
     raise AttributeError(f"module 'kpca_dask' has no attribute {name!r}")
 
+
 __all__ = [
     "KernelPCA",
     "load",

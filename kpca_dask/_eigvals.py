@@ -73,12 +73,16 @@ def select_eigenpairs(
                 f"{n_neg} eigenvalue(s) of the centred kernel matrix are significantly "
                 f"negative (down to {w.min():.3g}, largest {top:.3g}) and were dropped: the "
                 "kernel is not positive semi-definite (e.g. sigmoid); only the positive "
-                "components are kept.", DroppedComponentsWarning, stacklevel=3)
+                "components are kept.",
+                DroppedComponentsWarning,
+                stacklevel=3,
+            )
         return drop_nonpositive(w, eigenvectors, residuals, rtol=small, requested=0)
     if remove_zero_eig:
         # fewer pairs than asked (a solver that stopped early) warned already
-        return drop_nonpositive(w, eigenvectors, residuals, rtol=small,
-                                requested=min(int(n_components), w.size))
+        return drop_nonpositive(
+            w, eigenvectors, residuals, rtol=small, requested=min(int(n_components), w.size)
+        )
     lo = float(w.min())
     if lo < -neg_ratio * scale:
         n_pos = int(np.sum(w > small * top))
@@ -89,7 +93,8 @@ def select_eigenpairs(
             f"components ({n_neg} significantly negative, {n_pos} positive): the kernel "
             "matrix is not positive semi-definite (a kernel such as sigmoid, or a precomputed "
             f"matrix that is not a Gram matrix). Ask for n_components={n_pos} or fewer, or "
-            "pass remove_zero_eig=True to drop the non-positive components.")
+            "pass remove_zero_eig=True to drop the non-positive components."
+        )
     w = w.copy()
     zero = w < small * top
     residuals = np.asarray(residuals, dtype=np.float64).copy()

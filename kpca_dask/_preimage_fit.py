@@ -18,7 +18,6 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from ._fitted import NystroemModel, model_of
-from .threads import blas_threads_for_dask
 from .plan import resolve_preimage
 from .preimage import (
     DEFAULT_PREIMAGE_SAMPLE_SIZE,
@@ -29,6 +28,7 @@ from .preimage import (
 )
 from .solvers.nystroem import driver_blas
 from .solvers.randomized import _generator
+from .threads import blas_threads_for_dask
 
 __all__ = ["fit_preimage", "inverse_transform_graph", "preimage_constants"]
 

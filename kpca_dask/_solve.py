@@ -20,7 +20,6 @@ import dask.array as da
 import numpy as np
 
 from . import plan as _plan
-from .threads import blas_threads_for_dask
 from .centering import CentredKernel
 from .exceptions import ConvergenceWarning, InvalidInputError, InvalidParameterError
 from .gram import BlockKernelMatrix, PrecomputedKernelMatrix
@@ -31,6 +30,7 @@ from .solvers.dense import centre_inplace
 from .solvers.landmarks import select_landmarks
 from .solvers.nystroem import choose_method, nystroem_basis, nystroem_eigh
 from .solvers.randomized import _generator, escalation_plan, not_converged_message
+from .threads import blas_threads_for_dask
 
 __all__ = ["Solution", "gather_rows", "solve"]
 

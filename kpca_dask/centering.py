@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .threads import blas_threads_for_dask
 from .gram import BlockKernelMatrix
+from .threads import blas_threads_for_dask
 
 __all__ = ["centre_columns", "CentredKernel", "centre_cross_kernel"]
 
@@ -66,8 +66,12 @@ class CentredKernel:
             Y = self.K.product(Z)
         self.n_passes += 1
         self.pass_seconds.append(time.perf_counter() - t0)
-        logger.debug("kernel pass %d (%d columns) took %.2f s", self.n_passes, Z.shape[1],
-                     self.pass_seconds[-1])
+        logger.debug(
+            "kernel pass %d (%d columns) took %.2f s",
+            self.n_passes,
+            Z.shape[1],
+            self.pass_seconds[-1],
+        )
         return Y
 
     def matmul(self, Z: np.ndarray) -> np.ndarray:

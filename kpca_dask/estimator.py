@@ -29,12 +29,12 @@ from ._fitted import STRATEGIES, model_of
 from ._preimage_fit import PREIMAGE_ATTRS, fit_preimage, inverse_transform_graph
 from ._solve import solve
 from ._state import restore, state_of
-from .threads import blas_threads_for_dask
 from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
 from .persistence import load_state, save_state
 from .plan import FitPlan
 from .preimage import warn_not_converged
 from .projection import project_block
+from .threads import blas_threads_for_dask
 
 __all__ = ["KernelPCA", "load"]
 
@@ -65,7 +65,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_components : int or None, default=None
         Number of components. None keeps all components with positive
         eigenvalues (dense and arpack solvers).
-    kernel : {"linear", "poly", "rbf", "laplacian", "sigmoid", "cosine", "precomputed"} or callable, default="linear"
+    kernel : {"linear", "poly", "rbf", "laplacian", "sigmoid", "cosine", "precomputed"} \
+            or callable, default="linear"
         A callable is called as ``kernel(A, B, **kernel_params)`` on two float64
         numpy blocks of rows and must return the ``(len(A), len(B))`` block; a
         callable written for scikit-learn (two 1-D rows in, a number out) is
@@ -722,7 +723,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     def inverse_transform(
         self, X: Any, *, method: str | None = None, return_status: bool = False
     ) -> Any:
-        """Pre-images of embeddings: from ``(n, n_components_)`` back to ``(n, n_features_in_)``.
+        """Pre-images of embeddings: ``(n, n_components_)`` back to ``(n, n_features_in_)``.
 
         Numpy in, numpy out; dask or zarr in, lazy dask array out (one task per
         row block of the input). Needs ``fit_inverse_transform=True``.

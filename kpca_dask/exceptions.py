@@ -12,14 +12,14 @@ __all__ = [
     "InvalidParameterError",
     "InvalidInputError",
     "ConstantKernelError",
-    "NotFittedError",
+    "NotFittedError",  # noqa: F822 (built on first use by __getattr__)
     "ModelFormatError",
     "UnsafeRemovalError",
     "KpcaWarning",
-    "ConvergenceWarning",
+    "ConvergenceWarning",  # noqa: F822 (built on first use by __getattr__)
     "DroppedComponentsWarning",
     "UnverifiedAttributesWarning",
-    "PreimageConvergenceWarning",
+    "PreimageConvergenceWarning",  # noqa: F822 (built on first use by __getattr__)
 ]
 
 
@@ -62,18 +62,28 @@ def _sklearn_subclass(name: str, base: type, sklearn_name: str, doc: str) -> typ
 #: The classes built on first use, each from the ones before it.
 _LAZY = {
     "NotFittedError": lambda: _sklearn_subclass(
-        "NotFittedError", _NotFittedBase, "NotFittedError",
+        "NotFittedError",
+        _NotFittedBase,
+        "NotFittedError",
         "The estimator is used before ``fit`` (a subclass of scikit-learn's "
-        "NotFittedError, ValueError and AttributeError)."),
+        "NotFittedError, ValueError and AttributeError).",
+    ),
     "ConvergenceWarning": lambda: _sklearn_subclass(
-        "ConvergenceWarning", KpcaWarning, "ConvergenceWarning",
+        "ConvergenceWarning",
+        KpcaWarning,
+        "ConvergenceWarning",
         "An iterative solver could not certify its result to its tolerance "
-        "(also a sklearn.exceptions.ConvergenceWarning)."),
+        "(also a sklearn.exceptions.ConvergenceWarning).",
+    ),
     "PreimageConvergenceWarning": lambda: type(
-        "PreimageConvergenceWarning", (__getattr__("ConvergenceWarning"),), {
+        "PreimageConvergenceWarning",
+        (__getattr__("ConvergenceWarning"),),
+        {
             "__doc__": "Fixed-point pre-images did not converge for some rows (they fell "
-                       "back to the learned pre-image); the message counts them.",
-            "__module__": __name__}),
+            "back to the learned pre-image); the message counts them.",
+            "__module__": __name__,
+        },
+    ),
 }
 
 

@@ -77,8 +77,13 @@ def pair_products(
     A = kernel.prepare(xi, dtype, "left")
     B = kernel.prepare(xi if diagonal else xj, dtype, "right")
     return _accumulate(
-        lambda a, b, c, out: kernel.evaluate(A[a:b], B[c:], out=out), A.shape[0], B.shape[0],
-        zi, zi if diagonal else zj, diagonal, dtype,
+        lambda a, b, c, out: kernel.evaluate(A[a:b], B[c:], out=out),
+        A.shape[0],
+        B.shape[0],
+        zi,
+        zi if diagonal else zj,
+        diagonal,
+        dtype,
     )
 
 
@@ -201,16 +206,20 @@ def kernel_cache_budget() -> tuple[int, str]:
         for w in workers.values():
             metrics = w.get("metrics") or {}
             limit = w.get("memory_limit") or metrics.get("host_total") or 0
-            room.append(max(0, int(CACHE_MEMORY_FRACTION * limit) - int(metrics.get("memory", 0))))
+            room.append(
+                max(0, int(CACHE_MEMORY_FRACTION * limit) - int(metrics.get("memory", 0)))
+            )
         if not room:
             return 0, "no workers"
         return len(room) * min(room), (
             f"{CACHE_MEMORY_FRACTION:g} of the memory limit of {len(room)} workers less what "
-            f"they use (least room: {format_bytes(min(room))})")
+            f"they use (least room: {format_bytes(min(room))})"
+        )
     if kind == "local":
         avail = int(psutil.virtual_memory().available)
         return int(CACHE_MEMORY_FRACTION * avail), (
-            f"{CACHE_MEMORY_FRACTION:g} of this machine's available memory")
+            f"{CACHE_MEMORY_FRACTION:g} of this machine's available memory"
+        )
     return 0, "the scheduler keeps no data between computations"
 
 
@@ -324,7 +333,8 @@ class BlockKernelMatrix:
 
         if mode not in KERNEL_CACHE_MODES:
             raise InvalidInputError(
-                f"kernel_cache must be one of {KERNEL_CACHE_MODES}, got {mode!r}.")
+                f"kernel_cache must be one of {KERNEL_CACHE_MODES}, got {mode!r}."
+            )
         nbytes = self.upper_block_bytes()
         info: dict[str, Any] = {"requested": mode, "bytes": nbytes}
         source = "store" if self.block_reader is not None else "recompute"
@@ -341,8 +351,10 @@ class BlockKernelMatrix:
             info["budget"] = int(budget)
             fits = nbytes <= budget
             tier = "memory" if fits else "recompute"
-            why = (f"upper blocks {format_bytes(nbytes)} {'within' if fits else 'above'} "
-                   f"the budget {format_bytes(budget)} ({where})")
+            why = (
+                f"upper blocks {format_bytes(nbytes)} {'within' if fits else 'above'} "
+                f"the budget {format_bytes(budget)} ({where})"
+            )
         info["tier"], info["reason"] = tier, why
         self._cache_pending = tier == "memory"
         return info
@@ -354,17 +366,32 @@ class BlockKernelMatrix:
         import dask
 
         self._cache_pending = False
-        token = tokenize(self.X.name, self.kernel, self.dtype.str,
-                         self.block_reader if self.block_reader is not None else "eval")
+        token = tokenize(
+            self.X.name,
+            self.kernel,
+            self.dtype.str,
+            self.block_reader if self.block_reader is not None else "eval",
+        )
         pairs = self.upper_blocks()
         if self.block_reader is not None:
-            tasks = [dask.delayed(self.block_reader, pure=True)(
-                i, j, dask_key_name=f"kpca-kblock-{token}-{i}-{j}") for i, j in pairs]
+            tasks = [
+                dask.delayed(self.block_reader, pure=True)(
+                    i, j, dask_key_name=f"kpca-kblock-{token}-{i}-{j}"
+                )
+                for i, j in pairs
+            ]
         else:
             xb = self.X.to_delayed()[:, 0]
-            tasks = [dask.delayed(kernel_block, pure=True)(
-                self.kernel, xb[i], xb[j], self.dtype.str,
-                dask_key_name=f"kpca-kblock-{token}-{i}-{j}") for i, j in pairs]
+            tasks = [
+                dask.delayed(kernel_block, pure=True)(
+                    self.kernel,
+                    xb[i],
+                    xb[j],
+                    self.dtype.str,
+                    dask_key_name=f"kpca-kblock-{token}-{i}-{j}",
+                )
+                for i, j in pairs
+            ]
         self._cache = dict(zip(pairs, dask.persist(*tasks)))
 
     def release_cache(self) -> None:
@@ -374,8 +401,9 @@ class BlockKernelMatrix:
         self._cache_pending = False
 
     @contextlib.contextmanager
-    def kernel_cache(self, mode: str = "auto", solver: str = "randomized"
-                     ) -> Iterator[dict[str, Any]]:
+    def kernel_cache(
+        self, mode: str = "auto", solver: str = "randomized"
+    ) -> Iterator[dict[str, Any]]:
         """:meth:`plan_cache`, then the cached blocks released on exit (even on error).
 
         The blocks are filled lazily by the first product, so the first pass
@@ -429,16 +457,26 @@ class BlockKernelMatrix:
                     task = (_stored_task, self.block_reader, i, j, zkey(i), zj, self.dtype.str)
                 else:
                     xj = None if i == j else (xn, j, 0)
-                    task = (pair_products, self.kernel, (xn, i, 0), xj, zkey(i), zj,
-                            self.dtype.str)
+                    task = (
+                        pair_products,
+                        self.kernel,
+                        (xn, i, 0),
+                        xj,
+                        zkey(i),
+                        zj,
+                        self.dtype.str,
+                    )
                 dsk[(pname, i, j)] = task
                 # K_ij Z_j goes to row block i, K_ij^T Z_i to row block j
                 contrib[i].append(((pname, i, j), 0))
                 if i != j:
                     contrib[j].append(((pname, i, j), 1))
         for j, parts in contrib.items():  # output keys count from rows.start
-            dsk[(oname, j - rows.start, 0)] = (_sum_parts, [k for k, _ in parts],
-                                               [w for _, w in parts])
+            dsk[(oname, j - rows.start, 0)] = (
+                _sum_parts,
+                [k for k, _ in parts],
+                [w for _, w in parts],
+            )
         return dsk, deps, oname
 
     def matmul(self, Z: np.ndarray | da.Array) -> da.Array:
@@ -454,12 +492,19 @@ class BlockKernelMatrix:
             raise InvalidInputError(f"Z must have shape ({self.n}, l), got {Z.shape}.")
         if self._cache_pending:
             self._fill_cache()
-        token = tokenize(self.X.name, self.kernel, self.dtype.str, Z, self.block_reader is None,
-                         self._cache is not None)
+        token = tokenize(
+            self.X.name,
+            self.kernel,
+            self.dtype.str,
+            Z,
+            self.block_reader is None,
+            self._cache is not None,
+        )
         dsk, deps, oname = self._pair_graph(Z, range(self.n_blocks), token)
         graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
-        return da.Array(graph, oname, chunks=(self.row_chunks, (int(Z.shape[1]),)),
-                        dtype=np.float64)
+        return da.Array(
+            graph, oname, chunks=(self.row_chunks, (int(Z.shape[1]),)), dtype=np.float64
+        )
 
     def product(self, Z: np.ndarray, wave_tasks: int | None = None) -> np.ndarray:
         """``K @ Z`` computed now, in *waves* of block rows, as a numpy array.
@@ -482,8 +527,14 @@ class BlockKernelMatrix:
         wave_tasks = wave_tasks or max(128, 4 * _cluster_threads())
         offsets = np.concatenate([[0], np.cumsum(self.row_chunks)])
         Y = np.zeros((self.n, Z.shape[1]), dtype=np.float64)
-        token = tokenize(self.X.name, self.kernel, self.dtype.str, Z, self.block_reader is None,
-                         self._cache is not None)
+        token = tokenize(
+            self.X.name,
+            self.kernel,
+            self.dtype.str,
+            Z,
+            self.block_reader is None,
+            self._cache is not None,
+        )
         waves, start = [], 0
         while start < nb:
             stop, tasks = start, 0
@@ -501,19 +552,22 @@ class BlockKernelMatrix:
                 waves.reverse()
             self._products += 1
         for start, stop in waves:
-            dsk, deps, oname = self._pair_graph(Z, range(start, stop),
-                                                f"{token}-{start}")
+            dsk, deps, oname = self._pair_graph(Z, range(start, stop), f"{token}-{start}")
             graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
-            wave = da.Array(graph, oname, chunks=(self.row_chunks[start:], (Z.shape[1],)),
-                            dtype=np.float64)
+            wave = da.Array(
+                graph, oname, chunks=(self.row_chunks[start:], (Z.shape[1],)), dtype=np.float64
+            )
             (part,) = dask.compute(wave)
-            Y[offsets[start]:] += part
+            Y[offsets[start] :] += part
         return Y
 
     def diag(self) -> da.Array:
         """Lazy ``k(x_i, x_i)`` for every row (float64)."""
         return self.X.map_blocks(
-            _diag_block, self.kernel, drop_axis=1, dtype=np.float64,
+            _diag_block,
+            self.kernel,
+            drop_axis=1,
+            dtype=np.float64,
             name="kpca-diag-" + tokenize(self.X.name, self.kernel),
         )
 
@@ -532,8 +586,10 @@ class BlockKernelMatrix:
         elif self.block_reader is not None:
             tasks = [dask.delayed(self.block_reader, pure=True)(i, j) for i, j in pairs]
         else:
-            tasks = [dask.delayed(kernel_block, pure=True)(self.kernel, xb[i], xb[j], self.dtype)
-                     for i, j in pairs]
+            tasks = [
+                dask.delayed(kernel_block, pure=True)(self.kernel, xb[i], xb[j], self.dtype)
+                for i, j in pairs
+            ]
         blocks = dask.compute(*tasks)
         offsets = np.concatenate([[0], np.cumsum(self.row_chunks)])
         K = np.empty((self.n, self.n), dtype=self.dtype)
@@ -572,7 +628,9 @@ def cross_products(
         buf = np.empty(step * (j1 - j0), dtype=dtype)
         for a in range(0, m, step):
             b = min(m, a + step)
-            Ks = kernel.evaluate(A[a:b], B, out=buf[: (b - a) * (j1 - j0)].reshape(b - a, j1 - j0))
+            Ks = kernel.evaluate(
+                A[a:b], B, out=buf[: (b - a) * (j1 - j0)].reshape(b - a, j1 - j0)
+            )
             if Ks.dtype != dtype:
                 Ks = Ks.astype(dtype)
             out[a:b] += Ks @ Mc[j0:j1]
@@ -619,15 +677,21 @@ class PrecomputedKernelMatrix(BlockKernelMatrix):
     decides which, and finds NaN/inf.
     """
 
-    def __init__(self, K: da.Array, dtype: Any = np.float64, block_rows: int = 2048,
-                 symmetric: bool | None = None):
+    def __init__(
+        self,
+        K: da.Array,
+        dtype: Any = np.float64,
+        block_rows: int = 2048,
+        symmetric: bool | None = None,
+    ):
         from .kernels import PrecomputedKernel
 
         if K.ndim != 2 or K.shape[0] != K.shape[1]:
             raise InvalidInputError(
                 f"Precomputed matrix must be a square matrix. Input is a "
                 f"{K.shape[0]}x{K.shape[1]} matrix; with kernel='precomputed' fit takes the "
-                "n x n kernel matrix of the training rows.")
+                "n x n kernel matrix of the training rows."
+            )
         r = max(1, min(int(block_rows), int(K.shape[0])))
         self.X = K.rechunk((r, r))
         self.kernel = PrecomputedKernel()
@@ -642,9 +706,13 @@ class PrecomputedKernelMatrix(BlockKernelMatrix):
         """A precomputed K is the caller's array: read at every pass, never cached here."""
         if mode not in KERNEL_CACHE_MODES:
             raise InvalidInputError(
-                f"kernel_cache must be one of {KERNEL_CACHE_MODES}, got {mode!r}.")
-        return {"requested": mode, "tier": "precomputed",
-                "reason": "kernel='precomputed': the given matrix is read at every pass"}
+                f"kernel_cache must be one of {KERNEL_CACHE_MODES}, got {mode!r}."
+            )
+        return {
+            "requested": mode,
+            "tier": "precomputed",
+            "reason": "kernel='precomputed': the given matrix is read at every pass",
+        }
 
     def inspect(self) -> tuple[int, float, float]:
         """One read of K: (non-finite values, max asymmetry, max |K|); sets ``symmetric``."""
@@ -653,8 +721,13 @@ class PrecomputedKernelMatrix(BlockKernelMatrix):
         blocks = self.X.to_delayed()
         nb = self.n_blocks
         inspect = dask.delayed(_inspect_pair, pure=True)
-        results = dask.compute(*[inspect(blocks[i, j], None if i == j else blocks[j, i])
-                                 for i in range(nb) for j in range(i, nb)])
+        results = dask.compute(
+            *[
+                inspect(blocks[i, j], None if i == j else blocks[j, i])
+                for i in range(nb)
+                for j in range(i, nb)
+            ]
+        )
         bad = sum(r[0] for r in results)
         asym = max(r[1] for r in results)
         top = max(r[2] for r in results)
@@ -674,18 +747,35 @@ class PrecomputedKernelMatrix(BlockKernelMatrix):
         for i in rows:
             for j in range(i, nb):
                 if i == j:
-                    task = (_precomputed_task, (kn, i, i), None, zkey(i), None, self.dtype.str,
-                            not sym)
+                    task = (
+                        _precomputed_task,
+                        (kn, i, i),
+                        None,
+                        zkey(i),
+                        None,
+                        self.dtype.str,
+                        not sym,
+                    )
                 else:
-                    task = (_precomputed_task, (kn, i, j), None if sym else (kn, j, i),
-                            zkey(i), zkey(j), self.dtype.str, False)
+                    task = (
+                        _precomputed_task,
+                        (kn, i, j),
+                        None if sym else (kn, j, i),
+                        zkey(i),
+                        zkey(j),
+                        self.dtype.str,
+                        False,
+                    )
                 dsk[(pname, i, j)] = task
                 contrib[i].append(((pname, i, j), 0))
                 if i != j:
                     contrib[j].append(((pname, i, j), 1))
         for j, parts in contrib.items():
-            dsk[(oname, j - rows.start, 0)] = (_sum_parts, [k for k, _ in parts],
-                                               [w for _, w in parts])
+            dsk[(oname, j - rows.start, 0)] = (
+                _sum_parts,
+                [k for k, _ in parts],
+                [w for _, w in parts],
+            )
         return dsk, deps, oname
 
     def diag(self) -> da.Array:

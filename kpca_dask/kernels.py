@@ -83,7 +83,9 @@ class Kernel:
         """Per-row preprocessing of a block, done once per block."""
         return _as(X, dtype)
 
-    def evaluate(self, A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def evaluate(
+        self, A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Kernel block between prepared rows ``A`` (left) and ``B`` (right).
 
         The result has the prepared rows' dtype, except for kernels that can only
@@ -95,7 +97,9 @@ class Kernel:
         """``k(x_i, x_i)`` for every row of ``X`` without forming a block."""
         raise NotImplementedError
 
-    def __call__(self, X: np.ndarray, Y: np.ndarray | None = None, dtype: Any = np.float64) -> np.ndarray:
+    def __call__(
+        self, X: np.ndarray, Y: np.ndarray | None = None, dtype: Any = np.float64
+    ) -> np.ndarray:
         """The full block ``k(X, Y)`` (``Y = X`` when omitted) as a numpy array."""
         dtype = np.dtype(dtype)
         X = np.asarray(X)
@@ -172,7 +176,12 @@ class PolynomialKernel(_DotKernel):
 
     @property
     def psd(self) -> bool:  # type: ignore[override]
-        return isinstance(self.degree, int) and self.degree >= 1 and self.coef0 >= 0 and self.gamma > 0
+        return (
+            isinstance(self.degree, int)
+            and self.degree >= 1
+            and self.coef0 >= 0
+            and self.gamma > 0
+        )
 
     def evaluate(self, A, B, out=None):
         K = _matmul(A, B, out)
@@ -275,7 +284,7 @@ def _force_nonpositive(E: np.ndarray) -> None:
 
 
 class LaplacianKernel(Kernel):
-    """``k(x, y) = exp(-gamma |x - y|_1)`` (L1 distances by ``scipy.spatial.distance.cdist``)."""
+    """``k(x, y) = exp(-gamma |x - y|_1)`` (L1 distances by scipy's ``cdist``)."""
 
     name = "laplacian"
 
@@ -328,8 +337,8 @@ class CallableKernel(Kernel):
     ``fn`` receives float64 blocks of shape (p, d) and (q, d) and must return a
     (p, q) array. A function written for scikit-learn (two 1-D rows in, one
     number out: detected on the first pair) is called once per pair, as
-    scikit-learn's ``pairwise_kernels`` does: correct but slow. It is treated as possibly indefinite and
-    cannot be saved without pickle, so models using it cannot be saved.
+    scikit-learn's ``pairwise_kernels`` does: correct but slow. It is treated as possibly
+    indefinite and cannot be saved without pickle, so models using it cannot be saved.
     """
 
     name = "callable"
@@ -340,7 +349,10 @@ class CallableKernel(Kernel):
         self.kernel_params = dict(kernel_params or {})
 
     def params(self):
-        return {"function": getattr(self.fn, "__qualname__", repr(self.fn)), **self.kernel_params}
+        return {
+            "function": getattr(self.fn, "__qualname__", repr(self.fn)),
+            **self.kernel_params,
+        }
 
     def prepare(self, X, dtype, side="left"):
         return np.ascontiguousarray(X, dtype=np.float64)
@@ -353,7 +365,9 @@ class CallableKernel(Kernel):
         if mode is None:
             if A.shape[0] == 0 or B.shape[0] == 0:
                 return False
-            mode = self._pairwise_mode = np.ndim(self.fn(A[:1], B[:1], **self.kernel_params)) == 0
+            mode = self._pairwise_mode = (
+                np.ndim(self.fn(A[:1], B[:1], **self.kernel_params)) == 0
+            )
         return mode
 
     def _evaluate_pairs(self, A, B):
@@ -412,7 +426,8 @@ class PrecomputedKernel(Kernel):
     def prepare(self, X, dtype, side="left"):
         raise InvalidParameterError(
             "kernel='precomputed' has no kernel function to evaluate: pass kernel values "
-            "(fit: the n x n kernel matrix; transform: the n_new x n_fit kernel).")
+            "(fit: the n x n kernel matrix; transform: the n_new x n_fit kernel)."
+        )
 
     evaluate = diag = prepare
 
@@ -470,5 +485,7 @@ def kernel_from_dict(spec: dict[str, Any]) -> Kernel:
     cls, names = KERNELS[name]
     unknown = set(spec) - set(names)
     if unknown:
-        raise InvalidParameterError(f"Unknown parameters {sorted(unknown)} for kernel {name!r}.")
+        raise InvalidParameterError(
+            f"Unknown parameters {sorted(unknown)} for kernel {name!r}."
+        )
     return cls(**spec)

@@ -128,8 +128,9 @@ class Expansion:
         return centre, s if s > 0 else 1.0
 
 
-def exact_expansion(X_fit: np.ndarray, eigenvectors: np.ndarray,
-                    eigenvalues: np.ndarray) -> Expansion:
+def exact_expansion(
+    X_fit: np.ndarray, eigenvectors: np.ndarray, eigenvalues: np.ndarray
+) -> Expansion:
     """Expansion over the n training rows of an exact model (see the module notes)."""
     n = X_fit.shape[0]
     from ._eigvals import inv_sqrt
@@ -139,12 +140,15 @@ def exact_expansion(X_fit: np.ndarray, eigenvectors: np.ndarray,
     return Expansion(np.asarray(X_fit, dtype=np.float64), np.full(n, 1.0 / n), B)
 
 
-def nystroem_expansion(landmarks: np.ndarray, projection: np.ndarray,
-                       mean_weights: np.ndarray) -> Expansion:
+def nystroem_expansion(
+    landmarks: np.ndarray, projection: np.ndarray, mean_weights: np.ndarray
+) -> Expansion:
     """Expansion over the m landmarks of a Nyström model (see the module notes)."""
-    return Expansion(np.asarray(landmarks, dtype=np.float64),
-                     np.asarray(mean_weights, dtype=np.float64),
-                     np.asarray(projection, dtype=np.float64))
+    return Expansion(
+        np.asarray(landmarks, dtype=np.float64),
+        np.asarray(mean_weights, dtype=np.float64),
+        np.asarray(projection, dtype=np.float64),
+    )
 
 
 def linear_preimage_basis(exp: Expansion) -> tuple[np.ndarray, np.ndarray]:
@@ -157,14 +161,15 @@ def linear_preimage_basis(exp: Expansion) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sample_indices(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` distinct rows of ``range(n)`` drawn uniformly, sorted (all rows if size >= n)."""
+    """``size`` distinct rows of ``range(n)``, uniform, sorted (all rows if size >= n)."""
     if size >= n:
         return np.arange(n, dtype=np.int64)
     return np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
 
 
-def fit_learned_preimage(kernel: Kernel, embedding: np.ndarray, rows: np.ndarray,
-                         alpha: float) -> np.ndarray:
+def fit_learned_preimage(
+    kernel: Kernel, embedding: np.ndarray, rows: np.ndarray, alpha: float
+) -> np.ndarray:
     """Dual coefficients ``(k(E, E) + alpha I)^-1 X_s`` of the learned pre-image (s x d).
 
     As scikit-learn: a Cholesky solve (``assume_a="pos"``). When ``k(E, E) +
@@ -183,8 +188,9 @@ def fit_learned_preimage(kernel: Kernel, embedding: np.ndarray, rows: np.ndarray
         return scipy.linalg.lstsq(K, X, check_finite=False)[0]
 
 
-def _weighted_sums(x: np.ndarray, z: np.ndarray, exp: Expansion, pts_sq: np.ndarray,
-                   gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _weighted_sums(
+    x: np.ndarray, z: np.ndarray, exp: Expansion, pts_sq: np.ndarray, gamma: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(sum_i w_i p_i, sum_i w_i, sum_i |w_i|)`` with ``w_i = (b + B z)_i k(x, p_i)``,
     all scaled by ``exp(gamma min_i |x - p_i|^2)`` per row (streamed over strips)."""
     r, d = x.shape
@@ -217,10 +223,15 @@ def _weighted_sums(x: np.ndarray, z: np.ndarray, exp: Expansion, pts_sq: np.ndar
     return num, den, absden
 
 
-def fixed_point_preimage(z: np.ndarray, x0: np.ndarray, exp: Expansion, gamma: float,
-                         tol: float, max_iter: int,
-                         scale: tuple[np.ndarray, float] | None = None
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fixed_point_preimage(
+    z: np.ndarray,
+    x0: np.ndarray,
+    exp: Expansion,
+    gamma: float,
+    tol: float,
+    max_iter: int,
+    scale: tuple[np.ndarray, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mika et al.'s fixed-point pre-images of the rows of ``z`` (rbf kernel).
 
     Parameters
@@ -291,12 +302,14 @@ def warn_not_converged(status: np.ndarray, max_iter: int) -> None:
             "had a vanishing or negative denominator or diverged); those rows hold the "
             "learned pre-image instead. Raise preimage_max_iter or preimage_tol, or use "
             "preimage='learned'.",
-            _exc.PreimageConvergenceWarning, stacklevel=3,
+            _exc.PreimageConvergenceWarning,
+            stacklevel=3,
         )
 
 
-def preimage_block(zb: np.ndarray, consts: dict[str, Any], method: str,
-                   warn: bool) -> np.ndarray:
+def preimage_block(
+    zb: np.ndarray, consts: dict[str, Any], method: str, warn: bool
+) -> np.ndarray:
     """One row block of pre-images: ``(r, n_features + 1)`` float64, status in the last column.
 
     ``consts`` holds what the method needs: ``kernel``, ``embedding`` and
@@ -307,18 +320,26 @@ def preimage_block(zb: np.ndarray, consts: dict[str, Any], method: str,
     if not np.isfinite(zb).all():
         raise InvalidInputError(
             "The embeddings passed to inverse_transform contain NaN or infinity; pass the "
-            "output of transform (finite values).")
+            "output of transform (finite values)."
+        )
     r = zb.shape[0]
     status = np.zeros(r, dtype=np.int8)
     if method == "exact":
         x = consts["mean"][None, :] + zb @ consts["components"]
     else:
-        x = cross_products(consts["kernel"], zb, consts["embedding"], consts["dual_coef"],
-                           np.float64)
+        x = cross_products(
+            consts["kernel"], zb, consts["embedding"], consts["dual_coef"], np.float64
+        )
         if method == "fixed_point":
-            x, status, _ = fixed_point_preimage(zb, x, consts["expansion"],
-                                                consts["kernel"].gamma, consts["tol"],
-                                                consts["max_iter"], consts["scale"])
+            x, status, _ = fixed_point_preimage(
+                zb,
+                x,
+                consts["expansion"],
+                consts["kernel"].gamma,
+                consts["tol"],
+                consts["max_iter"],
+                consts["scale"],
+            )
             if warn:
                 warn_not_converged(status, consts["max_iter"])
     return np.hstack([x, status[:, None].astype(np.float64)])

@@ -35,8 +35,15 @@ from typing import Any
 
 from .exceptions import UnsafeRemovalError
 
-__all__ = ["MARKER_FILE", "remove_owned", "remove_owned_url", "removal_refusal",
-           "placed_path", "write_marker", "has_marker"]
+__all__ = [
+    "MARKER_FILE",
+    "remove_owned",
+    "remove_owned_url",
+    "removal_refusal",
+    "placed_path",
+    "write_marker",
+    "has_marker",
+]
 
 #: the file a folder we write (Parquet datasets, transform outputs...) carries to say so;
 #: the leading underscore keeps Parquet/Arrow readers from reading it as data
@@ -68,8 +75,11 @@ def has_marker(folder: Any, kind: str | None = None) -> bool:
             data = json.load(fh)
         except ValueError:
             return False
-    return isinstance(data, dict) and data.get("written_by") == "kpca-dask" and (
-        kind is None or data.get("kind") == kind)
+    return (
+        isinstance(data, dict)
+        and data.get("written_by") == "kpca-dask"
+        and (kind is None or data.get("kind") == kind)
+    )
 
 
 def write_marker(folder: Any, kind: str, **extra: Any) -> None:
@@ -157,8 +167,14 @@ def _first_link_or_mount(top: Path) -> Path | None:
     return None
 
 
-def remove_owned(path: Any, *, root: Any, owned: Callable[[Path], bool],
-                 protect: Iterable[Any] = (), missing_ok: bool = True) -> bool:
+def remove_owned(
+    path: Any,
+    *,
+    root: Any,
+    owned: Callable[[Path], bool],
+    protect: Iterable[Any] = (),
+    missing_ok: bool = True,
+) -> bool:
     """Remove ``path`` (file, folder or link) if it is ours and safe to remove.
 
     Returns True when something was removed, False when nothing was there.
@@ -166,8 +182,10 @@ def remove_owned(path: Any, *, root: Any, owned: Callable[[Path], bool],
     """
     why = removal_refusal(path, root=root, protect=protect)
     if why is not None:
-        raise UnsafeRemovalError(f"kpca-dask will not remove {os.fspath(path) or repr('')}: "
-                                 f"{why}; nothing was deleted.")
+        raise UnsafeRemovalError(
+            f"kpca-dask will not remove {os.fspath(path) or repr('')}: "
+            f"{why}; nothing was deleted."
+        )
     p = placed_path(path)
     try:
         st = os.lstat(p)
@@ -176,17 +194,22 @@ def remove_owned(path: Any, *, root: Any, owned: Callable[[Path], bool],
             return False
         raise
     if not owned(p):
-        kind = "symbolic link" if stat.S_ISLNK(st.st_mode) else (
-            "folder" if stat.S_ISDIR(st.st_mode) else "file")
+        kind = (
+            "symbolic link"
+            if stat.S_ISLNK(st.st_mode)
+            else ("folder" if stat.S_ISDIR(st.st_mode) else "file")
+        )
         raise UnsafeRemovalError(
             f"kpca-dask will not remove {p}: this {kind} was not written by kpca-dask (no "
-            "marker of ours); move or delete it yourself, or choose another output.")
+            "marker of ours); move or delete it yourself, or choose another output."
+        )
     if stat.S_ISDIR(st.st_mode):
         bad = _first_link_or_mount(p)
         if bad is not None:
             raise UnsafeRemovalError(
                 f"kpca-dask will not remove {p}: it holds {bad}, a symbolic link or mount "
-                "point (never followed or removed by kpca-dask); remove it yourself first.")
+                "point (never followed or removed by kpca-dask); remove it yourself first."
+            )
         # rmtree works on open folder descriptors and never follows links (Linux)
         shutil.rmtree(p)
     else:
@@ -194,27 +217,35 @@ def remove_owned(path: Any, *, root: Any, owned: Callable[[Path], bool],
     return True
 
 
-def remove_owned_url(fs: Any, path: str, *, root: str, owned: Callable[[str], bool],
-                     protect: Iterable[str] = ()) -> bool:
+def remove_owned_url(
+    fs: Any, path: str, *, root: str, owned: Callable[[str], bool], protect: Iterable[str] = ()
+) -> bool:
     """:func:`remove_owned` for an fsspec filesystem path (object-store prefix)."""
     p = posixpath.normpath(path.rstrip("/"))
     r = posixpath.normpath(root.rstrip("/"))
     if p in ("", ".", "/") or "/" not in p.strip("/"):
-        raise UnsafeRemovalError(f"kpca-dask will not remove {path!r}: it is empty, a bucket "
-                                 "or the store's root; nothing was deleted.")
+        raise UnsafeRemovalError(
+            f"kpca-dask will not remove {path!r}: it is empty, a bucket "
+            "or the store's root; nothing was deleted."
+        )
     if not (p == r or p.startswith(r + "/")):
-        raise UnsafeRemovalError(f"kpca-dask will not remove {path}: it is outside the output "
-                                 f"it belongs to ({root}); nothing was deleted.")
+        raise UnsafeRemovalError(
+            f"kpca-dask will not remove {path}: it is outside the output "
+            f"it belongs to ({root}); nothing was deleted."
+        )
     for q in protect:
         q = posixpath.normpath(q.rstrip("/"))
         if p == q or p.startswith(q + "/") or q.startswith(p + "/"):
-            raise UnsafeRemovalError(f"kpca-dask will not remove {path}: it is or holds an "
-                                     f"input of this command ({q}); nothing was deleted.")
+            raise UnsafeRemovalError(
+                f"kpca-dask will not remove {path}: it is or holds an "
+                f"input of this command ({q}); nothing was deleted."
+            )
     if not fs.exists(p):
         return False
     if not owned(p):
         raise UnsafeRemovalError(
             f"kpca-dask will not remove {path}: it was not written by kpca-dask (no marker of "
-            "ours); move or delete it yourself, or choose another output.")
+            "ours); move or delete it yourself, or choose another output."
+        )
     fs.rm(p, recursive=True)
     return True

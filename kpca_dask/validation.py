@@ -14,8 +14,16 @@ import numpy as np
 
 from .exceptions import InvalidInputError, InvalidParameterError
 
-__all__ = ["Rule", "as_dask_array", "check_feature_names", "check_finite",
-           "describe_missing_chunks", "missing_zarr_chunks", "resolve_dtype", "validate_params"]
+__all__ = [
+    "Rule",
+    "as_dask_array",
+    "check_feature_names",
+    "check_finite",
+    "describe_missing_chunks",
+    "missing_zarr_chunks",
+    "resolve_dtype",
+    "validate_params",
+]
 
 
 @dataclass(frozen=True)
@@ -37,11 +45,15 @@ def _is_real(v: Any) -> bool:
 def int_range(lo: int, hi: float = np.inf, *, allow: tuple = ()) -> Rule:
     hi_s = "inf)" if hi == np.inf else f"{hi}]"
     extra = "".join(f" or {a!r}" for a in allow)
-    return Rule(f"an int in the range [{lo}, {hi_s}{extra}",
-                lambda v: v in allow if not _is_int(v) else lo <= v <= hi)
+    return Rule(
+        f"an int in the range [{lo}, {hi_s}{extra}",
+        lambda v: v in allow if not _is_int(v) else lo <= v <= hi,
+    )
 
 
-def real_range(lo: float, hi: float = np.inf, *, lo_open: bool = False, allow: tuple = ()) -> Rule:
+def real_range(
+    lo: float, hi: float = np.inf, *, lo_open: bool = False, allow: tuple = ()
+) -> Rule:
     left = "(" if lo_open else "["
     hi_s = "inf)" if hi == np.inf else f"{hi}]"
     extra = "".join(f" or {a!r}" for a in allow)
@@ -55,10 +67,14 @@ def real_range(lo: float, hi: float = np.inf, *, lo_open: bool = False, allow: t
 
 
 def options(*choices: Any) -> Rule:
-    return Rule(f"one of {sorted(map(str, choices))}", lambda v: isinstance(v, str) and v in choices)
+    return Rule(
+        f"one of {sorted(map(str, choices))}", lambda v: isinstance(v, str) and v in choices
+    )
 
 
-def validate_params(owner: str, params: dict[str, Any], rules: dict[str, Rule | list[Rule]]) -> None:
+def validate_params(
+    owner: str, params: dict[str, Any], rules: dict[str, Rule | list[Rule]]
+) -> None:
     """Raise InvalidParameterError naming the first parameter that breaks its rule."""
     for name, rule in rules.items():
         value = params[name]
@@ -77,7 +93,8 @@ def resolve_dtype(dtype: Any) -> np.dtype:
         dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise InvalidParameterError(
-            f"The 'dtype' parameter of KernelPCA must be 'float32' or 'float64'. Got {dtype!r} instead."
+            "The 'dtype' parameter of KernelPCA must be 'float32' or 'float64'. "
+            f"Got {dtype!r} instead."
         )
     return dt
 
@@ -102,14 +119,14 @@ def missing_zarr_chunks(array: Any) -> list[tuple[int, ...]]:
 
     present = set()
     for k in sync(_keys()):
-        present.add(k[len(prefix) + 1:] if prefix and k.startswith(prefix + "/") else k)
+        present.add(k[len(prefix) + 1 :] if prefix and k.startswith(prefix + "/") else k)
     grid = array._shard_grid_shape
     encode = array.metadata.encode_chunk_key
     return [idx for idx in np.ndindex(*grid) if encode(idx) not in present]
 
 
 def describe_missing_chunks(array: Any, missing: list[tuple[int, ...]]) -> str:
-    """"2 of 4 chunks are missing (the first: 'c/2/0', rows 100-149)"."""
+    """ "2 of 4 chunks are missing (the first: 'c/2/0', rows 100-149)"."""
     grid = array._shard_grid_shape
     step = (array.shards or array.chunks)[0] if array.ndim else 1
     first = missing[0]
@@ -118,9 +135,11 @@ def describe_missing_chunks(array: Any, missing: list[tuple[int, ...]]) -> str:
         lo = first[0] * step
         rows = f", rows {lo}-{min(lo + step, array.shape[0]) - 1}"
     total = int(np.prod(grid))
-    return (f"{len(missing)} of {total} chunk{'s' if total != 1 else ''} "
-            f"{'is' if len(missing) == 1 else 'are'} missing (the first: "
-            f"{array.metadata.encode_chunk_key(first)!r}{rows})")
+    return (
+        f"{len(missing)} of {total} chunk{'s' if total != 1 else ''} "
+        f"{'is' if len(missing) == 1 else 'are'} missing (the first: "
+        f"{array.metadata.encode_chunk_key(first)!r}{rows})"
+    )
 
 
 def _zarr_to_dask(X: Any, what: str = "X") -> da.Array | None:
@@ -159,7 +178,11 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
         Xd = sparse_to_dask(X, what)
     else:
         if hasattr(X, "to_numpy") and hasattr(X, "dtypes"):  # pandas DataFrame
-            bad = [c for c, t in X.dtypes.items() if not np.issubdtype(t, np.number) and t != bool]
+            bad = [
+                c
+                for c, t in X.dtypes.items()
+                if not np.issubdtype(t, np.number) and t != bool  # noqa: E721 (numpy dtype)
+            ]
             if bad:
                 raise InvalidInputError(
                     f"{what} has non-numeric columns {bad[:5]}; select numeric feature columns "
@@ -181,8 +204,12 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
             raise InvalidInputError(f"Expected a 2-D array for {what}, got a scalar {X!r}.")
     _check_dtype(Xd.dtype, what)
     if Xd.ndim != 2:
-        hint = (f" Reshape your data with {what}.reshape(-1, 1) for a single feature or "
-                f"{what}.reshape(1, -1) for a single sample." if Xd.ndim == 1 else "")
+        hint = (
+            f" Reshape your data with {what}.reshape(-1, 1) for a single feature or "
+            f"{what}.reshape(1, -1) for a single sample."
+            if Xd.ndim == 1
+            else ""
+        )
         raise InvalidInputError(
             f"Expected a 2-D array (n_samples, n_features) for {what}, got {Xd.ndim} "
             f"dimension(s) with shape {Xd.shape}.{hint}"
@@ -195,7 +222,9 @@ def as_dask_array(X: Any, what: str = "X") -> tuple[da.Array, str]:
     n, d = Xd.shape
     if n == 0 or d == 0:
         # scikit-learn's wording ("0 sample(s) (shape=...) while a minimum of 1 is required")
-        which = f"0 sample(s) (shape=({n}, {d}))" if n == 0 else f"0 feature(s) (shape=({n}, {d}))"
+        which = (
+            f"0 sample(s) (shape=({n}, {d}))" if n == 0 else f"0 feature(s) (shape=({n}, {d}))"
+        )
         raise InvalidInputError(
             f"{what} is empty: shape ({n}, {d}); found {which} while a minimum of 1 is "
             "required; need at least 1 sample and 1 feature."
@@ -209,8 +238,9 @@ def _check_dtype(dtype: np.dtype, what: str) -> None:
     if np.issubdtype(dtype, np.complexfloating):
         raise InvalidInputError(
             f"Complex data not supported: {what} is {dtype}; kernel PCA needs real numbers "
-            "(pass the real part, or the absolute values, as float).")
-    if not (np.issubdtype(dtype, np.number) or dtype == bool):
+            "(pass the real part, or the absolute values, as float)."
+        )
+    if not (np.issubdtype(dtype, np.number) or dtype == bool):  # noqa: E721 (numpy dtype)
         raise InvalidInputError(
             f"{what} has dtype {dtype}, which is not numeric; convert it to float "
             "(non-numeric columns must be encoded or dropped)."
@@ -224,7 +254,8 @@ def _block_nonfinite(x: np.ndarray) -> np.ndarray:
 def check_finite(Xd: da.Array, what: str = "X") -> None:
     """One pass over the values: refuse NaN/inf, naming the first rows involved."""
     per_block = Xd.map_blocks(
-        _block_nonfinite, chunks=((1,) * len(Xd.chunks[0]), (1,) * len(Xd.chunks[1])),
+        _block_nonfinite,
+        chunks=((1,) * len(Xd.chunks[0]), (1,) * len(Xd.chunks[1])),
         dtype=np.int64,
     )
     (counts2d,) = dask.compute(per_block)
@@ -274,16 +305,23 @@ def sparse_to_dask(X: Any, what: str = "X", block_bytes: int = SPARSE_BLOCK_BYTE
     """
     _check_dtype(X.dtype, what)
     if X.ndim != 2:
-        raise InvalidInputError(f"Expected a 2-D sparse matrix for {what}, got shape {X.shape}.")
+        raise InvalidInputError(
+            f"Expected a 2-D sparse matrix for {what}, got shape {X.shape}."
+        )
     Xc = X.tocsr()
     n, d = (int(s) for s in Xc.shape)
     dtype = np.dtype(X.dtype) if np.issubdtype(X.dtype, np.floating) else np.dtype(np.float64)
     if n == 0 or d == 0:
         return da.zeros((n, d), dtype=dtype)
     rows = max(1, min(n, block_bytes // max(1, d * dtype.itemsize)))
-    blocks = [da.from_delayed(dask.delayed(_densify, pure=True)(Xc[a:a + rows], dtype),
-                              shape=(min(rows, n - a), d), dtype=dtype)
-              for a in range(0, n, rows)]
+    blocks = [
+        da.from_delayed(
+            dask.delayed(_densify, pure=True)(Xc[a : a + rows], dtype),
+            shape=(min(rows, n - a), d),
+            dtype=dtype,
+        )
+        for a in range(0, n, rows)
+    ]
     return blocks[0] if len(blocks) == 1 else da.concatenate(blocks, axis=0)
 
 
@@ -296,15 +334,17 @@ def _object_to_float(arr: np.ndarray, what: str) -> np.ndarray:
     except TypeError as exc:  # numpy: "float() argument must be a string or a real number"
         raise InvalidInputTypeError(
             f"{what} has dtype object with a value that is not a number ({exc}); convert the "
-            "data to float (non-numeric columns must be encoded or dropped).") from exc
+            "data to float (non-numeric columns must be encoded or dropped)."
+        ) from exc
     except ValueError as exc:
         raise InvalidInputError(
             f"{what} has dtype object with values that are not numeric ({exc}); convert the "
-            "data to float (non-numeric columns must be encoded or dropped).") from exc
+            "data to float (non-numeric columns must be encoded or dropped)."
+        ) from exc
 
 
 def feature_names(X: Any) -> np.ndarray | None:
-    """Column names of a DataFrame-like ``X`` when they are all strings (scikit-learn's rule)."""
+    """Column names of a DataFrame-like ``X`` if all are strings (scikit-learn's rule)."""
     cols = getattr(X, "columns", None)
     if cols is None or not hasattr(X, "dtypes"):
         return None
@@ -318,7 +358,8 @@ def check_min_samples(n: int, what: str = "X", minimum: int = 2) -> None:
     if n < minimum:
         raise InvalidInputError(
             f"{what} has n_samples={n} (shape[0]); kernel PCA needs at least {minimum} "
-            "samples: with 1 sample the centred kernel matrix is zero. Pass more rows.")
+            "samples: with 1 sample the centred kernel matrix is zero. Pass more rows."
+        )
 
 
 def check_feature_names(fitted: np.ndarray | None, X: Any) -> None:
@@ -341,8 +382,7 @@ def check_feature_names(fitted: np.ndarray | None, X: Any) -> None:
         if hasattr(X, "columns"):
             return
         warnings.warn(
-            "X does not have valid feature names, but KernelPCA was fitted with "
-            "feature names",
+            "X does not have valid feature names, but KernelPCA was fitted with feature names",
             UserWarning,
             stacklevel=4,
         )

@@ -14,8 +14,13 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .config import ClusterConfig
 from .errors import UserError
 
-__all__ = ["dask_client", "ClusterError", "worker_environ", "WORKER_MALLOC_ENV",
-           "release_worker_memory"]
+__all__ = [
+    "dask_client",
+    "ClusterError",
+    "worker_environ",
+    "WORKER_MALLOC_ENV",
+    "release_worker_memory",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -32,8 +37,12 @@ def _security(cfg: ClusterConfig):
     for f in (cfg.tls.ca_file, cfg.tls.client_cert, cfg.tls.client_key):
         if not os.path.isfile(f):
             raise ClusterError(f"TLS file {f} does not exist (cluster.tls)")
-    return Security(tls_ca_file=cfg.tls.ca_file, tls_client_cert=cfg.tls.client_cert,
-                    tls_client_key=cfg.tls.client_key, require_encryption=True)
+    return Security(
+        tls_ca_file=cfg.tls.ca_file,
+        tls_client_cert=cfg.tls.client_cert,
+        tls_client_key=cfg.tls.client_key,
+        require_encryption=True,
+    )
 
 
 #: glibc malloc settings for the workers of a local cluster (see :func:`worker_environ`)
@@ -177,12 +186,16 @@ class PauseWatchdog(threading.Thread):
                 f"{self.timeout:g} s with work pending: the run cannot progress. Give the "
                 "workers more memory (cluster.memory_limit) or use smaller chunks "
                 "(chunks.block_rows, chunks.target_chunk_mb), then re-run the same command "
-                "to resume.")
+                "to resume."
+            )
             logger.error("%s", self.tripped)
             keys = [k for k, st in list(self.client.futures.items()) if st.status == "pending"]
             with contextlib.suppress(Exception):
-                self.client.cancel([Future(k, self.client) for k in keys],
-                                   reason="kpca-pause-watchdog", msg=self.tripped)
+                self.client.cancel(
+                    [Future(k, self.client) for k in keys],
+                    reason="kpca-pause-watchdog",
+                    msg=self.tripped,
+                )
             return
 
     def stop(self) -> None:
@@ -220,8 +233,9 @@ def _probe(cfg: ClusterConfig, security) -> None:
     if parts.scheme not in ("tcp", "tls") or not parts.hostname or parts.port is None:
         return
     try:
-        socket.create_connection((parts.hostname, parts.port), timeout=cfg.connect_timeout
-                                 ).close()
+        socket.create_connection(
+            (parts.hostname, parts.port), timeout=cfg.connect_timeout
+        ).close()
     except OSError:
         return  # unreachable: the Client says so in its own words
 
@@ -229,8 +243,9 @@ def _probe(cfg: ClusterConfig, security) -> None:
         from distributed.comm import connect
 
         args = security.get_connection_args("client") if security is not None else {}
-        comm = await asyncio.wait_for(connect(cfg.address, timeout=cfg.connect_timeout,
-                                              **args), cfg.connect_timeout)
+        comm = await asyncio.wait_for(
+            connect(cfg.address, timeout=cfg.connect_timeout, **args), cfg.connect_timeout
+        )
         await comm.close()
 
     outcome: list[BaseException | None] = []
@@ -255,7 +270,8 @@ def _probe(cfg: ClusterConfig, security) -> None:
             f"{cfg.connect_timeout:g} s: another service on that port (the dashboard's?), a "
             "tcp:// address for a TLS scheduler, or certificates the scheduler does not "
             "accept; check cluster.address (the scheduler's port, 8786 by default) and "
-            "cluster.tls.")
+            "cluster.tls."
+        )
 
 
 @contextlib.contextmanager
@@ -274,23 +290,30 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
         security = _security(cfg)
         _probe(cfg, security)
         try:
-            client = Client(cfg.address, security=security, timeout=cfg.connect_timeout,
-                            set_as_default=True)
+            client = Client(
+                cfg.address, security=security, timeout=cfg.connect_timeout, set_as_default=True
+            )
         except (OSError, TimeoutError) as exc:
             raise ClusterError(
                 f"cannot reach the Dask scheduler at {cfg.address} within "
-                f"{cfg.connect_timeout:g} s ({type(exc).__name__}: {exc}); check cluster.address, "
-                "that the scheduler is running and that this machine can reach it "
-                "(leave cluster.address empty to start a local cluster).") from exc
+                f"{cfg.connect_timeout:g} s ({type(exc).__name__}: {exc}); "
+                "check cluster.address, that the scheduler is running and that this "
+                "machine can reach it (leave cluster.address empty to start a local cluster)."
+            ) from exc
         try:
             try:
                 client.wait_for_workers(1, timeout=cfg.connect_timeout)
             except TimeoutError as exc:
                 raise ClusterError(
                     f"the scheduler at {cfg.address} has no workers after "
-                    f"{cfg.connect_timeout:g} s; start workers (dask worker {cfg.address}).") from exc
-            logger.info("connected to %s (%d workers); dashboard: %s", cfg.address,
-                        len(client.scheduler_info()["workers"]), client.dashboard_link)
+                    f"{cfg.connect_timeout:g} s; start workers (dask worker {cfg.address})."
+                ) from exc
+            logger.info(
+                "connected to %s (%d workers); dashboard: %s",
+                cfg.address,
+                len(client.scheduler_info()["workers"]),
+                client.dashboard_link,
+            )
             with _watched(client, cfg):
                 yield client
         finally:
@@ -301,15 +324,26 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
     n_workers = cfg.n_workers or max(1, cpu_count() // cfg.threads_per_worker)
     # distributed's nannies take these from os.environ before their config, and spawn
     # (and re-spawn after a crash) within the cluster's lifetime: set them for that long
-    with _environ(worker_environ()), LocalCluster(
-            n_workers=n_workers, threads_per_worker=cfg.threads_per_worker, processes=True,
-            host="127.0.0.1", dashboard_address=cfg.dashboard_address,
-            memory_limit=cfg.memory_limit, silence_logs=logging.WARNING) as cluster:
+    with (
+        _environ(worker_environ()),
+        LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=cfg.threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=cfg.dashboard_address,
+            memory_limit=cfg.memory_limit,
+            silence_logs=logging.WARNING,
+        ) as cluster,
+    ):
         with Client(cluster, set_as_default=True) as client:
             if not logging.getLogger("distributed").isEnabledFor(logging.DEBUG):
                 client.register_plugin(QuietTaskErrors())
-            logger.info("local Dask cluster: %d workers x %d threads; dashboard: %s", n_workers,
-                        cfg.threads_per_worker,
-                        client.dashboard_link if cfg.dashboard_address else "disabled")
+            logger.info(
+                "local Dask cluster: %d workers x %d threads; dashboard: %s",
+                n_workers,
+                cfg.threads_per_worker,
+                client.dashboard_link if cfg.dashboard_address else "disabled",
+            )
             with _watched(client, cfg):
                 yield client

@@ -48,31 +48,80 @@ __all__ = [
 ]
 
 #: storage_options keys that carry credentials: refused in config files.
-SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
-               "aws_secret_access_key", "aws_session_token", "client_secret",
-               "account_key", "sas_token", "credentials", "session_token",
-               # short names compared whole (as parts of other names they mean other things)
-               "sig", "sas", "auth", "pwd", "pass", "passphrase", "cookie", "apikey",
-               "x-api-key"}
+SECRET_KEYS = {
+    "key",
+    "secret",
+    "token",
+    "password",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "client_secret",
+    "account_key",
+    "sas_token",
+    "credentials",
+    "session_token",
+    # short names compared whole (as parts of other names they mean other things)
+    "sig",
+    "sas",
+    "auth",
+    "pwd",
+    "pass",
+    "passphrase",
+    "cookie",
+    "apikey",
+    "x-api-key",
+}
 #: ... and words that mark a credential anywhere in a key's name (api_key, connection_string,
 #: an Authorization header, X-Amz-Security-Token, refresh_token...), case-insensitive.
-SECRET_WORDS = ("secret", "password", "passwd", "token", "signature", "credential",
-                "private_key", "privatekey", "api_key", "api-key", "apikey", "access_key",
-                "accesskey", "account_key", "accountkey", "connection_string",
-                "connectionstring", "authorization", "sas_", "_sas", "bearer", "cookie")
+SECRET_WORDS = (
+    "secret",
+    "password",
+    "passwd",
+    "token",
+    "signature",
+    "credential",
+    "private_key",
+    "privatekey",
+    "api_key",
+    "api-key",
+    "apikey",
+    "access_key",
+    "accesskey",
+    "account_key",
+    "accountkey",
+    "connection_string",
+    "connectionstring",
+    "authorization",
+    "sas_",
+    "_sas",
+    "bearer",
+    "cookie",
+)
 #: values that are credentials whatever their key is called (never echoed in messages)
 _SECRET_VALUES = (
     ("an AWS access key id", re.compile(r"\b(AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b")),
     ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
     ("an HTTP authorization value", re.compile(r"^\s*(Bearer|Basic|Token)\s+\S{8,}", re.I)),
-    ("an Azure connection string or SAS", re.compile(
-        r"(AccountKey|SharedAccessSignature|SharedAccessKey)=|[?&]sig=", re.I)),
+    (
+        "an Azure connection string or SAS",
+        re.compile(r"(AccountKey|SharedAccessSignature|SharedAccessKey)=|[?&]sig=", re.I),
+    ),
     ("a JSON web token", re.compile(r"\beyJ[\w-]{8,}\.[\w-]{8,}\.")),
-    ("an API token", re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|xox[abp]-[\w-]{10,}|"
-                                r"sk-[A-Za-z0-9]{20,}|AIza[\w-]{30,})")),
+    (
+        "an API token",
+        re.compile(
+            r"\b(gh[pousr]_[A-Za-z0-9]{20,}|xox[abp]-[\w-]{10,}|"
+            r"sk-[A-Za-z0-9]{20,}|AIza[\w-]{30,})"
+        ),
+    ),
     ("a long hex string", re.compile(r"^[0-9a-fA-F]{32,}$")),
-    ("a long base64 string", re.compile(
-        r"^(?=[^0-9]*[0-9])(?=[^a-z]*[a-z])(?=[^A-Z]*[A-Z])[A-Za-z0-9+/]{32,}={0,2}$")),
+    (
+        "a long base64 string",
+        re.compile(
+            r"^(?=[^0-9]*[0-9])(?=[^a-z]*[a-z])(?=[^A-Z]*[A-Z])[A-Za-z0-9+/]{32,}={0,2}$"
+        ),
+    ),
 )
 
 
@@ -120,8 +169,10 @@ def _check_url(v: str, what: str) -> str:
     if "://" in v:
         netloc = v.split("://", 1)[1].split("/", 1)[0]
         if "@" in netloc:
-            raise ValueError("URLs with embedded credentials (user:password@host) are refused; "
-                             "use the environment for credentials.")
+            raise ValueError(
+                "URLs with embedded credentials (user:password@host) are refused; "
+                "use the environment for credentials."
+            )
         query = v.split("?", 1)[1] if "?" in v else ""
         from urllib.parse import unquote
 
@@ -130,8 +181,10 @@ def _check_url(v: str, what: str) -> str:
         bad = _secret_keys(params)
         if bad:
             names = [b.split(" ", 1)[0] for b in bad]
-            raise ValueError(f"URLs with credentials in the query string ({names}) are "
-                             "refused; use the environment for credentials.")
+            raise ValueError(
+                f"URLs with credentials in the query string ({names}) are "
+                "refused; use the environment for credentials."
+            )
     return v
 
 
@@ -146,37 +199,53 @@ class ConfigError(UserError, ValueError):
 class _Model(BaseModel):
     # hide_input_in_errors: a refused credential is never echoed, also by pydantic's own
     # error text (the Python API, Prefect parameters), not only by load_config's summary
-    model_config = ConfigDict(extra="forbid", validate_assignment=True,
-                              hide_input_in_errors=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, hide_input_in_errors=True
+    )
 
 
 class InputConfig(_Model):
     """Where the data are and which columns to use."""
 
-    path: str = Field(description="Input file, folder or URL (local path or any fsspec URL, "
-                                  "e.g. s3://bucket/data.parquet; s3 needs s3fs installed).")
+    path: str = Field(
+        description="Input file, folder or URL (local path or any fsspec URL, "
+        "e.g. s3://bucket/data.parquet; s3 needs s3fs installed)."
+    )
     format: Literal["auto", "npy", "csv", "parquet", "zarr"] = Field(
-        "auto", description="Input format; 'auto' infers it from the path's suffix "
-                            "(.npy, .csv, .parquet/.pq or a folder of Parquet files, .zarr).")
+        "auto",
+        description="Input format; 'auto' infers it from the path's suffix "
+        "(.npy, .csv, .parquet/.pq or a folder of Parquet files, .zarr).",
+    )
     columns: list[str] | None = Field(
-        None, description="Feature columns by name for CSV/Parquet (default: every numeric "
-                          "column except the label and id columns).")
-    label_column: str | None = Field(None, description="Optional class label column, kept "
-                                                       "alongside (enables evaluation).")
+        None,
+        description="Feature columns by name for CSV/Parquet (default: every numeric "
+        "column except the label and id columns).",
+    )
+    label_column: str | None = Field(
+        None, description="Optional class label column, kept alongside (enables evaluation)."
+    )
     id_column: str | None = Field(None, description="Optional row id column, kept alongside.")
-    zarr_array: str | None = Field(None, description="Array path inside a zarr group input "
-                                                     "(default: the root array or 'X').")
+    zarr_array: str | None = Field(
+        None,
+        description="Array path inside a zarr group input (default: the root array or 'X').",
+    )
     nonfinite: Literal["error", "drop"] = Field(
-        "error", description="NaN/inf policy: 'error' stops before anything is written; "
-                             "'drop' removes such rows and reports how many.")
+        "error",
+        description="NaN/inf policy: 'error' stops before anything is written; "
+        "'drop' removes such rows and reports how many.",
+    )
     missing_chunks: Literal["error", "fill"] = Field(
-        "error", description="zarr input whose store lacks chunk files: 'error' refuses it "
-                             "(zarr would read them as zeros); 'fill' reads them as the "
-                             "array's fill value, deliberately (zarr writes no chunk equal to "
-                             "the fill value unless write_empty_chunks is set).")
+        "error",
+        description="zarr input whose store lacks chunk files: 'error' refuses it "
+        "(zarr would read them as zeros); 'fill' reads them as the "
+        "array's fill value, deliberately (zarr writes no chunk equal to "
+        "the fill value unless write_empty_chunks is set).",
+    )
     storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="Extra fsspec options (e.g. {'anon': true} or an "
-        "endpoint_url). Credentials are refused here: use the environment.")
+        default_factory=dict,
+        description="Extra fsspec options (e.g. {'anon': true} or an "
+        "endpoint_url). Credentials are refused here: use the environment.",
+    )
 
     @field_validator("storage_options")
     @classmethod
@@ -185,7 +254,8 @@ class InputConfig(_Model):
         if bad:
             raise ValueError(
                 f"storage_options must not hold credentials ({bad}); set them in the "
-                "environment (e.g. AWS_ACCESS_KEY_ID) or a Prefect block instead.")
+                "environment (e.g. AWS_ACCESS_KEY_ID) or a Prefect block instead."
+            )
         return v
 
     @field_validator("path")
@@ -201,10 +271,17 @@ class InputConfig(_Model):
         import posixpath
 
         norm = posixpath.normpath(v.replace("\\", "/"))
-        if not v.strip() or v.startswith(("/", "\\")) or norm == ".." or norm.startswith("../") \
-                or "://" in v:
-            raise ValueError(f"zarr_array {v!r} must be a relative path inside the input store "
-                             "(no '..', no leading '/', no URL)")
+        if (
+            not v.strip()
+            or v.startswith(("/", "\\"))
+            or norm == ".."
+            or norm.startswith("../")
+            or "://" in v
+        ):
+            raise ValueError(
+                f"zarr_array {v!r} must be a relative path inside the input store "
+                "(no '..', no leading '/', no URL)"
+            )
         return v
 
 
@@ -212,10 +289,13 @@ class KernelConfig(_Model):
     """The kernel (names and defaults as in scikit-learn)."""
 
     name: Literal["linear", "poly", "rbf", "laplacian", "sigmoid", "cosine"] = Field(
-        "rbf", description="Kernel function.")
+        "rbf", description="Kernel function."
+    )
     gamma: float | Literal["scale"] | None = Field(
-        "scale", description="Kernel coefficient: a positive number, null for 1/n_features, "
-                             "or 'scale' for the median heuristic.")
+        "scale",
+        description="Kernel coefficient: a positive number, null for 1/n_features, "
+        "or 'scale' for the median heuristic.",
+    )
     degree: float = Field(3, gt=0, description="Degree of the polynomial kernel.")
     coef0: float = Field(1.0, description="Independent term of the poly/sigmoid kernels.")
 
@@ -232,36 +312,53 @@ class SolverConfig(_Model):
 
     n_components: int = Field(16, ge=1, description="Number of principal components.")
     eigen_solver: Literal["auto", "dense", "randomized", "nystroem"] = Field(
-        "auto", description="'dense' (n <= ~20k), 'randomized' (exact, implicit kernel "
-                            "matrix), 'nystroem' (linear in n), or 'auto'.")
+        "auto",
+        description="'dense' (n <= ~20k), 'randomized' (exact, implicit kernel "
+        "matrix), 'nystroem' (linear in n), or 'auto'.",
+    )
     dtype: Literal["float32", "float64"] = Field(
-        "float32", description="Precision of kernel evaluation (float32 is 2-3x faster, "
-                               "eigenvalues typically within 1e-7 relative).")
+        "float32",
+        description="Precision of kernel evaluation (float32 is 2-3x faster, "
+        "eigenvalues typically within 1e-7 relative).",
+    )
     n_oversamples: int = Field(24, ge=0, description="Extra columns of the randomized block.")
-    n_power_iter: int | Literal["auto"] = Field("auto", description="Randomized passes after "
-                                                "the first, or 'auto' (stop at tol).")
-    tol: float | None = Field(None, gt=0, description="Convergence tolerance of the randomized "
-                                                      "solver (default by dtype).")
+    n_power_iter: int | Literal["auto"] = Field(
+        "auto", description="Randomized passes after the first, or 'auto' (stop at tol)."
+    )
+    tol: float | None = Field(
+        None,
+        gt=0,
+        description="Convergence tolerance of the randomized solver (default by dtype).",
+    )
     max_iter: int = Field(20, ge=1, description="Cap on randomized passes.")
     random_state: int | None = Field(0, description="Seed (test matrix, landmarks, split).")
     max_residual: float | None = Field(
-        1e-2, gt=0, description="Largest certified residual ||Kc v - lambda v|| / lambda a "
-                                "published model may have (typical: 1e-4 float32, 1e-7 float64); "
-                                "a fit above it is refused, not published. null disables.")
-    n_landmarks: int | None = Field(None, ge=1, description="Nyström landmarks m "
-                                                            "(default chosen by the solver).")
+        1e-2,
+        gt=0,
+        description="Largest certified residual ||Kc v - lambda v|| / lambda a "
+        "published model may have (typical: 1e-4 float32, 1e-7 float64); "
+        "a fit above it is refused, not published. null disables.",
+    )
+    n_landmarks: int | None = Field(
+        None, ge=1, description="Nyström landmarks m (default chosen by the solver)."
+    )
     landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
-        "rpcholesky", description="How Nyström landmarks are chosen.")
+        "rpcholesky", description="How Nyström landmarks are chosen."
+    )
 
 
 class ChunkConfig(_Model):
     """How data are chunked."""
 
-    target_chunk_mb: float = Field(64.0, gt=0, allow_inf_nan=False,
-                                   description="Target size of one ingested row "
-                                                           "chunk in MB (50-200 MB suits clusters).")
+    target_chunk_mb: float = Field(
+        64.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Target size of one ingested row chunk in MB (50-200 MB suits clusters).",
+    )
     block_rows: int | Literal["auto"] = Field(
-        "auto", description="Rows per block of the kernel partition ('auto': ~2048).")
+        "auto", description="Rows per block of the kernel partition ('auto': ~2048)."
+    )
 
     @field_validator("block_rows")
     @classmethod
@@ -275,20 +372,29 @@ class KernelStoreConfig(_Model):
     """Whether the exact path materialises the kernel matrix in zarr."""
 
     materialize: Literal["auto", "always", "never"] = Field(
-        "auto", description="'auto' materialises when reading a stored block is cheaper than "
-                            "recomputing it (large n_features; see docs/kernel-store.md).")
-    verify: bool = Field(True, description="On resume, re-read blocks marked done and check "
-                                           "their checksum before skipping them.")
+        "auto",
+        description="'auto' materialises when reading a stored block is cheaper than "
+        "recomputing it (large n_features; see docs/kernel-store.md).",
+    )
+    verify: bool = Field(
+        True,
+        description="On resume, re-read blocks marked done and check "
+        "their checksum before skipping them.",
+    )
 
 
 class OutputConfig(_Model):
     """Where the artifacts go."""
 
     path: str = Field("kpca-output", description="Output folder or URL of this run.")
-    parquet: bool = Field(True, description="Also write the embedding as Parquet (id, label, "
-                                            "components) for downstream tools.")
-    overwrite: bool = Field(False, description="Replace a complete run at the same path "
-                                               "(otherwise refused).")
+    parquet: bool = Field(
+        True,
+        description="Also write the embedding as Parquet (id, label, "
+        "components) for downstream tools.",
+    )
+    overwrite: bool = Field(
+        False, description="Replace a complete run at the same path (otherwise refused)."
+    )
 
     @field_validator("path")
     @classmethod
@@ -307,22 +413,32 @@ class TLSConfig(_Model):
 class ClusterConfig(_Model):
     """The Dask cluster to run on."""
 
-    address: str = Field("", description="Scheduler address (tcp://host:8786 or "
-                                         "tls://host:8786); empty starts a local cluster.")
-    n_workers: int | None = Field(None, ge=1, description="Local cluster workers (default: "
-                                                          "one per core).")
+    address: str = Field(
+        "",
+        description="Scheduler address (tcp://host:8786 or "
+        "tls://host:8786); empty starts a local cluster.",
+    )
+    n_workers: int | None = Field(
+        None, ge=1, description="Local cluster workers (default: one per core)."
+    )
     threads_per_worker: int = Field(1, ge=1, description="Threads per local worker.")
-    memory_limit: str = Field("auto", description="Memory limit per local worker, e.g. "
-                                                  "'4GiB' or 'auto'.")
+    memory_limit: str = Field(
+        "auto", description="Memory limit per local worker, e.g. '4GiB' or 'auto'."
+    )
     dashboard_address: str | None = Field(
-        "127.0.0.1:0", description="Local dashboard bind address (localhost only by default; "
-                                   "null disables it).")
+        "127.0.0.1:0",
+        description="Local dashboard bind address (localhost only by default; "
+        "null disables it).",
+    )
     tls: TLSConfig | None = Field(None, description="TLS files for a tls:// scheduler.")
     connect_timeout: float = Field(30.0, gt=0, description="Seconds to wait for the scheduler.")
     paused_timeout: float | None = Field(
-        300.0, gt=0, description="Fail the run when every worker has been paused at its "
+        300.0,
+        gt=0,
+        description="Fail the run when every worker has been paused at its "
         "memory limit for this many seconds with work pending (a paused worker whose memory "
-        "never drops would wait forever); null waits forever.")
+        "never drops would wait forever); null waits forever.",
+    )
 
     @field_validator("memory_limit")
     @classmethod
@@ -336,21 +452,27 @@ class ClusterConfig(_Model):
         try:
             n = parse_bytes(v)
         except (ValueError, TypeError):
-            raise ValueError(f"memory_limit {v!r} is not a size; write e.g. '4GiB' or "
-                             "'auto'") from None
+            raise ValueError(
+                f"memory_limit {v!r} is not a size; write e.g. '4GiB' or 'auto'"
+            ) from None
         if n < MIN_WORKER_MEMORY:
-            raise ValueError(f"memory_limit {v!r} is below the minimum: a worker needs at "
-                             "least 256 MiB (e.g. '4GiB', or 'auto')")
+            raise ValueError(
+                f"memory_limit {v!r} is below the minimum: a worker needs at "
+                "least 256 MiB (e.g. '4GiB', or 'auto')"
+            )
         return v
 
     @model_validator(mode="after")
     def _tls_matches_scheme(self):
         if self.address.startswith("tls://") and self.tls is None:
-            raise ValueError("a tls:// address needs the 'tls' section (ca_file, client_cert, "
-                             "client_key)")
+            raise ValueError(
+                "a tls:// address needs the 'tls' section (ca_file, client_cert, client_key)"
+            )
         if self.address and not self.address.startswith(("tcp://", "tls://", "inproc://")):
-            raise ValueError(f"scheduler address {self.address!r} must start with tcp:// or "
-                             "tls:// (or be empty for a local cluster)")
+            raise ValueError(
+                f"scheduler address {self.address!r} must start with tcp:// or "
+                "tls:// (or be empty for a local cluster)"
+            )
         return self
 
 
@@ -371,62 +493,94 @@ class EvaluateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     enabled: bool | Literal["auto"] = Field(
-        "auto", description="Run the evaluate stage: true, false, or 'auto' (when the input "
-                            "has a label column). With true and no labels the run fails "
-                            "before anything is fitted.")
+        "auto",
+        description="Run the evaluate stage: true, false, or 'auto' (when the input "
+        "has a label column). With true and no labels the run fails "
+        "before anything is fitted.",
+    )
     test_fraction: float = Field(
-        0.2, description="Share of labelled rows held out for testing, in (0, 1). The split "
-                         "is drawn before fitting (stored as <out>/split) and the model never "
-                         "sees held-out rows.")
+        0.2,
+        description="Share of labelled rows held out for testing, in (0, 1). The split "
+        "is drawn before fitting (stored as <out>/split) and the model never "
+        "sees held-out rows.",
+    )
     stratify: bool = Field(
-        True, description="Hold out the same share of every class (exact per class when the "
-                          "labels fit in memory, in expectation when they are a dask array).")
+        True,
+        description="Hold out the same share of every class (exact per class when the "
+        "labels fit in memory, in expectation when they are a dask array).",
+    )
     classifier: Literal["auto", "logistic", "linear_svc", "sgd"] = Field(
-        "auto", description="Linear classifier trained on the embedding: 'logistic' "
-                            "(LogisticRegression, lbfgs), 'linear_svc' (LinearSVC), 'sgd' "
-                            "(SGDClassifier with log loss, trained chunk by chunk with "
-                            "partial_fit), or 'auto': logistic up to sgd_min_rows training "
-                            "rows, sgd above.")
+        "auto",
+        description="Linear classifier trained on the embedding: 'logistic' "
+        "(LogisticRegression, lbfgs), 'linear_svc' (LinearSVC), 'sgd' "
+        "(SGDClassifier with log loss, trained chunk by chunk with "
+        "partial_fit), or 'auto': logistic up to sgd_min_rows training "
+        "rows, sgd above.",
+    )
     sgd_min_rows: int = Field(
-        SGD_MIN_ROWS, description="Training rows above which classifier='auto' uses SGD "
-                                  "(lbfgs slows super-linearly with rows; docs/tuning.md).")
-    sgd_epochs: int = Field(5, description="Passes over the training rows for classifier='sgd'.")
+        SGD_MIN_ROWS,
+        description="Training rows above which classifier='auto' uses SGD "
+        "(lbfgs slows super-linearly with rows; docs/tuning.md).",
+    )
+    sgd_epochs: int = Field(
+        5, description="Passes over the training rows for classifier='sgd'."
+    )
     standardize: bool = Field(
-        True, description="Scale every component to unit variance (StandardScaler fitted on "
-                          "training rows) before the classifier; kernel PCA components have "
-                          "very different variances, and L2-regularised classifiers are "
-                          "scale-sensitive.")
-    C: float = Field(1.0, description="Inverse regularisation strength of the classifier "
-                                      "(SGD uses alpha = 1 / (C * n_train), the same objective).")
+        True,
+        description="Scale every component to unit variance (StandardScaler fitted on "
+        "training rows) before the classifier; kernel PCA components have "
+        "very different variances, and L2-regularised classifiers are "
+        "scale-sensitive.",
+    )
+    C: float = Field(
+        1.0,
+        description="Inverse regularisation strength of the classifier "
+        "(SGD uses alpha = 1 / (C * n_train), the same objective).",
+    )
     max_iter: int = Field(2000, description="Iteration cap of logistic / linear_svc.")
     sweep_components: list[int] | Literal["auto"] | None = Field(
-        "auto", description="Numbers of components k at which accuracy is measured (kernel PCA "
-                            "and the linear PCA baseline); 'auto' takes about 1.5x steps "
-                            "(1, 2, 3, 4, 6, 8, 12, ...) up to the embedding's k; null only "
-                            "evaluates the full k. Values above the embedding's k are skipped.")
+        "auto",
+        description="Numbers of components k at which accuracy is measured (kernel PCA "
+        "and the linear PCA baseline); 'auto' takes about 1.5x steps "
+        "(1, 2, 3, 4, 6, 8, 12, ...) up to the embedding's k; null only "
+        "evaluates the full k. Values above the embedding's k are skipped.",
+    )
     gamma_sweep: list[float] | Literal["auto"] | None = Field(
-        None, description="Optional kernel coefficients to compare by cross-validation on the "
-                          "training split (kernel PCA refitted per fold on a subsample of "
-                          "cv_max_rows rows); 'auto' tries the fitted gamma times 1/4, 1/2, "
-                          "1, 2, 4. Evidence for choosing gamma and k; the run's model is not "
-                          "changed. Only for kernels with a gamma (rbf, laplacian, poly, "
-                          "sigmoid).")
-    cv_folds: int = Field(3, description="Stratified folds of the gamma cross-validation (2-20).")
+        None,
+        description="Optional kernel coefficients to compare by cross-validation on the "
+        "training split (kernel PCA refitted per fold on a subsample of "
+        "cv_max_rows rows); 'auto' tries the fitted gamma times 1/4, 1/2, "
+        "1, 2, 4. Evidence for choosing gamma and k; the run's model is not "
+        "changed. Only for kernels with a gamma (rbf, laplacian, poly, "
+        "sigmoid).",
+    )
+    cv_folds: int = Field(
+        3, description="Stratified folds of the gamma cross-validation (2-20)."
+    )
     cv_max_rows: int = Field(
-        2000, description="Training rows subsampled for the gamma cross-validation (each fold "
-                          "fit is a dense kernel matrix on ~(1 - 1/cv_folds) of them).")
+        2000,
+        description="Training rows subsampled for the gamma cross-validation (each fold "
+        "fit is a dense kernel matrix on ~(1 - 1/cv_folds) of them).",
+    )
     baseline_memory_mb: float = Field(
-        512.0, description="Fit the linear PCA baseline with scikit-learn's PCA when the "
-                           "training rows of X fit in this many MB (float64), otherwise stream "
-                           "them through IncrementalPCA chunk by chunk.")
+        512.0,
+        description="Fit the linear PCA baseline with scikit-learn's PCA when the "
+        "training rows of X fit in this many MB (float64), otherwise stream "
+        "them through IncrementalPCA chunk by chunk.",
+    )
     max_scatter_points: int = Field(
-        5000, description="Rows drawn (uniformly, seeded) for the 2-D scatter plot.")
+        5000, description="Rows drawn (uniformly, seeded) for the 2-D scatter plot."
+    )
     max_novelty_points: int = Field(
-        5000, description="Held-out rows (and as many training rows) scored with "
-                          "model.score_samples for the novelty histogram; each score costs "
-                          "one kernel evaluation per training row (exact models) or landmark.")
+        5000,
+        description="Held-out rows (and as many training rows) scored with "
+        "model.score_samples for the novelty histogram; each score costs "
+        "one kernel evaluation per training row (exact models) or landmark.",
+    )
     random_state: int = Field(0, description="Seed of the split, subsamples, CV folds and SGD.")
-    report: bool = Field(True, description="Write the plots and report.md next to metrics.json.")
+    report: bool = Field(
+        True, description="Write the plots and report.md next to metrics.json."
+    )
 
     # -- validators: messages name the field, the value and the fix ----------------
     @field_validator("test_fraction")
@@ -435,11 +589,13 @@ class EvaluateConfig(BaseModel):
         if not (math.isfinite(v) and 0.0 < v < 1.0):
             raise ValueError(
                 f"test_fraction must be strictly between 0 and 1 (the share of labelled rows "
-                f"held out for testing, e.g. 0.2); got {v!r}")
+                f"held out for testing, e.g. 0.2); got {v!r}"
+            )
         return v
 
-    @field_validator("sgd_min_rows", "sgd_epochs", "max_iter", "max_scatter_points",
-                     "max_novelty_points")
+    @field_validator(
+        "sgd_min_rows", "sgd_epochs", "max_iter", "max_scatter_points", "max_novelty_points"
+    )
     @classmethod
     def _check_positive_int(cls, v: int, info: Any) -> int:
         if v < 1:
@@ -457,16 +613,20 @@ class EvaluateConfig(BaseModel):
     @classmethod
     def _check_folds(cls, v: int) -> int:
         if not 2 <= v <= 20:
-            raise ValueError(f"cv_folds must be between 2 and 20 (cross-validation needs at "
-                             f"least two folds); got {v!r}")
+            raise ValueError(
+                f"cv_folds must be between 2 and 20 (cross-validation needs at "
+                f"least two folds); got {v!r}"
+            )
         return v
 
     @field_validator("cv_max_rows")
     @classmethod
     def _check_cv_rows(cls, v: int) -> int:
         if v < 20:
-            raise ValueError(f"cv_max_rows must be at least 20 (each fold needs rows of every "
-                             f"class); got {v!r}")
+            raise ValueError(
+                f"cv_max_rows must be at least 20 (each fold needs rows of every "
+                f"class); got {v!r}"
+            )
         return v
 
     @field_validator("sweep_components")
@@ -474,12 +634,15 @@ class EvaluateConfig(BaseModel):
     def _check_sweep(cls, v: Any) -> Any:
         if isinstance(v, list):
             if not v:
-                raise ValueError("sweep_components must not be empty: list some k (e.g. "
-                                 "[2, 4, 8, 16]), or use 'auto', or null for the full k only")
+                raise ValueError(
+                    "sweep_components must not be empty: list some k (e.g. "
+                    "[2, 4, 8, 16]), or use 'auto', or null for the full k only"
+                )
             bad = [k for k in v if k < 1]
             if bad:
-                raise ValueError(f"sweep_components must be positive numbers of components; "
-                                 f"got {bad}")
+                raise ValueError(
+                    f"sweep_components must be positive numbers of components; got {bad}"
+                )
             return sorted(set(v))
         return v
 
@@ -488,19 +651,32 @@ class EvaluateConfig(BaseModel):
     def _check_gammas(cls, v: Any) -> Any:
         if isinstance(v, list):
             if not v:
-                raise ValueError("gamma_sweep must not be empty: list kernel coefficients "
-                                 "(e.g. [0.01, 0.1, 1]), use 'auto', or null to skip it")
+                raise ValueError(
+                    "gamma_sweep must not be empty: list kernel coefficients "
+                    "(e.g. [0.01, 0.1, 1]), use 'auto', or null to skip it"
+                )
             bad = [g for g in v if not (math.isfinite(g) and g > 0)]
             if bad:
-                raise ValueError(f"gamma_sweep values must be positive finite numbers; "
-                                 f"got {bad}")
+                raise ValueError(
+                    f"gamma_sweep values must be positive finite numbers; got {bad}"
+                )
             return sorted(set(float(g) for g in v))
         return v
 
 
 #: Names an output array may not take: the other artifacts of a run.
-RESERVED_NAMES = {"embedding", "spectrum", "labels", "ids", "split", "model", "report", "work",
-                  "manifest", "embedding.parquet"}
+RESERVED_NAMES = {
+    "embedding",
+    "spectrum",
+    "labels",
+    "ids",
+    "split",
+    "model",
+    "report",
+    "work",
+    "manifest",
+    "embedding.parquet",
+}
 
 
 class DenoiseConfig(BaseModel):
@@ -509,34 +685,56 @@ class DenoiseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     enabled: bool = Field(
-        False, description="Write denoised rows (pre-images of their embedding). The solve "
-                            "stage then also fits the pre-image map (fit_inverse_transform).")
+        False,
+        description="Write denoised rows (pre-images of their embedding). The solve "
+        "stage then also fits the pre-image map (fit_inverse_transform).",
+    )
     preimage: Literal["auto", "learned", "fixed_point", "exact"] = Field(
-        "auto", description="'learned': kernel ridge regression from the embedding back to the "
-                            "inputs (scikit-learn's map); 'fixed_point': Mika et al.'s iteration "
-                            "(rbf only), started from the learned one; 'exact': linear kernel "
-                            "only (linear PCA's reconstruction); 'auto': exact for the linear "
-                            "kernel, learned otherwise.")
-    alpha: float = Field(1.0, ge=0, description="Ridge term of the learned pre-image "
-                                                "(scikit-learn's alpha).")
+        "auto",
+        description="'learned': kernel ridge regression from the embedding back to the "
+        "inputs (scikit-learn's map); 'fixed_point': Mika et al.'s iteration "
+        "(rbf only), started from the learned one; 'exact': linear kernel "
+        "only (linear PCA's reconstruction); 'auto': exact for the linear "
+        "kernel, learned otherwise.",
+    )
+    alpha: float = Field(
+        1.0, ge=0, description="Ridge term of the learned pre-image (scikit-learn's alpha)."
+    )
     sample_size: int | Literal["auto"] = Field(
-        "auto", description="Training rows the learned pre-image is fitted on (one "
-                            "sample_size^2 solve): 'auto' is the landmarks for Nyström, "
-                            "min(n_train, 2048) rows for exact solvers; all rows if larger "
-                            "than the training set.")
-    tol: float = Field(1e-5, gt=0, description="Fixed point: converged when a step moves a row "
-                                               "by at most tol times the data scale.")
-    max_iter: int = Field(100, ge=1, description="Fixed point: iteration cap; rows that do not "
-                                                 "converge keep the learned pre-image.")
+        "auto",
+        description="Training rows the learned pre-image is fitted on (one "
+        "sample_size^2 solve): 'auto' is the landmarks for Nyström, "
+        "min(n_train, 2048) rows for exact solvers; all rows if larger "
+        "than the training set.",
+    )
+    tol: float = Field(
+        1e-5,
+        gt=0,
+        description="Fixed point: converged when a step moves a row "
+        "by at most tol times the data scale.",
+    )
+    max_iter: int = Field(
+        100,
+        ge=1,
+        description="Fixed point: iteration cap; rows that do not "
+        "converge keep the learned pre-image.",
+    )
     rows: Literal["all", "held_out", "train"] = Field(
-        "all", description="Which ingested rows to denoise: every row, only the held-out "
-                           "(evaluation) rows, or only the training rows.")
+        "all",
+        description="Which ingested rows to denoise: every row, only the held-out "
+        "(evaluation) rows, or only the training rows.",
+    )
     max_rows: int | None = Field(
-        None, ge=1, description="Denoise at most this many of the selected rows (the first "
-                                "ones, in row order); null for all of them.")
+        None,
+        ge=1,
+        description="Denoise at most this many of the selected rows (the first "
+        "ones, in row order); null for all of them.",
+    )
     output_name: str = Field(
-        "denoised", description="Array name under the run folder; the row index of a subset "
-                                "goes to '<output_name>_rows'.")
+        "denoised",
+        description="Array name under the run folder; the row index of a subset "
+        "goes to '<output_name>_rows'.",
+    )
 
     @field_validator("sample_size")
     @classmethod
@@ -548,10 +746,15 @@ class DenoiseConfig(BaseModel):
     @field_validator("output_name")
     @classmethod
     def _plain_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", v) or v in RESERVED_NAMES \
-                or v.startswith(".."):
-            raise ValueError(f"output_name {v!r} must be a plain array name (letters, digits, "
-                             f"_ . -) other than {sorted(RESERVED_NAMES)}")
+        if (
+            not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", v)
+            or v in RESERVED_NAMES
+            or v.startswith("..")
+        ):
+            raise ValueError(
+                f"output_name {v!r} must be a plain array name (letters, digits, "
+                f"_ . -) other than {sorted(RESERVED_NAMES)}"
+            )
         return v
 
 
@@ -642,22 +845,29 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist (or is not a file)")
         if p.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config file {p} is larger than a config can be "
-                              f"({MAX_CONFIG_BYTES} bytes); point at the run's YAML file.")
+            raise ConfigError(
+                f"config file {p} is larger than a config can be "
+                f"({MAX_CONFIG_BYTES} bytes); point at the run's YAML file."
+            )
         try:
             data = _safe_yaml(p.read_text())
         except _YamlBoundError as exc:
-            raise ConfigError(f"config file {p} has {exc}: refused (an alias bomb?); write "
-                              "the values out.") from None
+            raise ConfigError(
+                f"config file {p} has {exc}: refused (an alias bomb?); write the values out."
+            ) from None
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {p} is not UTF-8 text ({exc.reason} at byte "
-                              f"{exc.start}); save it as UTF-8 YAML.") from None
+            raise ConfigError(
+                f"config file {p} is not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); save it as UTF-8 YAML."
+            ) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise ConfigError(f"config file {p} is not valid YAML ({what}{where}); fix its "
-                              "syntax (see deploy/examples/run.yaml).") from exc
+            raise ConfigError(
+                f"config file {p} is not valid YAML ({what}{where}); fix its "
+                "syntax (see deploy/examples/run.yaml)."
+            ) from exc
         if not isinstance(data, dict):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
     try:
@@ -679,17 +889,30 @@ def _type_name(t: Any) -> str:
 
 def reference_markdown() -> str:
     """docs/config.md: every section and field with its type, default and description."""
-    lines = ["# Pipeline configuration reference", "",
-             "Generated from `pipeline/config.py` (`python -m pipeline.config > docs/config.md`);",
-             "a test keeps it in sync. Unknown keys are refused. Example: "
-             "`deploy/examples/run.yaml`.", ""]
+    lines = [
+        "# Pipeline configuration reference",
+        "",
+        "Generated from `pipeline/config.py` (`python -m pipeline.config > docs/config.md`);",
+        "a test keeps it in sync. Unknown keys are refused. Example: "
+        "`deploy/examples/run.yaml`.",
+        "",
+    ]
     for name, field in PipelineConfig.model_fields.items():
         model = field.annotation
-        lines += [f"## `{name}`", "", (model.__doc__ or "").strip().splitlines()[0], "",
-                  "| field | type | default | description |", "|---|---|---|---|"]
+        lines += [
+            f"## `{name}`",
+            "",
+            (model.__doc__ or "").strip().splitlines()[0],
+            "",
+            "| field | type | default | description |",
+            "|---|---|---|---|",
+        ]
         for fname, f in model.model_fields.items():
-            default = "required" if f.is_required() else (
-                "{}" if f.default_factory is dict else repr(f.default))
+            default = (
+                "required"
+                if f.is_required()
+                else ("{}" if f.default_factory is dict else repr(f.default))
+            )
             typ = _type_name(f.annotation).replace("|", "\\|")
             desc = (f.description or "").replace("|", "\\|")
             lines.append(f"| `{fname}` | `{typ}` | `{default}` | {desc} |")

@@ -33,8 +33,17 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-__all__ = ["DemoDataset", "DEMO_DATASETS", "digits_frame", "circles_frame", "moons_frame",
-           "demo_frame", "write_table", "write_demo_data", "write_demo_dataset"]
+__all__ = [
+    "DemoDataset",
+    "DEMO_DATASETS",
+    "digits_frame",
+    "circles_frame",
+    "moons_frame",
+    "demo_frame",
+    "write_table",
+    "write_demo_data",
+    "write_demo_dataset",
+]
 
 
 @dataclass(frozen=True)
@@ -88,8 +97,9 @@ def digits_frame() -> pd.DataFrame:
     return df
 
 
-def circles_frame(n_samples: int = 1500, *, noise: float = 0.08, factor: float = 0.3,
-                  random_state: int = 0) -> pd.DataFrame:
+def circles_frame(
+    n_samples: int = 1500, *, noise: float = 0.08, factor: float = 0.3, random_state: int = 0
+) -> pd.DataFrame:
     """Two concentric circles: ``id``, ``x``, ``y``, ``label`` in {"inner", "outer"}."""
     from sklearn.datasets import make_circles
 
@@ -97,8 +107,9 @@ def circles_frame(n_samples: int = 1500, *, noise: float = 0.08, factor: float =
     return _plane_frame(X, np.where(y == 1, "inner", "outer"))
 
 
-def moons_frame(n_samples: int = 1500, *, noise: float = 0.1,
-                random_state: int = 0) -> pd.DataFrame:
+def moons_frame(
+    n_samples: int = 1500, *, noise: float = 0.1, random_state: int = 0
+) -> pd.DataFrame:
     """Two interleaving half circles: ``id``, ``x``, ``y``, ``label`` in {"upper", "lower"}."""
     from sklearn.datasets import make_moons
 
@@ -107,8 +118,14 @@ def moons_frame(n_samples: int = 1500, *, noise: float = 0.1,
 
 
 def _plane_frame(X: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame({"id": np.arange(X.shape[0], dtype=np.int64), "x": X[:, 0],
-                         "y": X[:, 1], "label": labels})
+    return pd.DataFrame(
+        {
+            "id": np.arange(X.shape[0], dtype=np.int64),
+            "x": X[:, 0],
+            "y": X[:, 1],
+            "label": labels,
+        }
+    )
 
 
 _FRAMES = {"digits": digits_frame, "circles": circles_frame, "moons": moons_frame}
@@ -119,13 +136,15 @@ def demo_frame(name: str, **kwargs: Any) -> pd.DataFrame:
     try:
         make = _FRAMES[name]
     except KeyError:
-        raise ValueError(f"unknown demo dataset {name!r}; choose one of "
-                         f"{sorted(_FRAMES)}") from None
+        raise ValueError(
+            f"unknown demo dataset {name!r}; choose one of {sorted(_FRAMES)}"
+        ) from None
     return make(**kwargs)
 
 
-def write_table(df: pd.DataFrame, path: str | Path,
-                fmt: Literal["auto", "csv", "parquet"] = "auto") -> Path:
+def write_table(
+    df: pd.DataFrame, path: str | Path, fmt: Literal["auto", "csv", "parquet"] = "auto"
+) -> Path:
     """Write ``df`` as CSV or Parquet (``auto``: from the suffix), atomically.
 
     The file is written beside its target and renamed into place, so an
@@ -139,8 +158,10 @@ def write_table(df: pd.DataFrame, path: str | Path,
         elif suffix in (".parquet", ".pq"):
             fmt = "parquet"
         else:
-            raise ValueError(f"cannot tell the format of {path} from its suffix; use .csv or "
-                             ".parquet, or pass fmt='csv' / fmt='parquet'")
+            raise ValueError(
+                f"cannot tell the format of {path} from its suffix; use .csv or "
+                ".parquet, or pass fmt='csv' / fmt='parquet'"
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -157,8 +178,12 @@ def write_table(df: pd.DataFrame, path: str | Path,
     return path
 
 
-def write_demo_data(folder: str | Path, names: tuple[str, ...] | list[str] = ("digits",), *,
-                    fmt: Literal["csv", "parquet"] = "parquet") -> dict[str, Path]:
+def write_demo_data(
+    folder: str | Path,
+    names: tuple[str, ...] | list[str] = ("digits",),
+    *,
+    fmt: Literal["csv", "parquet"] = "parquet",
+) -> dict[str, Path]:
     """Write demo datasets into ``folder`` as ``<name>.csv`` or ``<name>.parquet``.
 
     Returns name -> path. Settings to run them with are in :data:`DEMO_DATASETS`.
@@ -173,11 +198,13 @@ def write_demo_data(folder: str | Path, names: tuple[str, ...] | list[str] = ("d
     if fmt not in ("csv", "parquet"):
         raise ValueError(f"fmt must be 'csv' or 'parquet'; got {fmt!r}")
     folder = Path(folder)
-    return {name: write_table(demo_frame(name), folder / f"{name}.{fmt}", fmt)
-            for name in names}
+    return {
+        name: write_table(demo_frame(name), folder / f"{name}.{fmt}", fmt) for name in names
+    }
 
 
-def write_demo_dataset(folder: str | Path, name: str = "digits", *,
-                       fmt: Literal["csv", "parquet"] = "parquet") -> Path:
+def write_demo_dataset(
+    folder: str | Path, name: str = "digits", *, fmt: Literal["csv", "parquet"] = "parquet"
+) -> Path:
     """Write one demo dataset (default: digits) into ``folder``; return its path."""
     return write_demo_data(folder, [name], fmt=fmt)[name]

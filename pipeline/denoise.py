@@ -39,10 +39,18 @@ from .progress import compute
 from .store import Location
 from .transform import embed_rows
 
-__all__ = ["DenoiseConfig", "DenoiseError", "estimator_params", "select_rows",
-           "denoise_rows", "stage_denoise", "denoise_to_store"]
+__all__ = [
+    "DenoiseConfig",
+    "DenoiseError",
+    "estimator_params",
+    "select_rows",
+    "denoise_rows",
+    "stage_denoise",
+    "denoise_to_store",
+]
 
 logger = logging.getLogger("pipeline")
+
 
 class DenoiseError(UserError, ValueError):
     """Denoising cannot run as configured; the message says what to change."""
@@ -52,9 +60,14 @@ def estimator_params(cfg: DenoiseConfig) -> dict[str, Any]:
     """KernelPCA parameters the solve stage adds so the model can denoise ({} if disabled)."""
     if not cfg.enabled:
         return {}
-    return {"fit_inverse_transform": True, "alpha": cfg.alpha, "preimage": cfg.preimage,
-            "preimage_sample_size": cfg.sample_size, "preimage_tol": cfg.tol,
-            "preimage_max_iter": cfg.max_iter}
+    return {
+        "fit_inverse_transform": True,
+        "alpha": cfg.alpha,
+        "preimage": cfg.preimage,
+        "preimage_sample_size": cfg.sample_size,
+        "preimage_tol": cfg.tol,
+        "preimage_max_iter": cfg.max_iter,
+    }
 
 
 def select_rows(cfg: DenoiseConfig, n_rows: int, split: np.ndarray | None) -> np.ndarray | None:
@@ -62,14 +75,17 @@ def select_rows(cfg: DenoiseConfig, n_rows: int, split: np.ndarray | None) -> np
     if cfg.rows == "all":
         idx = None
     elif split is None:
-        raise DenoiseError(f"denoise.rows={cfg.rows!r} needs held-out rows, but this run has no "
-                           "split (it holds rows out only for evaluation of labelled input); "
-                           "use denoise.rows: all.")
+        raise DenoiseError(
+            f"denoise.rows={cfg.rows!r} needs held-out rows, but this run has no "
+            "split (it holds rows out only for evaluation of labelled input); "
+            "use denoise.rows: all."
+        )
     else:
         mask = split.astype(bool)
         idx = np.flatnonzero(~mask if cfg.rows == "held_out" else mask).astype(np.int64)
-    if cfg.max_rows is not None and (idx is None and n_rows > cfg.max_rows
-                                     or idx is not None and idx.size > cfg.max_rows):
+    if cfg.max_rows is not None and (
+        idx is None and n_rows > cfg.max_rows or idx is not None and idx.size > cfg.max_rows
+    ):
         idx = np.arange(cfg.max_rows, dtype=np.int64) if idx is None else idx[: cfg.max_rows]
     return idx
 
@@ -81,22 +97,29 @@ def _check_model(model: Any, cfg: DenoiseConfig, where: str) -> str | None:
         raise DenoiseError(
             f"the model at {where} has no pre-image (it was fitted with "
             "fit_inverse_transform=False); with denoise.enabled: true the solve stage fits "
-            "one -- re-run the solve stage.")
+            "one -- re-run the solve stage."
+        )
     fitted = model.get_params(deep=False)
     for ours, theirs in (("alpha", "alpha"), ("sample_size", "preimage_sample_size")):
         if fitted[theirs] != getattr(cfg, ours):
             raise DenoiseError(
                 f"the model at {where} fitted its pre-image with {theirs}={fitted[theirs]!r} "
                 f"but denoise.{ours}={getattr(cfg, ours)!r}; re-run the solve stage with this "
-                "config.")
+                "config."
+            )
     model.set_params(preimage_tol=cfg.tol, preimage_max_iter=cfg.max_iter)
     return None if cfg.preimage == "auto" else cfg.preimage
 
 
-def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
-                 split: np.ndarray | None = None, where: str = "the model",
-                 training_data: bool = True
-                 ) -> tuple[da.Array, da.Array, np.ndarray | None]:
+def denoise_rows(
+    model: Any,
+    X: da.Array,
+    cfg: DenoiseConfig,
+    *,
+    split: np.ndarray | None = None,
+    where: str = "the model",
+    training_data: bool = True,
+) -> tuple[da.Array, da.Array, np.ndarray | None]:
     """Lazy pre-images of the selected rows: ``(denoised, status, row_index or None)``.
 
     ``training_data``: X holds the rows the model was fitted on (with ``split``
@@ -106,10 +129,13 @@ def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
     idx = select_rows(cfg, int(X.shape[0]), split)  # a config problem first
     method = _check_model(model, cfg, where)
     if X.shape[1] != model.n_features_in_:
-        raise DenoiseError(f"the data have {X.shape[1]} features but the model was fitted on "
-                           f"{model.n_features_in_}.")
-    Z = embed_rows(model, X, split=split, idx=idx, training_data=training_data,
-                   batch_rows=X.chunks[0][0])
+        raise DenoiseError(
+            f"the data have {X.shape[1]} features but the model was fitted on "
+            f"{model.n_features_in_}."
+        )
+    Z = embed_rows(
+        model, X, split=split, idx=idx, training_data=training_data, batch_rows=X.chunks[0][0]
+    )
     den, status = model.inverse_transform(Z, method=method, return_status=True)
     return den, status, idx
 
@@ -117,8 +143,9 @@ def denoise_rows(model: Any, X: da.Array, cfg: DenoiseConfig, *,
 def _write(g, name: str, arr: da.Array, chunk_rows: int):
     if name in g:
         del g[name]
-    return g.create_array(name, shape=arr.shape, dtype=arr.dtype,
-                          chunks=(chunk_rows,) + tuple(arr.shape[1:]))
+    return g.create_array(
+        name, shape=arr.shape, dtype=arr.dtype, chunks=(chunk_rows,) + tuple(arr.shape[1:])
+    )
 
 
 def _drop_previous(g) -> None:
@@ -164,8 +191,13 @@ def stage_denoise(cfg: Any, ing: Any, split: Any, solved: Any) -> dict[str, Any]
     sq_change = ((den.astype(np.float64) - X_sel.rechunk({0: den.chunks[0]})) ** 2).sum()
     chunk_rows = int(src.X.chunks[0][0])
     z = _write(g, dcfg.output_name, den, chunk_rows)
-    z.attrs.update({"columns": list(res.columns), "method": model.preimage_ if dcfg.preimage
-                    == "auto" else dcfg.preimage, "rows": dcfg.rows})
+    z.attrs.update(
+        {
+            "columns": list(res.columns),
+            "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
+            "rows": dcfg.rows,
+        }
+    )
     index_name = f"{dcfg.output_name}_rows"
     stores = [da.store(den, z, lock=False, compute=False)]
     written = [dcfg.output_name]
@@ -178,25 +210,47 @@ def stage_denoise(cfg: Any, ing: Any, split: Any, solved: Any) -> dict[str, Any]
     n_sel = int(den.shape[0])
     counts = np.bincount(np.asarray(st, dtype=np.int64), minlength=3)
     info = {
-        "enabled": True, "array": dcfg.output_name,
-        "index_array": index_name if idx is not None else None, "arrays": written,
-        "rows": n_sel, "n_features": int(den.shape[1]), "selection": dcfg.rows,
-        "method": z.attrs["method"], "alpha": dcfg.alpha,
+        "enabled": True,
+        "array": dcfg.output_name,
+        "index_array": index_name if idx is not None else None,
+        "arrays": written,
+        "rows": n_sel,
+        "n_features": int(den.shape[1]),
+        "selection": dcfg.rows,
+        "method": z.attrs["method"],
+        "alpha": dcfg.alpha,
         "sample_size": int(model.dual_coef_.shape[0]),
         "fixed_point_not_converged": {"max_iter": int(counts[1]), "diverged": int(counts[2])},
         "mean_squared_change": float(total) / max(1, n_sel * int(den.shape[1])),
         "seconds": time.perf_counter() - t0,
     }
     if counts[1] or counts[2]:
-        logger.warning("denoise: the fixed point did not converge for %d of %d rows (they hold "
-                       "the learned pre-image)", int(counts[1] + counts[2]), n_sel)
-    logger.info("denoise: %d rows -> %s/%s (%s) in %.1f s", n_sel, out, dcfg.output_name,
-                info["method"], info["seconds"])
+        logger.warning(
+            "denoise: the fixed point did not converge for %d of %d rows (they hold "
+            "the learned pre-image)",
+            int(counts[1] + counts[2]),
+            n_sel,
+        )
+    logger.info(
+        "denoise: %d rows -> %s/%s (%s) in %.1f s",
+        n_sel,
+        out,
+        dcfg.output_name,
+        info["method"],
+        info["seconds"],
+    )
     return info
 
 
-def denoise_to_store(model_path: str, input_cfg: Any, output: str, *, chunks: Any = None,
-                     method: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+def denoise_to_store(
+    model_path: str,
+    input_cfg: Any,
+    output: str,
+    *,
+    chunks: Any = None,
+    method: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """``kpca transform --inverse``: denoised rows of new data with a saved model (zarr).
 
     Writes a zarr group at ``output`` with ``denoised`` (n x d) and ``ids``/``labels``
@@ -207,20 +261,26 @@ def denoise_to_store(model_path: str, input_cfg: Any, output: str, *, chunks: An
 
     t0 = time.perf_counter()
     if output.rstrip("/").endswith(".parquet"):
-        raise DenoiseError("denoised rows are written as zarr; give an output path that does "
-                           "not end in .parquet.")
+        raise DenoiseError(
+            "denoised rows are written as zarr; give an output path that does "
+            "not end in .parquet."
+        )
     from .publish import OutputLock, check_transform_output, publish_beside
     from .transform import verify_transform_output
 
-    out = check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
-                                 overwrite=overwrite)
+    out = check_transform_output(
+        output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+    )
     model = load_model(model_path)
     src = read_input(input_cfg, chunks)
-    dcfg = DenoiseConfig(enabled=True, preimage=method or "auto",
-                         alpha=model.get_params()["alpha"],
-                         sample_size=model.get_params()["preimage_sample_size"],
-                         tol=model.get_params()["preimage_tol"],
-                         max_iter=model.get_params()["preimage_max_iter"])
+    dcfg = DenoiseConfig(
+        enabled=True,
+        preimage=method or "auto",
+        alpha=model.get_params()["alpha"],
+        sample_size=model.get_params()["preimage_sample_size"],
+        tol=model.get_params()["preimage_tol"],
+        max_iter=model.get_params()["preimage_max_iter"],
+    )
     den, status, _ = denoise_rows(model, src.X, dcfg, where=model_path, training_data=False)
     counts_box: list = []
 
@@ -237,20 +297,35 @@ def denoise_to_store(model_path: str, input_cfg: Any, output: str, *, chunks: An
                 stores.append(da.store(arr, za, lock=False, compute=False))
         *_, st = compute(*stores, status, label="denoise")
         counts_box.append(np.bincount(np.asarray(st, dtype=np.int64), minlength=3))
-        g.attrs.update({"kind": "kpca-dask-denoised", "model": model_path,
-                        "input": input_cfg.path,
-                        "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
-                        "status": "complete"})
+        g.attrs.update(
+            {
+                "kind": "kpca-dask-denoised",
+                "model": model_path,
+                "input": input_cfg.path,
+                "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
+                "status": "complete",
+            }
+        )
 
     def verify(target: Location) -> None:
-        verify_transform_output(target, n_rows=int(src.X.shape[0]), n_components=None,
-                                parquet=False, array="denoised")
+        verify_transform_output(
+            target,
+            n_rows=int(src.X.shape[0]),
+            n_components=None,
+            parquet=False,
+            array="denoised",
+        )
 
     with OutputLock(out):
-        check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
-                               overwrite=overwrite)
+        check_transform_output(
+            output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+        )
         publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
     counts = counts_box[-1]
-    return {"rows": int(src.X.shape[0]), "n_features": int(den.shape[1]), "output": output,
-            "fixed_point_not_converged": int(counts[1] + counts[2]),
-            "seconds": time.perf_counter() - t0}
+    return {
+        "rows": int(src.X.shape[0]),
+        "n_features": int(den.shape[1]),
+        "output": output,
+        "fixed_point_not_converged": int(counts[1] + counts[2]),
+        "seconds": time.perf_counter() - t0,
+    }

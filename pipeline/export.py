@@ -22,19 +22,48 @@ from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteErro
 from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST
 from .store import Location, array_checksum, atomic_write_json, read_json
 
-__all__ = ["SCHEMA_VERSION", "RunError", "RunExistsError", "RunIncompleteError",
-           "RunCorruptError", "begin_run", "write_spectrum", "write_manifest", "verify_run",
-           "file_checksums", "CHECKSUMMED", "CHECKSUMMED_FILES"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "RunError",
+    "RunExistsError",
+    "RunIncompleteError",
+    "RunCorruptError",
+    "begin_run",
+    "write_spectrum",
+    "write_manifest",
+    "verify_run",
+    "file_checksums",
+    "CHECKSUMMED",
+    "CHECKSUMMED_FILES",
+]
 
 logger = logging.getLogger("pipeline")
 
 SCHEMA_VERSION = 1
 # MANIFEST, CHECKSUMMED (arrays) and CHECKSUMMED_FILES (folders): see pipeline/layout.py
 #: what a manifest of this schema version must hold; a manifest without them is incomplete
-REQUIRED_FIELDS = ("schema_version", "status", "created", "config", "input", "model", "timings",
-                   "checksums")
-_PACKAGES = ("kpca-dask", "dask", "distributed", "numpy", "scipy", "zarr", "scikit-learn",
-             "prefect", "pandas", "pyarrow")
+REQUIRED_FIELDS = (
+    "schema_version",
+    "status",
+    "created",
+    "config",
+    "input",
+    "model",
+    "timings",
+    "checksums",
+)
+_PACKAGES = (
+    "kpca-dask",
+    "dask",
+    "distributed",
+    "numpy",
+    "scipy",
+    "zarr",
+    "scikit-learn",
+    "prefect",
+    "pandas",
+    "pyarrow",
+)
 
 
 def _versions() -> dict[str, str]:
@@ -58,14 +87,17 @@ def begin_run(out: Location, *, overwrite: bool) -> None:
         if status == "complete" and not overwrite:
             raise RunExistsError(
                 f"{out} already holds a complete run; choose another output.path or pass "
-                "--overwrite (output.overwrite: true) to replace it.")
+                "--overwrite (output.overwrite: true) to replace it."
+            )
         if status == "complete":
             from .publish import snapshot_published
 
             snapshot_published(out)  # kept until the new run is published (pipeline/publish.py)
         m.remove(root=out)
     if out.exists() and out.is_local and not out.local_path.is_dir():
-        raise RunError(f"output path {out} is a file, not a folder; choose another output.path.")
+        raise RunError(
+            f"output path {out} is a file, not a folder; choose another output.path."
+        )
     out.makedirs()
     g = out.open_group("a")
     g.attrs.update({"kind": "kpca-dask-run", "schema_version": SCHEMA_VERSION})
@@ -74,9 +106,11 @@ def begin_run(out: Location, *, overwrite: bool) -> None:
 def write_spectrum(out: Location, model: Any) -> None:
     g = out.open_group("a")
     s = g.require_group("spectrum")
-    for name, arr in (("eigenvalues", model.eigenvalues_),
-                      ("explained_variance_ratio", model.explained_variance_ratio_),
-                      ("residuals", model.residuals_)):
+    for name, arr in (
+        ("eigenvalues", model.eigenvalues_),
+        ("explained_variance_ratio", model.explained_variance_ratio_),
+        ("residuals", model.residuals_),
+    ):
         arr = np.asarray(arr, dtype=np.float64)
         if name in s:
             del s[name]
@@ -101,14 +135,21 @@ def file_checksums(out: Location) -> dict[str, str]:
             continue
         files = fs.find(base) if fs.isdir(base) else [base]
         for f in sorted(files):
-            rel = str(f)[len(root) + 1:] if str(f).startswith(root) else str(f)
+            rel = str(f)[len(root) + 1 :] if str(f).startswith(root) else str(f)
             sums[rel] = _file_sha256(out, f)
     return sums
 
 
-def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
-                   timings: dict, arrays: tuple[str, ...] = (), extra: dict | None = None
-                   ) -> dict:
+def write_manifest(
+    out: Location,
+    *,
+    config: dict,
+    ingest: dict,
+    model: dict,
+    timings: dict,
+    arrays: tuple[str, ...] = (),
+    extra: dict | None = None,
+) -> dict:
     """Checksum the published arrays (CHECKSUMMED plus ``arrays``, e.g. the denoised rows)
     and write the manifest (last, atomically)."""
     g = out.open_group("r")
@@ -120,12 +161,15 @@ def write_manifest(out: Location, *, config: dict, ingest: dict, model: dict,
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "status": "complete",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "packages": _versions(),
         "config": config,
         "input": ingest,
-        "model": {**model, "checksums": model_attrs["checksums"],
-                  "attrs_sha256": model_attrs.get("attrs_sha256")},
+        "model": {
+            **model,
+            "checksums": model_attrs["checksums"],
+            "attrs_sha256": model_attrs.get("attrs_sha256"),
+        },
         "timings": timings,
         "checksums": checksums,
         "file_checksums": file_checksums(out),
@@ -151,57 +195,73 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
     if not m.exists():
         raise RunIncompleteError(
             f"{out} has no manifest.json: the run did not finish (or is still running); "
-            "it is not a result. Re-run the pipeline to complete it.")
+            "it is not a result. Re-run the pipeline to complete it."
+        )
     try:
         manifest = read_json(m)
     except Exception as exc:
         raise RunIncompleteError(
             f"{m} is not valid JSON ({type(exc).__name__}: {exc}): the manifest is incomplete "
-            "or damaged; the run is not a result. Re-run the pipeline.") from exc
+            "or damaged; the run is not a result. Re-run the pipeline."
+        ) from exc
     if not isinstance(manifest, dict):
-        raise RunIncompleteError(f"{m} does not hold a JSON object; the run is not a result. "
-                                 "Re-run the pipeline.")
+        raise RunIncompleteError(
+            f"{m} does not hold a JSON object; the run is not a result. Re-run the pipeline."
+        )
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise RunCorruptError(
             f"{out} has manifest schema_version {manifest.get('schema_version')!r}; this "
-            f"kpca-dask reads version {SCHEMA_VERSION}. Use a matching kpca-dask version.")
+            f"kpca-dask reads version {SCHEMA_VERSION}. Use a matching kpca-dask version."
+        )
     if manifest.get("status") != "complete":
-        raise RunIncompleteError(f"{out}: manifest status is {manifest.get('status')!r}, not "
-                                 "'complete'; the run is not a result.")
+        raise RunIncompleteError(
+            f"{out}: manifest status is {manifest.get('status')!r}, not "
+            "'complete'; the run is not a result."
+        )
     missing = [k for k in REQUIRED_FIELDS if k not in manifest]
     if not missing and not isinstance((manifest["model"] or {}).get("checksums"), dict):
         missing = ["model.checksums"]
     if missing:
         raise RunIncompleteError(
             f"{out}: the manifest is incomplete (missing {', '.join(missing)}); the run is not "
-            "a result. Re-run the pipeline.")
+            "a result. Re-run the pipeline."
+        )
     if check_arrays:
         g = out.open_group("r")
         for name, expected in manifest["checksums"].items():
             if name not in g:
-                raise RunCorruptError(f"{out}: array {name!r} listed in the manifest is missing; "
-                                      "do not use this run, re-run the pipeline.")
+                raise RunCorruptError(
+                    f"{out}: array {name!r} listed in the manifest is missing; "
+                    "do not use this run, re-run the pipeline."
+                )
             if array_checksum(g[name]) != expected:
                 raise RunCorruptError(
                     f"{out}: checksum mismatch for {name!r}: the array changed after the run "
-                    "was published. Do not use this run; re-run the pipeline.")
+                    "was published. Do not use this run; re-run the pipeline."
+                )
         for rel, expected in (manifest.get("file_checksums") or {}).items():
             f = out.child(*rel.split("/"))
             if not f.exists():
-                raise RunCorruptError(f"{out}: file {rel!r} listed in the manifest is missing; "
-                                      "do not use this run, re-run the pipeline.")
+                raise RunCorruptError(
+                    f"{out}: file {rel!r} listed in the manifest is missing; "
+                    "do not use this run, re-run the pipeline."
+                )
             if _file_sha256(out, f.fs_path) != expected:
                 raise RunCorruptError(
                     f"{out}: checksum mismatch for file {rel!r}: it changed after the run was "
-                    "published. Do not use this run; re-run the pipeline.")
+                    "published. Do not use this run; re-run the pipeline."
+                )
         try:
             attrs, _ = read_model_group(out.child("model").zarr_source())
         except Exception as exc:
             raise RunCorruptError(f"{out}: the model cannot be verified ({exc}).") from exc
         if attrs.get("checksums") != manifest["model"].get("checksums") or (
-                "attrs_sha256" in manifest["model"]
-                and attrs.get("attrs_sha256") != manifest["model"]["attrs_sha256"]):
-            raise RunCorruptError(f"{out}: the model was replaced after the run was published "
-                                  "(its checksums differ from the manifest's); re-run the "
-                                  "pipeline.")
+            "attrs_sha256" in manifest["model"]
+            and attrs.get("attrs_sha256") != manifest["model"]["attrs_sha256"]
+        ):
+            raise RunCorruptError(
+                f"{out}: the model was replaced after the run was published "
+                "(its checksums differ from the manifest's); re-run the "
+                "pipeline."
+            )
     return manifest

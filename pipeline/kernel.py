@@ -39,8 +39,14 @@ from .errors import UserError
 from .progress import compute
 from .store import Location
 
-__all__ = ["MATERIALIZE_MIN_FEATURES", "plan_materialize", "KernelStoreResult",
-           "build_kernel_store", "KernelBlockReader", "KernelStoreError"]
+__all__ = [
+    "MATERIALIZE_MIN_FEATURES",
+    "plan_materialize",
+    "KernelStoreResult",
+    "build_kernel_store",
+    "KernelBlockReader",
+    "KernelStoreError",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -64,10 +70,14 @@ def plan_materialize(mode: str, solver: str, n_features: int) -> tuple[bool, str
     if mode == "never":
         return False, "kernel_store.materialize = never"
     if n_features >= MATERIALIZE_MIN_FEATURES:
-        return True, (f"{n_features} features >= {MATERIALIZE_MIN_FEATURES}: reading a stored "
-                      "block is cheaper than re-evaluating it each pass")
-    return False, (f"{n_features} features < {MATERIALIZE_MIN_FEATURES}: re-evaluating a block "
-                   "is cheaper than reading it back")
+        return True, (
+            f"{n_features} features >= {MATERIALIZE_MIN_FEATURES}: reading a stored "
+            "block is cheaper than re-evaluating it each pass"
+        )
+    return False, (
+        f"{n_features} features < {MATERIALIZE_MIN_FEATURES}: re-evaluating a block "
+        "is cheaper than reading it back"
+    )
 
 
 @dataclass
@@ -110,7 +120,7 @@ def _crc(block: np.ndarray) -> int:
 #: zarr handles opened by readers in this process, by (url, options, build id): a task
 #: arrives with its own unpickled reader, and opening the group and its two arrays
 #: (three metadata reads) costs a quarter of a stored block's pass (docs/tuning.md).
-_OPENED: dict[tuple, "_Handles"] = {}
+_OPENED: dict[tuple, _Handles] = {}
 _OPENED_LOCK = threading.Lock()
 _OPENED_MAX = 8
 
@@ -135,8 +145,9 @@ def _handles(url: str, storage_options: dict, build_id: str, mode: str) -> _Hand
     if h is None:
         g = Location(url, storage_options).open_group(mode)
         if str(g.attrs.get("build_id", "")) != build_id:
-            raise KernelStoreError(f"the kernel store {url} was rebuilt after this stage "
-                                   "started; re-run it.")
+            raise KernelStoreError(
+                f"the kernel store {url} was rebuilt after this stage started; re-run it."
+            )
         K, r = g["K"], int(g.attrs["block_rows"])
         raw = _raw_layout(K, r)
         h = _Handles(K, g["done"], r, raw, _chunk_dir(K) if raw else None)
@@ -156,22 +167,27 @@ class KernelBlockReader:
     Every block is checked against its done marker (CRC-32C) at every read.
     """
 
-    def __init__(self, url: str, storage_options: dict | None = None,
-                 build_id: str | None = None):
+    def __init__(
+        self, url: str, storage_options: dict | None = None, build_id: str | None = None
+    ):
         self.url = url
         self.storage_options = storage_options or {}
         if build_id is None:
             try:
                 attrs = Location(url, self.storage_options).open_group("r").attrs
             except Exception as exc:
-                raise KernelStoreError(f"no kernel store at {url} ({exc}); run the kernel "
-                                       "stage first.") from exc
+                raise KernelStoreError(
+                    f"no kernel store at {url} ({exc}); run the kernel stage first."
+                ) from exc
             build_id = str(attrs.get("build_id", ""))
         self.build_id = build_id
 
     def __getstate__(self):
-        return {"url": self.url, "storage_options": self.storage_options,
-                "build_id": self.build_id}
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "build_id": self.build_id,
+        }
 
     def __setstate__(self, state):
         self.__init__(state["url"], state["storage_options"], state["build_id"])
@@ -189,18 +205,24 @@ class KernelBlockReader:
             cached = h.markers.get((i, j)) if sig is not None else None
             marker = cached[1] if cached is not None and cached[0] == sig else int(h.done[i, j])
         except Exception as exc:
-            raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} cannot be read "
-                                   f"({exc}); re-run the kernel stage to rewrite it.") from exc
+            raise KernelStoreError(
+                f"kernel block ({i}, {j}) of {self.url} cannot be read "
+                f"({exc}); re-run the kernel stage to rewrite it."
+            ) from exc
         if not marker & int(_DONE):
-            raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} was never written; "
-                                   "re-run the kernel stage.")
+            raise KernelStoreError(
+                f"kernel block ({i}, {j}) of {self.url} was never written; "
+                "re-run the kernel stage."
+            )
         if not _matches(blk, marker):
-            raise KernelStoreError(f"kernel block ({i}, {j}) of {self.url} fails its checksum; "
-                                   "re-run the kernel stage (it rewrites corrupt blocks).")
+            raise KernelStoreError(
+                f"kernel block ({i}, {j}) of {self.url} fails its checksum; "
+                "re-run the kernel stage (it rewrites corrupt blocks)."
+            )
         if sig is not None:
-            # A marker read through zarr is not free (docs/tuning.md). It is kept, once its block
-            # checks out, for as long as the chunk file is the same file: a build writes
-            # a block's chunk (a new file) before its marker.
+            # A marker read through zarr is not free (docs/tuning.md). It is kept, once
+            # its block checks out, for as long as the chunk file is the same file: a
+            # build writes a block's chunk (a new file) before its marker.
             h.markers[(i, j)] = (sig, marker)
         return blk
 
@@ -245,7 +267,7 @@ def _read_block(h: _Handles, i: int, j: int) -> tuple[np.ndarray | None, tuple |
     """
     K, r = h.K, h.r
     if not (h.raw and _whole(h, i, j)):
-        return np.asarray(K[i * r:(i + 1) * r, j * r:(j + 1) * r]), None
+        return np.asarray(K[i * r : (i + 1) * r, j * r : (j + 1) * r]), None
     dtype = np.dtype(K.dtype).newbyteorder("<")
     size = r * r * dtype.itemsize + 4
     if h.chunk_dir is not None:
@@ -257,8 +279,9 @@ def _read_block(h: _Handles, i: int, j: int) -> tuple[np.ndarray | None, tuple |
             st = os.fstat(fd)
             if st.st_size != size:
                 return None, None
-            data = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _MAP_POPULATE,
-                             prot=mmap.PROT_READ)
+            data = mmap.mmap(
+                fd, size, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ
+            )
         finally:
             os.close(fd)
         sig = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -295,9 +318,13 @@ def _raw_layout(K, r: int) -> bool:
     from zarr.codecs import BytesCodec, Crc32cCodec
 
     codecs = tuple(K.metadata.codecs)
-    return (K.chunks == (r, r) and len(codecs) == 2 and isinstance(codecs[0], BytesCodec)
-            and str(getattr(codecs[0].endian, "value", codecs[0].endian)) in ("little", "None")
-            and isinstance(codecs[1], Crc32cCodec))
+    return (
+        K.chunks == (r, r)
+        and len(codecs) == 2
+        and isinstance(codecs[0], BytesCodec)
+        and str(getattr(codecs[0].endian, "value", codecs[0].endian)) in ("little", "None")
+        and isinstance(codecs[1], Crc32cCodec)
+    )
 
 
 def _ensure_block(url, storage_options, build_id, i, j, xi, xj, kernel, dtype, verify):
@@ -317,7 +344,7 @@ def _ensure_block(url, storage_options, build_id, i, j, xi, xj, kernel, dtype, v
     blk = kernel_block(kernel, xi, xj if xj is not None else xi, dtype)
     crc = _crc(blk)
     if not _write_raw(h, i, j, blk, crc):
-        K[i * r:(i + 1) * r, j * r:(j + 1) * r] = blk
+        K[i * r : (i + 1) * r, j * r : (j + 1) * r] = blk
     done[i, j] = _DONE | np.uint64(crc)
     return "computed", blk.nbytes
 
@@ -350,8 +377,15 @@ def _write_raw(h: _Handles, i: int, j: int, blk: np.ndarray, crc: int) -> bool:
     return True
 
 
-def build_kernel_store(X: da.Array, kernel: Kernel, dtype: Any, store: Location, *,
-                       input_fingerprint: str, verify: bool = True) -> KernelStoreResult:
+def build_kernel_store(
+    X: da.Array,
+    kernel: Kernel,
+    dtype: Any,
+    store: Location,
+    *,
+    input_fingerprint: str,
+    verify: bool = True,
+) -> KernelStoreResult:
     """Materialise the upper blocks of ``k(X, X)`` (row blocks = ``X``'s chunks) in ``store``.
 
     ``X`` must have regular row chunks (all equal but the last). A store built
@@ -367,8 +401,14 @@ def build_kernel_store(X: da.Array, kernel: Kernel, dtype: Any, store: Location,
     if any(c != r for c in rows[:-1]) or rows[-1] > r:
         raise ValueError(f"X needs regular row chunks for a kernel store, got {rows[:5]}...")
     n, nb = int(X.shape[0]), len(rows)
-    identity = {"input_fingerprint": input_fingerprint, "kernel": kernel.to_dict(),
-                "dtype": dtype.name, "block_rows": r, "n": n, "marker": MARKER_CHECKSUM}
+    identity = {
+        "input_fingerprint": input_fingerprint,
+        "kernel": kernel.to_dict(),
+        "dtype": dtype.name,
+        "block_rows": r,
+        "n": n,
+        "marker": MARKER_CHECKSUM,
+    }
     fresh = True
     if store.exists():
         try:
@@ -382,29 +422,67 @@ def build_kernel_store(X: da.Array, kernel: Kernel, dtype: Any, store: Location,
             store.remove()
     if fresh:
         g = store.open_group("w")
-        g.create_array("K", shape=(n, n), chunks=(r, r), dtype=dtype,
-                       compressors=[Crc32cCodec()], fill_value=0)
+        g.create_array(
+            "K",
+            shape=(n, n),
+            chunks=(r, r),
+            dtype=dtype,
+            compressors=[Crc32cCodec()],
+            fill_value=0,
+        )
         g.create_array("done", shape=(nb, nb), chunks=(1, 1), dtype="uint64", fill_value=0)
         build_id = uuid.uuid4().hex
-        g.attrs.update({**identity, "build_id": build_id, "kind": "kpca-dask-kernel-store",
-                        "layout": "upper blocks I <= J of K, one chunk each; "
-                        "done[I, J] = 2**32 | crc32c(block) once written"})
+        g.attrs.update(
+            {
+                **identity,
+                "build_id": build_id,
+                "kind": "kpca-dask-kernel-store",
+                "layout": "upper blocks I <= J of K, one chunk each; "
+                "done[I, J] = 2**32 | crc32c(block) once written",
+            }
+        )
     xb = X.to_delayed()[:, 0]
     so = store.storage_options
-    tasks = [dask.delayed(_ensure_block, pure=False)(store.url, so, build_id, i, j, xb[i],
-                                                     None if i == j else xb[j], kernel,
-                                                     dtype.name, verify)
-             for i in range(nb) for j in range(i, nb)]
-    logger.info("kernel store: %d upper blocks of %d rows (%s) -> %s", len(tasks), r,
-                dtype.name, store)
+    tasks = [
+        dask.delayed(_ensure_block, pure=False)(
+            store.url,
+            so,
+            build_id,
+            i,
+            j,
+            xb[i],
+            None if i == j else xb[j],
+            kernel,
+            dtype.name,
+            verify,
+        )
+        for i in range(nb)
+        for j in range(i, nb)
+    ]
+    logger.info(
+        "kernel store: %d upper blocks of %d rows (%s) -> %s", len(tasks), r, dtype.name, store
+    )
     results = compute(*tasks, label="kernel blocks")
     computed = sum(1 for s, _ in results if s == "computed")
     skipped = len(results) - computed
     written = int(sum(b for _, b in results))
-    res = KernelStoreResult(path=str(store), n=n, block_rows=r, n_blocks=len(tasks),
-                            computed=computed, skipped=skipped, bytes_written=written,
-                            dtype=dtype.name, kernel=kernel.to_dict(),
-                            seconds=time.perf_counter() - t0)
-    logger.info("kernel store: %d blocks computed, %d verified and kept, %.2f GB written in %.1f s",
-                computed, skipped, written / 1e9, res.seconds)
+    res = KernelStoreResult(
+        path=str(store),
+        n=n,
+        block_rows=r,
+        n_blocks=len(tasks),
+        computed=computed,
+        skipped=skipped,
+        bytes_written=written,
+        dtype=dtype.name,
+        kernel=kernel.to_dict(),
+        seconds=time.perf_counter() - t0,
+    )
+    logger.info(
+        "kernel store: %d blocks computed, %d verified and kept, %.2f GB written in %.1f s",
+        computed,
+        skipped,
+        written / 1e9,
+        res.seconds,
+    )
     return res

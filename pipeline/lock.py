@@ -39,8 +39,16 @@ from .errors import UserError
 from .layout import LOCK
 from .store import Location
 
-__all__ = ["LOCK_NAME", "LockHolder", "OutputLockedError", "RunLock", "read_lock", "lock_status",
-           "break_lock", "check_unlocked"]
+__all__ = [
+    "LOCK_NAME",
+    "LockHolder",
+    "OutputLockedError",
+    "RunLock",
+    "read_lock",
+    "lock_status",
+    "break_lock",
+    "check_unlocked",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -90,20 +98,30 @@ class LockHolder:
             user = getpass.getuser()
         except Exception:
             user = ""
-        return cls(host=socket.gethostname(), pid=os.getpid(),
-                   started=datetime.datetime.now(datetime.timezone.utc)
-                   .isoformat(timespec="seconds"),
-                   process_started=_process_started(os.getpid()), boot_id=_boot_id(), user=user,
-                   token=uuid.uuid4().hex)
+        return cls(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            process_started=_process_started(os.getpid()),
+            boot_id=_boot_id(),
+            user=user,
+            token=uuid.uuid4().hex,
+        )
 
     @classmethod
     def from_dict(cls, d: Any) -> LockHolder | None:
         if not isinstance(d, dict) or "host" not in d or "pid" not in d:
             return None
         try:
-            return cls(host=str(d["host"]), pid=int(d["pid"]), started=str(d.get("started", "?")),
-                       process_started=d.get("process_started"), boot_id=str(d.get("boot_id", "")),
-                       user=str(d.get("user", "")), token=str(d.get("token", "")))
+            return cls(
+                host=str(d["host"]),
+                pid=int(d["pid"]),
+                started=str(d.get("started", "?")),
+                process_started=d.get("process_started"),
+                boot_id=str(d.get("boot_id", "")),
+                user=str(d.get("user", "")),
+                token=str(d.get("token", "")),
+            )
         except (TypeError, ValueError):
             return None
 
@@ -113,7 +131,8 @@ class LockHolder:
 
     def on_this_host(self) -> bool:
         return self.host == socket.gethostname() and (
-            not self.boot_id or not _boot_id() or self.boot_id == _boot_id())
+            not self.boot_id or not _boot_id() or self.boot_id == _boot_id()
+        )
 
     def alive(self) -> bool | None:
         """True/False when checkable from here (this host, this boot); None otherwise."""
@@ -124,7 +143,10 @@ class LockHolder:
         started = _process_started(self.pid)
         if started is None:
             return False
-        if self.process_started is not None and abs(started - float(self.process_started)) > 1.0:
+        if (
+            self.process_started is not None
+            and abs(started - float(self.process_started)) > 1.0
+        ):
             return False  # the pid now belongs to another process
         return True
 
@@ -136,8 +158,9 @@ def _lock_file_ours(p: Path) -> bool:
     except OSError:
         return False
     with os.fdopen(fd) as f:
-        if not os.path.samestat(os.fstat(f.fileno()), os.lstat(p)) or \
-                not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        if not os.path.samestat(os.fstat(f.fileno()), os.lstat(p)) or not stat.S_ISREG(
+            os.fstat(f.fileno()).st_mode
+        ):
             return False
         text = f.read(1 << 16)
     if not text.strip():
@@ -225,10 +248,14 @@ def lock_status(out: Location) -> tuple[str, LockHolder | None]:
 def _locked_message(out: Location, holder: LockHolder | None, foreign: bool) -> str:
     who = holder.describe() if holder else "an unknown holder"
     if foreign:
-        return (f"output {out} is locked by a run on another host ({who}); if that run is no "
-                f"longer running, break the lock with `kpca unlock {out}` and re-run.")
-    return (f"output {out} is locked by a running job ({who}); wait for it to finish or "
-            "choose another output.path (concurrent runs to one output are refused).")
+        return (
+            f"output {out} is locked by a run on another host ({who}); if that run is no "
+            f"longer running, break the lock with `kpca unlock {out}` and re-run."
+        )
+    return (
+        f"output {out} is locked by a running job ({who}); wait for it to finish or "
+        "choose another output.path (concurrent runs to one output are refused)."
+    )
 
 
 def check_unlocked(out: Location) -> None:
@@ -249,13 +276,18 @@ def break_lock(out: Location | str) -> LockHolder | None:
     status, holder = lock_status(out)
     if status == "held":
         raise OutputLockedError(
-            f"output {out} is locked by a live process ({holder.describe() if holder else '?'}); "
-            "stop that run first (the lock is released when it exits).")
+            f"output {out} is locked by a live process "
+            f"({holder.describe() if holder else '?'}); "
+            "stop that run first (the lock is released when it exits)."
+        )
     loc = _lock_loc(out)
     if loc.exists() or (loc.is_local and os.path.islink(loc.local_path)):
         loc.remove(root=out, owned=_lock_file_ours)
-        logger.warning("lock: broke the lock of %s (held by %s)", out,
-                       holder.describe() if holder else "nobody recorded")
+        logger.warning(
+            "lock: broke the lock of %s (held by %s)",
+            out,
+            holder.describe() if holder else "nobody recorded",
+        )
     return holder
 
 
@@ -286,16 +318,19 @@ class RunLock:
                     raise
                 from .errors import RunError
 
-                raise RunError(f"{path} is a symbolic link, not a lock file of ours; "
-                               "remove the link (kpca never writes through links) and "
-                               "re-run.") from None
+                raise RunError(
+                    f"{path} is a symbolic link, not a lock file of ours; "
+                    "remove the link (kpca never writes through links) and "
+                    "re-run."
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 flock_ok = True
             except BlockingIOError:
                 os.close(fd)
-                raise OutputLockedError(_locked_message(self.out, read_lock(self.out),
-                                                        foreign=False)) from None
+                raise OutputLockedError(
+                    _locked_message(self.out, read_lock(self.out), foreign=False)
+                ) from None
             except OSError:  # filesystem without flock: fall back to the recorded pid
                 flock_ok = False
             try:
@@ -310,9 +345,14 @@ class RunLock:
                 alive = old.alive()
                 if alive is None or (alive and not flock_ok):
                     os.close(fd)
-                    raise OutputLockedError(_locked_message(self.out, old, foreign=alive is None))
-                logger.warning("lock: breaking the stale lock of %s: its holder (%s) is no "
-                               "longer running", self.out, old.describe())
+                    raise OutputLockedError(
+                        _locked_message(self.out, old, foreign=alive is None)
+                    )
+                logger.warning(
+                    "lock: breaking the stale lock of %s: its holder (%s) is no longer running",
+                    self.out,
+                    old.describe(),
+                )
             self.holder = LockHolder.me()
             data = json.dumps(asdict(self.holder), indent=1).encode()
             os.ftruncate(fd, 0)
@@ -320,8 +360,10 @@ class RunLock:
             os.fsync(fd)
             self._fd = fd
             return
-        raise OutputLockedError(f"could not take the lock of {self.out} (it keeps changing); "
-                                "another run is starting there.")
+        raise OutputLockedError(
+            f"could not take the lock of {self.out} (it keeps changing); "
+            "another run is starting there."
+        )
 
     # ----------------------------------------------------------------- remote
     def _acquire_remote(self) -> None:
@@ -329,8 +371,11 @@ class RunLock:
         if status in ("held", "foreign"):
             raise OutputLockedError(_locked_message(self.out, old, foreign=status == "foreign"))
         if status == "stale":
-            logger.warning("lock: breaking the stale lock of %s: its holder (%s) is no longer "
-                           "running", self.out, old.describe() if old else "?")
+            logger.warning(
+                "lock: breaking the stale lock of %s: its holder (%s) is no longer running",
+                self.out,
+                old.describe() if old else "?",
+            )
         self.holder = LockHolder.me()
         with self.loc.fs.open(self.loc.fs_path, "w") as f:
             f.write(json.dumps(asdict(self.holder)))
@@ -342,8 +387,9 @@ class RunLock:
         if self.out.exists() and self.out.is_local and not self.out.local_path.is_dir():
             from .errors import RunError
 
-            raise RunError(f"output path {self.out} is a file, not a folder; choose another "
-                           "output.path.")
+            raise RunError(
+                f"output path {self.out} is a file, not a folder; choose another output.path."
+            )
         self.out.makedirs()
         if self.loc.is_local:
             self._acquire_local()

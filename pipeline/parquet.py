@@ -58,7 +58,7 @@ def write_parquet(
     split: da.Array | None = None,
     name: str = "embedding.parquet",
 ) -> dict:
-    """The embedding as Parquet (``id``, ``label``, ``kernelpca*``, ``split``) for downstream tools."""
+    """The embedding as Parquet: ``id``, ``label``, ``kernelpca*`` and ``split`` columns."""
     import dask.dataframe as dd
 
     t0 = time.perf_counter()

@@ -25,8 +25,14 @@ __all__ = ["component_names", "write_embedding", "write_parquet"]
 logger = logging.getLogger("pipeline")
 
 
-def write_embedding(model: Any, X: da.Array, out: Location, *, split: np.ndarray | None = None,
-                    name: str = "embedding") -> dict:
+def write_embedding(
+    model: Any,
+    X: da.Array,
+    out: Location,
+    *,
+    split: np.ndarray | None = None,
+    name: str = "embedding",
+) -> dict:
     """Write the embedding of every row of ``X`` to the zarr array ``<out>/<name>``.
 
     Exact models: the training rows' embedding is ``V sqrt(lambda)`` (what

@@ -37,8 +37,15 @@ from .errors import UserError
 from .layout import MANIFEST, PREV, RUN_NAMES
 from .store import Location, _marked, read_json
 
-__all__ = ["RUN_NAMES", "PREV", "check_output_folder", "check_not_overlapping",
-           "snapshot_published", "restore_previous", "retire_previous"]
+__all__ = [
+    "RUN_NAMES",
+    "PREV",
+    "check_output_folder",
+    "check_not_overlapping",
+    "snapshot_published",
+    "restore_previous",
+    "retire_previous",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -62,11 +69,14 @@ def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> Non
     if not os.path.lexists(p):
         return
     if stat.S_ISLNK(os.lstat(p).st_mode):
-        raise _run_error(f"output path {p} is a symbolic link (kpca never writes through "
-                         f"links); set output.path to the real folder, {os.path.realpath(p)}.")
+        raise _run_error(
+            f"output path {p} is a symbolic link (kpca never writes through "
+            f"links); set output.path to the real folder, {os.path.realpath(p)}."
+        )
     if not p.is_dir():
-        raise _run_error(f"output path {p} is a file, not a folder; choose another "
-                         "output.path.")
+        raise _run_error(
+            f"output path {p} is a file, not a folder; choose another output.path."
+        )
     names = RUN_NAMES | set(extra_names)
     ours = zarr_kind(p) == "kpca-dask-run"
     for e in sorted(os.scandir(p), key=lambda e: e.name):
@@ -75,12 +85,14 @@ def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> Non
         if e.is_symlink():
             raise _run_error(
                 f"output {p} holds {e.name}, a symbolic link: kpca never writes through or "
-                "removes links; remove the link or choose another output.path.")
+                "removes links; remove the link or choose another output.path."
+            )
         if not ours and not e.name.startswith(".kpca-"):  # the lock: judged by its content
             raise _run_error(
                 f"output {p} is not a kpca-dask run folder but holds {e.name!r}, which a run "
                 "would replace; choose an empty or new output.path (your files are left as "
-                "they are).")
+                "they are)."
+            )
 
 
 def _local_input(path: str) -> Path | None:
@@ -107,8 +119,10 @@ def check_not_overlapping(out: Location, inputs: list, what: str = "output.path"
             a, b = out.url.rstrip("/"), q.rstrip("/")
             hit = a == b or a.startswith(b + "/") or b.startswith(a + "/")
         if hit:
-            raise _run_error(f"{what} {out} is, holds or lies inside {label} {q}; write the "
-                             f"output somewhere else ({label} is never overwritten).")
+            raise _run_error(
+                f"{what} {out} is, holds or lies inside {label} {q}; write the "
+                f"output somewhere else ({label} is never overwritten)."
+            )
 
 
 def _complete(manifest: Path) -> bool:
@@ -122,8 +136,10 @@ def _link_tree(src: Path, dst: Path) -> None:
     """``dst`` as a copy of ``src`` made of hard links (a copy where linking fails)."""
     st = os.lstat(src)
     if stat.S_ISLNK(st.st_mode):
-        raise _run_error(f"{src} is a symbolic link inside the published run; remove it and "
-                         "re-run (kpca never follows links).")
+        raise _run_error(
+            f"{src} is a symbolic link inside the published run; remove it and "
+            "re-run (kpca never follows links)."
+        )
     if stat.S_ISDIR(st.st_mode):
         os.mkdir(dst)
         for e in os.scandir(src):
@@ -153,16 +169,19 @@ def snapshot_published(out: Location) -> bool:
         for e in sorted(os.scandir(p), key=lambda e: e.name):
             if e.name in (MANIFEST, "work") or e.name.startswith(".kpca-"):
                 continue
-            if e.name not in RUN_NAMES and (e.is_symlink() or not (
-                    _marked(Path(e.path)) or os.path.isfile(Path(e.path, "zarr.json")))):
+            if e.name not in RUN_NAMES and (
+                e.is_symlink()
+                or not (_marked(Path(e.path)) or os.path.isfile(Path(e.path, "zarr.json")))
+            ):
                 continue  # a user's file (or link) beside the run: not part of it
             _link_tree(Path(e.path), snap / e.name)
         _link_tree(p / MANIFEST, snap / MANIFEST)  # last: a snapshot without it is not one
     except BaseException:
         Location(str(snap)).remove(root=out)
         raise
-    logger.info("publish: the previous run of %s is kept in %s until the new one is "
-                "published", p, PREV)
+    logger.info(
+        "publish: the previous run of %s is kept in %s until the new one is published", p, PREV
+    )
     return True
 
 
@@ -186,8 +205,12 @@ def restore_previous(out: Location) -> bool:
                 Location(str(target)).remove(root=out)
             os.rename(e.path, target)
         except OSError as exc:  # refused (not ours) or failed: leave the kept run where it is
-            logger.warning("publish: the run failed and the previous run could not be put "
-                           "back (%s); it is kept in %s", exc, snap)
+            logger.warning(
+                "publish: the run failed and the previous run could not be put "
+                "back (%s); it is kept in %s",
+                exc,
+                snap,
+            )
             return False
     os.rename(snap / MANIFEST, p / MANIFEST)  # the commit: the previous run is published again
     Location(str(snap)).remove(root=out)
@@ -220,8 +243,11 @@ def _model_root(model_path: str) -> str:
     loc = Location(model_path)
     if loc.is_local:
         p = loc.local_path
-        if p.name == "model" and _marked(p.parent) and \
-                (zarr_kind(p.parent) or "").startswith("kpca-dask-run"):
+        if (
+            p.name == "model"
+            and _marked(p.parent)
+            and (zarr_kind(p.parent) or "").startswith("kpca-dask-run")
+        ):
             return str(p.parent)
         return str(p)
     url = model_path.rstrip("/")
@@ -243,8 +269,9 @@ def _is_transform_output(p: Path) -> bool:
     return zarr_kind(p) in TRANSFORM_KINDS or has_marker(p, "parquet")
 
 
-def check_transform_output(output: str, *, model_path: str, inputs: list[str],
-                           overwrite: bool) -> Location:
+def check_transform_output(
+    output: str, *, model_path: str, inputs: list[str], overwrite: bool
+) -> Location:
     """The output of ``kpca transform`` once it is known safe: refuses ``""``/``.``, the
     current or home folder, the input, a run folder or anything inside the model's run,
     a link, and an existing path that is not a transform output of ours (even with
@@ -255,31 +282,40 @@ def check_transform_output(output: str, *, model_path: str, inputs: list[str],
     if raw.strip() in ("", ".", "./") or raw.rstrip("/") in ("", ".", ".."):
         raise TransformOutputError(
             f"output path {raw!r} names no new folder (empty or '.'); give the output a "
-            "name of its own, e.g. embedding.zarr.")
+            "name of its own, e.g. embedding.zarr."
+        )
     out = Location(raw)
     try:
-        check_not_overlapping(out, [(_model_root(model_path), "the model's run or folder"),
-                                    *inputs], what="output")
+        check_not_overlapping(
+            out,
+            [(_model_root(model_path), "the model's run or folder"), *inputs],
+            what="output",
+        )
     except ValueError as exc:
         raise TransformOutputError(str(exc)) from None
     if not out.is_local:
         return out
     p = out.local_path
     if os.path.islink(p):
-        raise TransformOutputError(f"output {raw} is a symbolic link; kpca never writes "
-                                   "through or replaces links; choose another output path.")
+        raise TransformOutputError(
+            f"output {raw} is a symbolic link; kpca never writes "
+            "through or replaces links; choose another output path."
+        )
     why = removal_refusal(p, root=p)
     if why is not None:
-        raise TransformOutputError(f"output {raw} cannot be written: {why}; choose a new "
-                                   "path for the output.")
+        raise TransformOutputError(
+            f"output {raw} cannot be written: {why}; choose a new path for the output."
+        )
     if os.path.lexists(p):
         if _marked(p) and zarr_kind(p) == "kpca-dask-run" or (p / MANIFEST).exists():
-            raise TransformOutputError(f"output {raw} is a kpca run folder; write the "
-                                       "transform output somewhere else.")
+            raise TransformOutputError(
+                f"output {raw} is a kpca run folder; write the transform output somewhere else."
+            )
         if not _is_transform_output(p):
             raise TransformOutputError(
                 f"output {raw} exists and was not written by kpca transform; it is left as "
-                "it is: choose another output path.")
+                "it is: choose another output path."
+            )
         if not overwrite:
             raise FileExistsError(f"{raw} exists; pass --overwrite to replace it.")
     return out
@@ -290,8 +326,11 @@ class OutputLock:
 
     def __init__(self, out: Location):
         self.out = out
-        self.path = out.local_path.parent / f".kpca-lock.{out.local_path.name}" \
-            if out.is_local else None
+        self.path = (
+            out.local_path.parent / f".kpca-lock.{out.local_path.name}"
+            if out.is_local
+            else None
+        )
         self._fd: int | None = None
         self._token = ""
 
@@ -308,8 +347,10 @@ class OutputLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise TransformOutputError(f"{self.path} is a symbolic link; remove it (kpca "
-                                           "never writes through links).") from None
+                raise TransformOutputError(
+                    f"{self.path} is a symbolic link; remove it (kpca "
+                    "never writes through links)."
+                ) from None
             raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -320,10 +361,12 @@ class OutputLock:
             os.close(fd)
             raise OutputLockedError(
                 f"output {self.out} is being written by another transform (lock "
-                f"{self.path.name}); wait for it to finish or choose another output.") from None
+                f"{self.path.name}); wait for it to finish or choose another output."
+            ) from None
         self._token = uuid.uuid4().hex
-        data = json.dumps({"written_by": "kpca-dask", "pid": os.getpid(),
-                           "token": self._token}).encode()
+        data = json.dumps(
+            {"written_by": "kpca-dask", "pid": os.getpid(), "token": self._token}
+        ).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
         self._fd = fd
@@ -378,17 +421,21 @@ def publish_beside(out: Location, write, verify, protect: tuple = ()) -> None:
         verify(tmp_loc)
         if os.path.lexists(p):
             if not _is_transform_output(p):  # changed since it was checked
-                raise TransformOutputError(f"output {p} was replaced meanwhile by something "
-                                           "kpca did not write; it is left as it is.")
+                raise TransformOutputError(
+                    f"output {p} was replaced meanwhile by something "
+                    "kpca did not write; it is left as it is."
+                )
             os.rename(p, old)
         os.rename(tmp, p)
     except BaseException:
         if os.path.lexists(tmp):
-            Location(str(tmp)).remove(root=Location(str(tmp)), owned=by_name(tmp.name),
-                                      protect=protect)
+            Location(str(tmp)).remove(
+                root=Location(str(tmp)), owned=by_name(tmp.name), protect=protect
+            )
         if os.path.lexists(old) and not os.path.lexists(p):
             os.rename(old, p)
         raise
     if os.path.lexists(old):
-        Location(str(old)).remove(root=Location(str(old)), owned=by_name(old.name),
-                                  protect=protect)
+        Location(str(old)).remove(
+            root=Location(str(old)), owned=by_name(old.name), protect=protect
+        )

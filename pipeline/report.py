@@ -33,9 +33,19 @@ import numpy as np
 
 from .store import Location
 
-__all__ = ["DPI", "FIGSIZES", "png_size", "plot_scree", "plot_scatter", "plot_accuracy",
-           "plot_novelty", "plot_gamma_cv", "report_markdown", "write_report",
-           "artifact_summary"]
+__all__ = [
+    "DPI",
+    "FIGSIZES",
+    "png_size",
+    "plot_scree",
+    "plot_scatter",
+    "plot_accuracy",
+    "plot_novelty",
+    "plot_gamma_cv",
+    "report_markdown",
+    "write_report",
+    "artifact_summary",
+]
 
 logger = logging.getLogger("pipeline.report")
 
@@ -111,8 +121,11 @@ def _kernel_label(kernel: dict[str, Any] | None) -> str:
     if not kernel:
         return "kernel PCA"
     name = kernel.get("name", "kernel")
-    params = [f"{p}={_fmt_num(kernel[p])}" for p in ("gamma", "degree", "coef0")
-              if kernel.get(p) is not None and not (p != "gamma" and name in ("rbf", "laplacian"))]
+    params = [
+        f"{p}={_fmt_num(kernel[p])}"
+        for p in ("gamma", "degree", "coef0")
+        if kernel.get(p) is not None and not (p != "gamma" and name in ("rbf", "laplacian"))
+    ]
     return f"{name} ({', '.join(params)})" if params else str(name)
 
 
@@ -127,8 +140,13 @@ def _fmt_num(v: Any) -> str:
     return f"{v:.2e}"
 
 
-def plot_scree(eigenvalues: Sequence[float], explained_variance_ratio: Sequence[float],
-               path: Any = None, *, title: str | None = None) -> bytes:
+def plot_scree(
+    eigenvalues: Sequence[float],
+    explained_variance_ratio: Sequence[float],
+    path: Any = None,
+    *,
+    title: str | None = None,
+) -> bytes:
     """Eigenvalues as bars (left axis) and cumulative explained variance (right axis, %).
 
     The explained variance ratio is relative to the whole feature-space
@@ -150,14 +168,27 @@ def plot_scree(eigenvalues: Sequence[float], explained_variance_ratio: Sequence[
     ax.set_xlim(0.4, ev.size + 0.6)
     ax2 = ax.twinx()
     cum = 100 * np.cumsum(evr)
-    ax2.plot(k, cum, color="#d62728", marker="o" if ev.size <= 64 else None, ms=3, lw=1.8,
-             label="cumulative explained variance")
+    ax2.plot(
+        k,
+        cum,
+        color="#d62728",
+        marker="o" if ev.size <= 64 else None,
+        ms=3,
+        lw=1.8,
+        label="cumulative explained variance",
+    )
     ax2.set_ylabel("cumulative explained variance (%)")
     ax2.set_ylim(0, max(100.0, float(cum.max()) if cum.size else 100.0) * 1.02)
     if cum.size:
-        ax2.annotate(f"{cum[-1]:.1f}% with {ev.size}", (k[-1], cum[-1]),
-                     textcoords="offset points", xytext=(-10, -14), ha="right", fontsize=9,
-                     color="#d62728")
+        ax2.annotate(
+            f"{cum[-1]:.1f}% with {ev.size}",
+            (k[-1], cum[-1]),
+            textcoords="offset points",
+            xytext=(-10, -14),
+            ha="right",
+            fontsize=9,
+            color="#d62728",
+        )
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, loc="center right", fontsize=9)
@@ -176,9 +207,16 @@ def _class_colours(n_classes: int) -> Any:
     return colormaps["viridis"].resampled(n_classes)
 
 
-def plot_scatter(embedding: Any, labels: Any, path: Any = None, *,
-                 classes: Sequence[str] | None = None, max_points: int = 5000,
-                 random_state: int = 0, title: str | None = None) -> bytes:
+def plot_scatter(
+    embedding: Any,
+    labels: Any,
+    path: Any = None,
+    *,
+    classes: Sequence[str] | None = None,
+    max_points: int = 5000,
+    random_state: int = 0,
+    title: str | None = None,
+) -> bytes:
     """First two components, one colour per class (a seeded subsample of ``max_points``).
 
     A one-component embedding is drawn as a strip (component 1 against a
@@ -189,8 +227,9 @@ def plot_scatter(embedding: Any, labels: Any, path: Any = None, *,
     if E.ndim == 1:
         E = E[:, None]
     if E.shape[0] > max_points:
-        idx = np.sort(np.random.default_rng(random_state).choice(E.shape[0], max_points,
-                                                                 replace=False))
+        idx = np.sort(
+            np.random.default_rng(random_state).choice(E.shape[0], max_points, replace=False)
+        )
         E, y = E[idx], y[idx]
     n_cls = len(classes) if classes is not None else (int(y.max()) + 1 if y.size else 1)
     names = [str(c) for c in classes] if classes is not None else [str(i) for i in range(n_cls)]
@@ -211,18 +250,34 @@ def plot_scatter(embedding: Any, labels: Any, path: Any = None, *,
     if n_cls <= 20:
         from matplotlib.lines import Line2D
 
-        handles = [Line2D([], [], ls="", marker="o", ms=6, color=cmap(i % cmap.N), label=names[i])
-                   for i in range(n_cls) if np.any(y == i)]
-        ax.legend(handles=handles, title="class", fontsize=8, title_fontsize=9,
-                  loc="best", ncol=1 if len(handles) <= 10 else 2, framealpha=0.8)
+        handles = [
+            Line2D([], [], ls="", marker="o", ms=6, color=cmap(i % cmap.N), label=names[i])
+            for i in range(n_cls)
+            if np.any(y == i)
+        ]
+        ax.legend(
+            handles=handles,
+            title="class",
+            fontsize=8,
+            title_fontsize=9,
+            loc="best",
+            ncol=1 if len(handles) <= 10 else 2,
+            framealpha=0.8,
+        )
     ax.set_xlabel("component 1")
     ax.set_title(title or f"First two components ({y.size} points)")
     fig.tight_layout()
     return _save(fig, path)
 
 
-def plot_accuracy(sweep: dict[str, Any], path: Any = None, *, kernel_label: str = "kernel PCA",
-                  majority: float | None = None, title: str | None = None) -> bytes:
+def plot_accuracy(
+    sweep: dict[str, Any],
+    path: Any = None,
+    *,
+    kernel_label: str = "kernel PCA",
+    majority: float | None = None,
+    title: str | None = None,
+) -> bytes:
     """Held-out accuracy against the number of components, kernel PCA vs linear PCA.
 
     ``sweep`` is ``metrics["sweep"]``: ``n_components``, ``kpca_accuracy``,
@@ -242,18 +297,32 @@ def plot_accuracy(sweep: dict[str, Any], path: Any = None, *, kernel_label: str 
         ax.axhline(100 * majority, color="grey", ls=":", lw=1, label="majority class")
     if sweep.get("pca_max_components"):
         ax.axvline(sweep["pca_max_components"], color=_PCA_COLOUR, ls=":", lw=1)
-        ax.annotate("linear PCA has no more components", (sweep["pca_max_components"], 0.02),
-                    xycoords=("data", "axes fraction"), fontsize=8, color=_PCA_COLOUR,
-                    rotation=90, ha="right", va="bottom")
+        ax.annotate(
+            "linear PCA has no more components",
+            (sweep["pca_max_components"], 0.02),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            color=_PCA_COLOUR,
+            rotation=90,
+            ha="right",
+            va="bottom",
+        )
     if ks.size and ks.max() >= 8:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks)
         ax.set_xticklabels([str(int(k)) for k in ks], fontsize=8)
     if ks.size and ok[-1] and not np.isnan(ak[-1]):
         m = 100 * (ak[-1] - ap[-1])
-        ax.text(0.02, 0.96, f"k={int(ks[-1])}: kernel PCA {100 * ak[-1]:.1f}%, linear PCA "
-                f"{100 * ap[-1]:.1f}% ({m:+.1f} points)", transform=ax.transAxes, va="top",
-                fontsize=9, bbox={"boxstyle": "round", "fc": "white", "ec": "0.8"})
+        ax.text(
+            0.02,
+            0.96,
+            f"k={int(ks[-1])}: kernel PCA {100 * ak[-1]:.1f}%, linear PCA "
+            f"{100 * ap[-1]:.1f}% ({m:+.1f} points)",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=9,
+            bbox={"boxstyle": "round", "fc": "white", "ec": "0.8"},
+        )
     ax.set_xlabel("number of components k")
     ax.set_ylabel("held-out accuracy (%)")
     finite = np.concatenate([ak[~np.isnan(ak)], ap[ok]])
@@ -268,8 +337,14 @@ def plot_accuracy(sweep: dict[str, Any], path: Any = None, *, kernel_label: str 
     return _save(fig, path)
 
 
-def plot_novelty(test_scores: Any, train_scores: Any = None, path: Any = None, *,
-                 threshold: float | None = None, title: str | None = None) -> bytes:
+def plot_novelty(
+    test_scores: Any,
+    train_scores: Any = None,
+    path: Any = None,
+    *,
+    threshold: float | None = None,
+    title: str | None = None,
+) -> bytes:
     """Histograms of ``score_samples`` (feature-space reconstruction error).
 
     Held-out rows against training rows on shared bins (densities). The
@@ -279,8 +354,11 @@ def plot_novelty(test_scores: Any, train_scores: Any = None, path: Any = None, *
     vertical line.
     """
     te = np.asarray(test_scores, dtype=np.float64).ravel()
-    tr = np.asarray(train_scores, dtype=np.float64).ravel() if train_scores is not None \
+    tr = (
+        np.asarray(train_scores, dtype=np.float64).ravel()
+        if train_scores is not None
         else np.empty(0)
+    )
     both = np.concatenate([te, tr])
     fig = _figure("novelty")
     ax = fig.add_subplot(1, 1, 1)
@@ -292,17 +370,36 @@ def plot_novelty(test_scores: Any, train_scores: Any = None, path: Any = None, *
         bins = np.linspace(lo, hi, 50)
         if tr.size:
             out = int(np.sum(tr > hi))
-            ax.hist(np.minimum(tr, hi), bins=bins, density=True, alpha=0.55,
-                    color="#7f7f7f", label=f"training rows (n={tr.size}"
-                    + (f", {out} beyond axis" if out else "") + ")")
+            ax.hist(
+                np.minimum(tr, hi),
+                bins=bins,
+                density=True,
+                alpha=0.55,
+                color="#7f7f7f",
+                label=f"training rows (n={tr.size}"
+                + (f", {out} beyond axis" if out else "")
+                + ")",
+            )
         if te.size:
             out = int(np.sum(te > hi))
-            ax.hist(np.minimum(te, hi), bins=bins, density=True, alpha=0.55,
-                    color="#9467bd", label=f"held-out rows (n={te.size}"
-                    + (f", {out} beyond axis" if out else "") + ")")
+            ax.hist(
+                np.minimum(te, hi),
+                bins=bins,
+                density=True,
+                alpha=0.55,
+                color="#9467bd",
+                label=f"held-out rows (n={te.size}"
+                + (f", {out} beyond axis" if out else "")
+                + ")",
+            )
         if threshold is not None and math.isfinite(threshold):
-            ax.axvline(threshold, color="#d62728", ls="--", lw=1.5,
-                       label=f"training 99th percentile ({_fmt_num(threshold)})")
+            ax.axvline(
+                threshold,
+                color="#d62728",
+                ls="--",
+                lw=1.5,
+                label=f"training 99th percentile ({_fmt_num(threshold)})",
+            )
     ax.set_xlabel("novelty score: squared distance to the principal subspace in feature space")
     ax.set_ylabel("density")
     ax.legend(fontsize=9, loc="upper right")
@@ -311,8 +408,9 @@ def plot_novelty(test_scores: Any, train_scores: Any = None, path: Any = None, *
     return _save(fig, path)
 
 
-def plot_gamma_cv(gamma_sweep: dict[str, Any], path: Any = None, *,
-                  title: str | None = None) -> bytes:
+def plot_gamma_cv(
+    gamma_sweep: dict[str, Any], path: Any = None, *, title: str | None = None
+) -> bytes:
     """Cross-validated accuracy vs k, one line per gamma (best point marked)."""
     from matplotlib import colormaps
 
@@ -323,12 +421,25 @@ def plot_gamma_cv(gamma_sweep: dict[str, Any], path: Any = None, *,
     ax = fig.add_subplot(1, 1, 1)
     for i, (g, row) in enumerate(zip(gammas, gamma_sweep["cv_accuracy"])):
         a = np.array([np.nan if v is None else v for v in row], dtype=float)
-        ax.plot(ks, 100 * a, "o-", ms=3, lw=1.5, color=cmap(i / max(1, len(gammas) - 1)),
-                label=f"gamma={_fmt_num(g)}")
+        ax.plot(
+            ks,
+            100 * a,
+            "o-",
+            ms=3,
+            lw=1.5,
+            color=cmap(i / max(1, len(gammas) - 1)),
+            label=f"gamma={_fmt_num(g)}",
+        )
     best = gamma_sweep["best"]
-    ax.plot([best["n_components"]], [100 * best["cv_accuracy"]], marker="*", ms=14,
-            color="#d62728", ls="", label=f"best: gamma={_fmt_num(best['gamma'])}, "
-                                          f"k={best['n_components']}")
+    ax.plot(
+        [best["n_components"]],
+        [100 * best["cv_accuracy"]],
+        marker="*",
+        ms=14,
+        color="#d62728",
+        ls="",
+        label=f"best: gamma={_fmt_num(best['gamma'])}, k={best['n_components']}",
+    )
     if ks.size and ks.max() >= 8:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks)
@@ -353,12 +464,20 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
-_CLASSIFIER_NAMES = {"logistic": "logistic regression (lbfgs)", "linear_svc": "linear SVM",
-                     "sgd": "SGD logistic regression (streamed in chunks)"}
+_CLASSIFIER_NAMES = {
+    "logistic": "logistic regression (lbfgs)",
+    "linear_svc": "linear SVM",
+    "sgd": "SGD logistic regression (streamed in chunks)",
+}
 
 
-def report_markdown(metrics: dict[str, Any], *, images: dict[str, str] | None = None,
-                    title: str | None = None, description: str | None = None) -> str:
+def report_markdown(
+    metrics: dict[str, Any],
+    *,
+    images: dict[str, str] | None = None,
+    title: str | None = None,
+    description: str | None = None,
+) -> str:
     """The report page: data, model, accuracy table with the margin, and how to read each plot.
 
     ``images`` maps plot names (``scree``, ``scatter``, ``accuracy_vs_components``,
@@ -374,51 +493,101 @@ def report_markdown(metrics: dict[str, Any], *, images: dict[str, str] | None = 
     if description:
         lines += [description, ""]
     classes = data["classes"]
-    cls_txt = ", ".join(classes[:20]) + (f", ... ({len(classes)} in all)" if len(classes) > 20
-                                         else "")
+    cls_txt = ", ".join(classes[:20]) + (
+        f", ... ({len(classes)} in all)" if len(classes) > 20 else ""
+    )
     std = "standardised components" if clf.get("standardize") else "raw components"
-    lines += [_table(["", ""], [
-        ["Rows", f"{data['n_rows']} ({data['n_train']} training, {n_test} held out)"],
-        ["Features", data["n_features"]],
-        ["Classes", f"{len(classes)}: {cls_txt}"],
-        ["Kernel", klabel],
-        ["Solver", f"{model.get('eigen_solver') or '—'}, {model['n_components']} components"],
-        ["Classifier", f"{_CLASSIFIER_NAMES.get(clf['name'], clf['name'])} on {std}, "
-                       f"C={_fmt_num(clf.get('C'))}"],
-    ]), ""]
+    lines += [
+        _table(
+            ["", ""],
+            [
+                ["Rows", f"{data['n_rows']} ({data['n_train']} training, {n_test} held out)"],
+                ["Features", data["n_features"]],
+                ["Classes", f"{len(classes)}: {cls_txt}"],
+                ["Kernel", klabel],
+                [
+                    "Solver",
+                    f"{model.get('eigen_solver') or '—'}, {model['n_components']} components",
+                ],
+                [
+                    "Classifier",
+                    f"{_CLASSIFIER_NAMES.get(clf['name'], clf['name'])} on {std}, "
+                    f"C={_fmt_num(clf.get('C'))}",
+                ],
+            ],
+        ),
+        "",
+    ]
 
-    lines += ["## Classification of held-out rows", "",
-              "The model was fitted on the training rows only; held-out rows were embedded "
-              "with the saved model's `transform`. The same linear classifier is trained on "
-              "each set of features.", ""]
-    lines += [_table(["Features", "Components", "Accuracy", "Balanced accuracy", "Macro F1"], [
-        [f"kernel PCA, {klabel}", kp["n_components"], _pct(kp["accuracy"]),
-         _pct(kp["balanced_accuracy"]), _pct(kp["macro_f1"])],
-        [f"linear PCA ({'incremental' if pc.get('method') == 'incremental_pca' else 'exact'})",
-         pc["n_components"], _pct(pc["accuracy"]), _pct(pc["balanced_accuracy"]),
-         _pct(pc["macro_f1"])],
-    ]), ""]
+    lines += [
+        "## Classification of held-out rows",
+        "",
+        "The model was fitted on the training rows only; held-out rows were embedded "
+        "with the saved model's `transform`. The same linear classifier is trained on "
+        "each set of features.",
+        "",
+    ]
+    lines += [
+        _table(
+            ["Features", "Components", "Accuracy", "Balanced accuracy", "Macro F1"],
+            [
+                [
+                    f"kernel PCA, {klabel}",
+                    kp["n_components"],
+                    _pct(kp["accuracy"]),
+                    _pct(kp["balanced_accuracy"]),
+                    _pct(kp["macro_f1"]),
+                ],
+                [
+                    "linear PCA ("
+                    + ("incremental" if pc.get("method") == "incremental_pca" else "exact")
+                    + ")",
+                    pc["n_components"],
+                    _pct(pc["accuracy"]),
+                    _pct(pc["balanced_accuracy"]),
+                    _pct(pc["macro_f1"]),
+                ],
+            ],
+        ),
+        "",
+    ]
     margin = metrics.get("margin")
     if margin is not None:
-        verdict = ("kernel PCA is ahead" if margin > 0 else
-                   "linear PCA is ahead" if margin < 0 else "a tie")
-        lines += [f"**Margin: {100 * margin:+.2f} percentage points** ({verdict}; one held-out "
-                  f"row is {100 / n_test:.2f} points).", ""]
+        verdict = (
+            "kernel PCA is ahead"
+            if margin > 0
+            else "linear PCA is ahead"
+            if margin < 0
+            else "a tie"
+        )
+        lines += [
+            f"**Margin: {100 * margin:+.2f} percentage points** ({verdict}; one held-out "
+            f"row is {100 / n_test:.2f} points).",
+            "",
+        ]
     if not kp.get("converged", True) or not pc.get("converged", True):
-        lines += ["Note: a classifier stopped at its iteration cap (raise evaluate.max_iter).",
-                  ""]
+        lines += [
+            "Note: a classifier stopped at its iteration cap (raise evaluate.max_iter).",
+            "",
+        ]
 
     if "accuracy_vs_components" in images:
-        lines += ["## Accuracy vs number of components", "",
-                  f"![accuracy vs components]({images['accuracy_vs_components']})", "",
-                  "How to read: each point is the held-out accuracy of the classifier trained on "
-                  "the first k components. Components nest, so no refit is involved. Where the "
-                  "kernel PCA curve sits above the linear PCA curve, the nonlinear features "
-                  "carry class information a linear projection misses; where a curve flattens, "
-                  "more components buy little: pick the smallest k on the plateau.", ""]
-    rows = [[k, _pct(a), _pct(b), "—" if a is None or b is None else f"{100 * (a - b):+.2f}"]
-            for k, a, b in zip(sweep["n_components"], sweep["kpca_accuracy"],
-                               sweep["pca_accuracy"])]
+        lines += [
+            "## Accuracy vs number of components",
+            "",
+            f"![accuracy vs components]({images['accuracy_vs_components']})",
+            "",
+            "How to read: each point is the held-out accuracy of the classifier trained on "
+            "the first k components. Components nest, so no refit is involved. Where the "
+            "kernel PCA curve sits above the linear PCA curve, the nonlinear features "
+            "carry class information a linear projection misses; where a curve flattens, "
+            "more components buy little: pick the smallest k on the plateau.",
+            "",
+        ]
+    rows = [
+        [k, _pct(a), _pct(b), "—" if a is None or b is None else f"{100 * (a - b):+.2f}"]
+        for k, a, b in zip(sweep["n_components"], sweep["kpca_accuracy"], sweep["pca_accuracy"])
+    ]
     lines += [_table(["k", "kernel PCA", "linear PCA", "margin (points)"], rows), ""]
     if sweep.get("skipped"):
         lines += [f"Skipped sweep points above the embedding's k: {sweep['skipped']}.", ""]
@@ -426,65 +595,122 @@ def report_markdown(metrics: dict[str, Any], *, images: dict[str, str] | None = 
     gs = metrics.get("gamma_sweep")
     if gs and "best" in gs:
         best = gs["best"]
-        lines += ["## Kernel coefficient by cross-validation", "",
-                  f"{gs['cv_folds']}-fold cross-validation on {gs['n_rows']} training rows "
-                  f"(kernel PCA refitted per fold; held-out rows unused). Fitted gamma: "
-                  f"{_fmt_num(gs.get('fitted_gamma'))}. Best: **gamma={_fmt_num(best['gamma'])}, "
-                  f"k={best['n_components']}** ({_pct(best['cv_accuracy'])}).", ""]
+        lines += [
+            "## Kernel coefficient by cross-validation",
+            "",
+            f"{gs['cv_folds']}-fold cross-validation on {gs['n_rows']} training rows "
+            f"(kernel PCA refitted per fold; held-out rows unused). Fitted gamma: "
+            f"{_fmt_num(gs.get('fitted_gamma'))}. Best: **gamma={_fmt_num(best['gamma'])}, "
+            f"k={best['n_components']}** ({_pct(best['cv_accuracy'])}).",
+            "",
+        ]
         if "gamma_cv" in images:
             lines += [f"![gamma cross-validation]({images['gamma_cv']})", ""]
-        lines += [_table(["gamma"] + [str(k) for k in gs["n_components"]],
-                         [[_fmt_num(g)] + [_pct(v) for v in row]
-                          for g, row in zip(gs["gamma"], gs["cv_accuracy"])]), ""]
+        lines += [
+            _table(
+                ["gamma"] + [str(k) for k in gs["n_components"]],
+                [
+                    [_fmt_num(g)] + [_pct(v) for v in row]
+                    for g, row in zip(gs["gamma"], gs["cv_accuracy"])
+                ],
+            ),
+            "",
+        ]
     elif gs and "skipped" in gs:
         lines += [f"Gamma sweep skipped: {gs['skipped']}.", ""]
 
     if "scree" in images:
         evr = metrics["spectrum"]["explained_variance_ratio"]
-        lines += ["## Spectrum", "", f"![scree plot]({images['scree']})", "",
-                  f"How to read: bars are the eigenvalues of the centred training kernel matrix "
-                  f"(variance along each component, times n); the line is the share of the "
-                  f"total feature-space variance captured by the first k components "
-                  f"({_pct(sum(evr))} with all {len(evr)}). A sharp elbow means a few "
-                  f"components carry the structure; a slow decay means the kernel spreads "
-                  f"variance widely (for rbf, often a gamma that is too large).", ""]
+        lines += [
+            "## Spectrum",
+            "",
+            f"![scree plot]({images['scree']})",
+            "",
+            f"How to read: bars are the eigenvalues of the centred training kernel matrix "
+            f"(variance along each component, times n); the line is the share of the "
+            f"total feature-space variance captured by the first k components "
+            f"({_pct(sum(evr))} with all {len(evr)}). A sharp elbow means a few "
+            f"components carry the structure; a slow decay means the kernel spreads "
+            f"variance widely (for rbf, often a gamma that is too large).",
+            "",
+        ]
     if "scatter" in images:
-        lines += ["## First two components", "", f"![scatter plot]({images['scatter']})", "",
-                  "How to read: every point is a row (a seeded subsample of at most "
-                  f"{metrics.get('config', {}).get('max_scatter_points', '—')} rows), placed by "
-                  "its first two kernel principal components and coloured by class. Classes "
-                  "that form separate clouds here are easy for a linear classifier; overlap "
-                  "in two components can still separate with more of them (see the accuracy "
-                  "curve).", ""]
+        lines += [
+            "## First two components",
+            "",
+            f"![scatter plot]({images['scatter']})",
+            "",
+            "How to read: every point is a row (a seeded subsample of at most "
+            f"{metrics.get('config', {}).get('max_scatter_points', '—')} rows), placed by "
+            "its first two kernel principal components and coloured by class. Classes "
+            "that form separate clouds here are easy for a linear classifier; overlap "
+            "in two components can still separate with more of them (see the accuracy "
+            "curve).",
+            "",
+        ]
     nov = metrics.get("novelty") or {}
     if "novelty" in images:
         frac = nov.get("test_fraction_above_train_p99")
-        lines += ["## Novelty scores", "", f"![novelty histogram]({images['novelty']})", "",
-                  "How to read: `score_samples` is each row's squared distance to the principal "
-                  "subspace in feature space (reconstruction error). Held-out rows drawn from "
-                  "the same distribution as the training rows have a similar histogram; a heavy "
-                  "right tail marks rows unlike anything the model was fitted on. "
-                  + (f"{_pct(frac)} of held-out rows score above the training rows' 99th "
-                     f"percentile (about 1% is expected)." if frac is not None else ""), ""]
+        lines += [
+            "## Novelty scores",
+            "",
+            f"![novelty histogram]({images['novelty']})",
+            "",
+            "How to read: `score_samples` is each row's squared distance to the principal "
+            "subspace in feature space (reconstruction error). Held-out rows drawn from "
+            "the same distribution as the training rows have a similar histogram; a heavy "
+            "right tail marks rows unlike anything the model was fitted on. "
+            + (
+                f"{_pct(frac)} of held-out rows score above the training rows' 99th "
+                f"percentile (about 1% is expected)."
+                if frac is not None
+                else ""
+            ),
+            "",
+        ]
 
     if len(classes) <= 20:
-        lines += ["## Per-class results (kernel PCA)", "",
-                  _table(["class", "precision", "recall", "F1", "support"],
-                         [[c["class"], _pct(c["precision"]), _pct(c["recall"]), _pct(c["f1"]),
-                           c["support"]] for c in kp["per_class"]]), "",
-                  "Confusion matrix (rows: true class, columns: predicted):", ""]
-        lines += [_table(["true \\ pred"] + classes,
-                         [[classes[i]] + row for i, row in enumerate(kp["confusion_matrix"])]),
-                  ""]
+        lines += [
+            "## Per-class results (kernel PCA)",
+            "",
+            _table(
+                ["class", "precision", "recall", "F1", "support"],
+                [
+                    [
+                        c["class"],
+                        _pct(c["precision"]),
+                        _pct(c["recall"]),
+                        _pct(c["f1"]),
+                        c["support"],
+                    ]
+                    for c in kp["per_class"]
+                ],
+            ),
+            "",
+            "Confusion matrix (rows: true class, columns: predicted):",
+            "",
+        ]
+        lines += [
+            _table(
+                ["true \\ pred"] + classes,
+                [[classes[i]] + row for i, row in enumerate(kp["confusion_matrix"])],
+            ),
+            "",
+        ]
     lines += ["All numbers are in `metrics.json` next to this page.", ""]
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------- driver
-def write_report(out_dir: Any, metrics: dict[str, Any], *,
-                 scatter: tuple[Any, Any] | None = None,
-                 novelty: tuple[Any, Any] | None = None,
-                 title: str | None = None, description: str | None = None) -> dict[str, str]:
+def write_report(
+    out_dir: Any,
+    metrics: dict[str, Any],
+    *,
+    scatter: tuple[Any, Any] | None = None,
+    novelty: tuple[Any, Any] | None = None,
+    title: str | None = None,
+    description: str | None = None,
+) -> dict[str, str]:
     """Write the plots and ``report.md`` into ``<out_dir>/report/``.
 
     Parameters
@@ -521,21 +747,41 @@ def write_report(out_dir: Any, metrics: dict[str, Any], *,
         written[name] = str(loc)
 
     spec = metrics["spectrum"]
-    emit("scree", plot_scree(spec["eigenvalues"], spec["explained_variance_ratio"],
-                             title=f"Scree plot: kernel PCA, {klabel}"))
+    emit(
+        "scree",
+        plot_scree(
+            spec["eigenvalues"],
+            spec["explained_variance_ratio"],
+            title=f"Scree plot: kernel PCA, {klabel}",
+        ),
+    )
     if scatter is not None:
         emb, lab = scatter
-        emit("scatter", plot_scatter(emb, lab, classes=metrics["data"]["classes"],
-                                     max_points=int(metrics.get("config", {})
-                                                    .get("max_scatter_points", 5000)),
-                                     title=f"First two kernel principal components ({klabel})"))
+        emit(
+            "scatter",
+            plot_scatter(
+                emb,
+                lab,
+                classes=metrics["data"]["classes"],
+                max_points=int(metrics.get("config", {}).get("max_scatter_points", 5000)),
+                title=f"First two kernel principal components ({klabel})",
+            ),
+        )
     counts = metrics["data"].get("test_class_counts") or []
     majority = max(counts) / sum(counts) if counts and sum(counts) else None
-    emit("accuracy_vs_components", plot_accuracy(metrics["sweep"], kernel_label=klabel,
-                                                 majority=majority))
+    emit(
+        "accuracy_vs_components",
+        plot_accuracy(metrics["sweep"], kernel_label=klabel, majority=majority),
+    )
     if novelty is not None:
-        emit("novelty", plot_novelty(novelty[0], novelty[1],
-                                     threshold=(metrics.get("novelty") or {}).get("train_p99")))
+        emit(
+            "novelty",
+            plot_novelty(
+                novelty[0],
+                novelty[1],
+                threshold=(metrics.get("novelty") or {}).get("train_p99"),
+            ),
+        )
     gs = metrics.get("gamma_sweep")
     if gs and "best" in gs:
         emit("gamma_cv", plot_gamma_cv(gs))
@@ -559,28 +805,57 @@ def artifact_summary(metrics: dict[str, Any], *, report_dir: Any = None) -> dict
     and ``description``.
     """
     if metrics.get("status") != "complete":
-        return {"key": "kpca-evaluation",
-                "markdown": f"Evaluation skipped: {metrics.get('reason', 'no reason given')}.",
-                "table": [], "description": "kernel PCA evaluation (skipped)"}
+        return {
+            "key": "kpca-evaluation",
+            "markdown": f"Evaluation skipped: {metrics.get('reason', 'no reason given')}.",
+            "table": [],
+            "description": "kernel PCA evaluation (skipped)",
+        }
     kp, pc, sweep, data = metrics["kpca"], metrics["pca"], metrics["sweep"], metrics["data"]
     klabel = _kernel_label(metrics["model"].get("kernel"))
-    table = [{"n_components": int(k), "kpca_accuracy": a, "pca_accuracy": b,
-              "margin": None if a is None or b is None else a - b}
-             for k, a, b in zip(sweep["n_components"], sweep["kpca_accuracy"],
-                                sweep["pca_accuracy"])]
+    table = [
+        {
+            "n_components": int(k),
+            "kpca_accuracy": a,
+            "pca_accuracy": b,
+            "margin": None if a is None or b is None else a - b,
+        }
+        for k, a, b in zip(sweep["n_components"], sweep["kpca_accuracy"], sweep["pca_accuracy"])
+    ]
     where = f"\n\nFull report with plots: `{report_dir}/report.md`" if report_dir else ""
-    md = "\n".join([
-        "# Kernel PCA evaluation", "",
-        f"{data['n_train']} training / {data['n_test']} held-out rows, "
-        f"{len(data['classes'])} classes; kernel {klabel}; "
-        f"classifier {metrics['classifier']['name']}.", "",
-        _table(["Features", "k", "Held-out accuracy"],
-               [["kernel PCA", kp["n_components"], _pct(kp["accuracy"])],
-                ["linear PCA", pc["n_components"], _pct(pc["accuracy"])]]), "",
-        f"**Margin: {100 * (metrics['margin'] or 0.0):+.2f} points.**", "",
-        _table(["k", "kernel PCA", "linear PCA"],
-               [[r["n_components"], _pct(r["kpca_accuracy"]), _pct(r["pca_accuracy"])]
-                for r in table]),
-    ]) + where
-    return {"key": "kpca-evaluation", "markdown": md, "table": table,
-            "description": f"kernel PCA vs linear PCA, held-out accuracy (k={kp['n_components']})"}
+    md = (
+        "\n".join(
+            [
+                "# Kernel PCA evaluation",
+                "",
+                f"{data['n_train']} training / {data['n_test']} held-out rows, "
+                f"{len(data['classes'])} classes; kernel {klabel}; "
+                f"classifier {metrics['classifier']['name']}.",
+                "",
+                _table(
+                    ["Features", "k", "Held-out accuracy"],
+                    [
+                        ["kernel PCA", kp["n_components"], _pct(kp["accuracy"])],
+                        ["linear PCA", pc["n_components"], _pct(pc["accuracy"])],
+                    ],
+                ),
+                "",
+                f"**Margin: {100 * (metrics['margin'] or 0.0):+.2f} points.**",
+                "",
+                _table(
+                    ["k", "kernel PCA", "linear PCA"],
+                    [
+                        [r["n_components"], _pct(r["kpca_accuracy"]), _pct(r["pca_accuracy"])]
+                        for r in table
+                    ],
+                ),
+            ]
+        )
+        + where
+    )
+    return {
+        "key": "kpca-evaluation",
+        "markdown": md,
+        "table": table,
+        "description": f"kernel PCA vs linear PCA, held-out accuracy (k={kp['n_components']})",
+    }

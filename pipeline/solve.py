@@ -11,17 +11,28 @@ import dask.array as da
 import numpy as np
 
 from kpca_dask import KernelPCA
+from kpca_dask.exceptions import (
+    ConstantKernelError,
+    ConvergenceWarning,
+    DroppedComponentsWarning,
+)
 from kpca_dask.plan import NYSTROEM_BLOCK_ROWS, auto_block_rows, resolve_solver
-from kpca_dask.exceptions import (ConstantKernelError, ConvergenceWarning,
-                                  DroppedComponentsWarning)
 
-from .errors import UserError
 from .config import PipelineConfig
 from .denoise import estimator_params
+from .errors import UserError
 from .store import Location
 
-__all__ = ["make_estimator", "make_planner", "solve", "SolveError", "check_fit",
-           "nystroem_rows", "memory_budget", "PERSIST_FRACTION"]
+__all__ = [
+    "make_estimator",
+    "make_planner",
+    "solve",
+    "SolveError",
+    "check_fit",
+    "nystroem_rows",
+    "memory_budget",
+    "PERSIST_FRACTION",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -36,7 +47,8 @@ class SolveError(UserError, ValueError):
 CONSTANT_KERNEL = (
     "the centred kernel matrix is zero to rounding: the data are constant in feature "
     "space (every row identical, or kernel.gamma so large or small that the kernel is "
-    "constant); check the input and kernel.gamma.")
+    "constant); check the input and kernel.gamma."
+)
 
 
 def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
@@ -56,13 +68,18 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
         raise SolveError(CONSTANT_KERNEL)
     if k < k_req:
         if cfg.kernel.name == "sigmoid":
-            why = (f"the sigmoid kernel is not positive semi-definite and only {k} eigenvalues "
-                   "of the centred kernel matrix are clearly positive")
+            why = (
+                f"the sigmoid kernel is not positive semi-definite and only {k} eigenvalues "
+                "of the centred kernel matrix are clearly positive"
+            )
         else:
-            why = (f"the centred kernel matrix has only {k} clearly positive eigenvalues "
-                   "(duplicate rows or rank-deficient data)")
-        raise SolveError(f"solver.n_components={k_req} but {why}; set solver.n_components to "
-                         f"{k} or less.")
+            why = (
+                f"the centred kernel matrix has only {k} clearly positive eigenvalues "
+                "(duplicate rows or rank-deficient data)"
+            )
+        raise SolveError(
+            f"solver.n_components={k_req} but {why}; set solver.n_components to {k} or less."
+        )
     lim = cfg.solver.max_residual
     res = getattr(est, "residuals_", None)
     if lim is not None and res is not None and len(res) and float(np.max(res)) > lim:
@@ -71,19 +88,30 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
             f"exceeds solver.max_residual={lim:g}: the eigenpairs are not accurate (too few "
             "passes for this spectrum); use eigen_solver: dense (n up to ~20k), set "
             "solver.n_power_iter: auto, raise solver.n_oversamples or solver.max_iter, or ask "
-            "for fewer components.")
+            "for fewer components."
+        )
 
 
 def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> KernelPCA:
     """The estimator the config describes (parameters are validated by it at fit)."""
     s, k = cfg.solver, cfg.kernel
     params: dict[str, Any] = dict(
-        n_components=s.n_components, kernel=k.name, gamma=k.gamma, degree=k.degree,
-        coef0=k.coef0, eigen_solver=s.eigen_solver, n_oversamples=s.n_oversamples,
-        n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter,
-        random_state=s.random_state, dtype=s.dtype, chunk_size=block_rows,
+        n_components=s.n_components,
+        kernel=k.name,
+        gamma=k.gamma,
+        degree=k.degree,
+        coef0=k.coef0,
+        eigen_solver=s.eigen_solver,
+        n_oversamples=s.n_oversamples,
+        n_power_iter=s.n_power_iter,
+        tol=s.tol,
+        max_iter=s.max_iter,
+        random_state=s.random_state,
+        dtype=s.dtype,
+        chunk_size=block_rows,
         # the pipeline's contract: only positive components (check_fit says when fewer)
-        remove_zero_eig=True)
+        remove_zero_eig=True,
+    )
     if s.n_landmarks is not None:
         params["n_landmarks"] = s.n_landmarks
     params["landmark_method"] = s.landmark_method
@@ -120,8 +148,9 @@ def memory_budget(fraction: float | None = None) -> int:
     return int(fraction * psutil.virtual_memory().available)
 
 
-def nystroem_rows(X: da.Array, cfg: PipelineConfig, *, budget: int | None = None
-                  ) -> tuple[da.Array, dict[str, Any]]:
+def nystroem_rows(
+    X: da.Array, cfg: PipelineConfig, *, budget: int | None = None
+) -> tuple[da.Array, dict[str, Any]]:
     """The training rows as the Nyström passes read them, and how.
 
     Blocks of the estimator's own Nyström size (about 8192 rows; ``chunks.block_rows``
@@ -142,12 +171,23 @@ def nystroem_rows(X: da.Array, cfg: PipelineConfig, *, budget: int | None = None
     in_memory = nbytes <= budget
     if in_memory:
         X = X.persist()
-        logger.info("solve: Nyström passes over %d rows in blocks of %d, read once into "
-                    "memory (%.2f GB of a %.2f GB budget)", n, r, nbytes / 1e9, budget / 1e9)
+        logger.info(
+            "solve: Nyström passes over %d rows in blocks of %d, read once into "
+            "memory (%.2f GB of a %.2f GB budget)",
+            n,
+            r,
+            nbytes / 1e9,
+            budget / 1e9,
+        )
     else:
-        logger.info("solve: Nyström passes over %d rows in blocks of %d, re-read from the "
-                    "ingest store at every pass (%.2f GB > a %.2f GB memory budget)", n, r,
-                    nbytes / 1e9, budget / 1e9)
+        logger.info(
+            "solve: Nyström passes over %d rows in blocks of %d, re-read from the "
+            "ingest store at every pass (%.2f GB > a %.2f GB memory budget)",
+            n,
+            r,
+            nbytes / 1e9,
+            budget / 1e9,
+        )
     return X, {"block_rows": r, "rows_in_memory": in_memory}
 
 
@@ -157,24 +197,39 @@ def make_planner(cfg: Any) -> KernelPCA:
     the fit, and the kernel stage's cache key must not depend on them)."""
     s, k = cfg.solver, cfg.kernel
     params: dict[str, Any] = dict(
-        n_components=s.n_components, kernel=k.name, gamma=k.gamma, degree=k.degree,
-        coef0=k.coef0, eigen_solver=s.eigen_solver, n_oversamples=s.n_oversamples,
-        random_state=s.random_state, dtype=s.dtype, remove_zero_eig=True,
-        landmark_method=s.landmark_method)
+        n_components=s.n_components,
+        kernel=k.name,
+        gamma=k.gamma,
+        degree=k.degree,
+        coef0=k.coef0,
+        eigen_solver=s.eigen_solver,
+        n_oversamples=s.n_oversamples,
+        random_state=s.random_state,
+        dtype=s.dtype,
+        remove_zero_eig=True,
+        landmark_method=s.landmark_method,
+    )
     if s.n_landmarks is not None:
         params["n_landmarks"] = s.n_landmarks
     return KernelPCA().set_params(**params)
 
 
-def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
-          block_rows: int | str = "auto", block_reader: Any = None
-          ) -> tuple[KernelPCA, dict[str, Any]]:
+def solve(
+    X_train: da.Array,
+    cfg: PipelineConfig,
+    model_loc: Location,
+    *,
+    block_rows: int | str = "auto",
+    block_reader: Any = None,
+) -> tuple[KernelPCA, dict[str, Any]]:
     """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON)."""
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
     reading: dict[str, Any] = {}
-    if block_reader is None and resolve_solver(est.get_params(),
-                                               int(X_train.shape[0])) == "nystroem":
+    if (
+        block_reader is None
+        and resolve_solver(est.get_params(), int(X_train.shape[0])) == "nystroem"
+    ):
         X_train, reading = nystroem_rows(X_train, cfg)
         est.set_params(chunk_size=reading["block_rows"])
     fit_kw: dict[str, Any] = {}
@@ -198,13 +253,24 @@ def solve(X_train: da.Array, cfg: PipelineConfig, model_loc: Location, *,
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
     est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)
-    info = {"solver": est.eigen_solver_, "n_components": int(est.n_components_),
-            "n_passes": int(getattr(est, "n_passes_", 0)),
-            "converged": bool(getattr(est, "converged_", True)),
-            "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
-            "gamma": est.gamma_, "kernel": est.kernel_.to_dict(), "fit_seconds": fit_s,
-            "seconds": time.perf_counter() - t0, **reading}
-    logger.info("solve: %s solver, %d components, %d passes, max residual %.2e in %.1f s",
-                info["solver"], info["n_components"], info["n_passes"],
-                info["max_residual"] or 0.0, fit_s)
+    info = {
+        "solver": est.eigen_solver_,
+        "n_components": int(est.n_components_),
+        "n_passes": int(getattr(est, "n_passes_", 0)),
+        "converged": bool(getattr(est, "converged_", True)),
+        "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
+        "gamma": est.gamma_,
+        "kernel": est.kernel_.to_dict(),
+        "fit_seconds": fit_s,
+        "seconds": time.perf_counter() - t0,
+        **reading,
+    }
+    logger.info(
+        "solve: %s solver, %d components, %d passes, max residual %.2e in %.1f s",
+        info["solver"],
+        info["n_components"],
+        info["n_passes"],
+        info["max_residual"] or 0.0,
+        fit_s,
+    )
     return est, info

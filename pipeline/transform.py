@@ -36,9 +36,16 @@ __all__ = ["embed_rows", "load_model", "transform_to_store", "verify_transform_o
 logger = logging.getLogger("pipeline")
 
 
-def embed_rows(model: Any, X: da.Array, *, split: np.ndarray | None = None,
-               idx: np.ndarray | None = None, training_data: bool = True,
-               dtype: Any = None, batch_rows: int | None = None) -> da.Array:
+def embed_rows(
+    model: Any,
+    X: da.Array,
+    *,
+    split: np.ndarray | None = None,
+    idx: np.ndarray | None = None,
+    training_data: bool = True,
+    dtype: Any = None,
+    batch_rows: int | None = None,
+) -> da.Array:
     """The embedding of rows ``idx`` of ``X`` (every row when None), lazy, row-chunked.
 
     Exact models (dense, randomized) on the data they were fitted on: the training rows
@@ -98,16 +105,25 @@ def load_model(path: str) -> Any:
     run itself.
     """
     loc = Location(path)
-    run = loc if (loc.child("manifest.json").exists() or loc.child("model").exists()) \
+    run = (
+        loc
+        if (loc.child("manifest.json").exists() or loc.child("model").exists())
         else _run_folder_of(loc)
+    )
     if run is not None:
         verify_run(run)
         path = run.child("model").url
     return kpca_dask.load(path)
 
 
-def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
-                       chunks: ChunkConfig | None = None, overwrite: bool = False) -> dict:
+def transform_to_store(
+    model_path: str,
+    input_cfg: InputConfig,
+    output: str,
+    *,
+    chunks: ChunkConfig | None = None,
+    overwrite: bool = False,
+) -> dict:
     """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``.
 
     The output is refused before anything is read when it is ``""``/``.``, the input, a
@@ -118,14 +134,17 @@ def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
     publish.
     """
     t0 = time.perf_counter()
-    out = check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
-                                 overwrite=overwrite)
+    out = check_transform_output(
+        output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+    )
     model = load_model(model_path)
     src = read_input(input_cfg, chunks)
     if src.X.shape[1] != model.n_features_in_:
-        raise InputError(f"{input_cfg.path} has {src.X.shape[1]} feature columns but the model "
-                         f"was fitted on {model.n_features_in_}; select the same columns "
-                         "(input.columns) as in training.")
+        raise InputError(
+            f"{input_cfg.path} has {src.X.shape[1]} feature columns but the model "
+            f"was fitted on {model.n_features_in_}; select the same columns "
+            "(input.columns) as in training."
+        )
     emb = embed_rows(model, src.X, training_data=False)
     n = int(src.X.shape[0])
     parquet = output.rstrip("/").endswith(".parquet")
@@ -133,32 +152,46 @@ def transform_to_store(model_path: str, input_cfg: InputConfig, output: str, *,
     def write(target: Location) -> None:
         if parquet:
             parent, name = _parent_and_name(target)
-            write_parquet(parent, emb, ids=src.ids, labels=src.labels, classes=src.classes,
-                          name=name)
+            write_parquet(
+                parent, emb, ids=src.ids, labels=src.labels, classes=src.classes, name=name
+            )
             return
         g = target.open_group("w")
-        z = g.create_array("embedding", shape=emb.shape, dtype=emb.dtype,
-                           chunks=(src.X.chunks[0][0], emb.shape[1]))
+        z = g.create_array(
+            "embedding",
+            shape=emb.shape,
+            dtype=emb.dtype,
+            chunks=(src.X.chunks[0][0], emb.shape[1]),
+        )
         z.attrs["columns"] = component_names(emb.shape[1])
         stores = [da.store(emb, z, lock=False, compute=False)]
         for name, arr in (("ids", src.ids), ("labels", src.labels)):
             if arr is not None:
                 dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-                za = g.create_array(name, shape=arr.shape, dtype=dtype,
-                                    chunks=(src.X.chunks[0][0],))
+                za = g.create_array(
+                    name, shape=arr.shape, dtype=dtype, chunks=(src.X.chunks[0][0],)
+                )
                 stores.append(da.store(arr, za, lock=False, compute=False))
         compute(*stores, label="transform")
-        g.attrs.update({"kind": "kpca-dask-transform", "model": model_path,
-                        "input": input_cfg.path, "status": "complete"})
+        g.attrs.update(
+            {
+                "kind": "kpca-dask-transform",
+                "model": model_path,
+                "input": input_cfg.path,
+                "status": "complete",
+            }
+        )
 
     def verify(target: Location) -> None:
-        verify_transform_output(target, n_rows=n, n_components=int(emb.shape[1]),
-                                parquet=parquet)
+        verify_transform_output(
+            target, n_rows=n, n_components=int(emb.shape[1]), parquet=parquet
+        )
 
     with OutputLock(out):
         # checked again under the lock: another transform may have published meanwhile
-        check_transform_output(output, model_path=model_path, inputs=[input_cfg.path],
-                               overwrite=overwrite)
+        check_transform_output(
+            output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+        )
         publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
     secs = time.perf_counter() - t0
     logger.info("transform: %d rows -> %s in %.1f s", n, output, secs)
@@ -172,8 +205,14 @@ def _parent_and_name(loc: Location) -> tuple[Location, str]:
     return Location(url.rsplit("/", 1)[0], loc.storage_options), url.rsplit("/", 1)[1]
 
 
-def verify_transform_output(target: Location, *, n_rows: int, n_components: int | None,
-                            parquet: bool, array: str = "embedding") -> None:
+def verify_transform_output(
+    target: Location,
+    *,
+    n_rows: int,
+    n_components: int | None,
+    parquet: bool,
+    array: str = "embedding",
+) -> None:
     """Raise RunError unless ``target`` is a complete transform output of ``n_rows`` rows."""
     from .errors import RunError
 
@@ -187,8 +226,14 @@ def verify_transform_output(target: Location, *, n_rows: int, n_components: int 
         g = target.open_group("r")
         z = g[array] if array in g else None
         rows = None if z is None else z.shape[0]
-        ok = (z is not None and rows == n_rows and dict(g.attrs).get("status") == "complete"
-              and (n_components is None or z.shape[1] == n_components))
+        ok = (
+            z is not None
+            and rows == n_rows
+            and dict(g.attrs).get("status") == "complete"
+            and (n_components is None or z.shape[1] == n_components)
+        )
     if not ok:
-        raise RunError(f"the new output at {target} is incomplete ({rows} of {n_rows} rows); "
-                       "nothing was published, the previous output is unchanged.")
+        raise RunError(
+            f"the new output at {target} is incomplete ({rows} of {n_rows} rows); "
+            "nothing was published, the previous output is unchanged."
+        )

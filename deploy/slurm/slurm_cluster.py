@@ -29,8 +29,16 @@ import sys
 from typing import Any
 
 
-def make_cluster(*, queue: str | None, account: str | None, cores: int, memory: str,
-                 walltime: str, python: str | None, log_directory: str) -> Any:
+def make_cluster(
+    *,
+    queue: str | None,
+    account: str | None,
+    cores: int,
+    memory: str,
+    walltime: str,
+    python: str | None,
+    log_directory: str,
+) -> Any:
     """A ``SLURMCluster`` whose jobs each run one Dask worker process."""
     from dask_jobqueue import SLURMCluster
 
@@ -61,22 +69,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--walltime", default="04:00:00")
     p.add_argument("--python", help="the workers' python command (default: this interpreter)")
     p.add_argument("--log-directory", default="dask-slurm-logs")
-    p.add_argument("--wait", type=float, default=900.0,
-                   help="seconds to wait for the first worker job to start")
-    p.add_argument("--no-prefect", dest="prefect", action="store_false",
-                   help="run the stages without Prefect")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=900.0,
+        help="seconds to wait for the first worker job to start",
+    )
+    p.add_argument(
+        "--no-prefect",
+        dest="prefect",
+        action="store_false",
+        help="run the stages without Prefect",
+    )
     args = p.parse_args(argv)
 
     from flows.pipeline_flow import run_flow_or_plain
     from pipeline.config import load_config
 
     cfg = load_config(args.config)
-    with make_cluster(queue=args.queue, account=args.account, cores=args.cores,
-                      memory=args.memory, walltime=args.walltime, python=args.python,
-                      log_directory=args.log_directory) as cluster:
+    with make_cluster(
+        queue=args.queue,
+        account=args.account,
+        cores=args.cores,
+        memory=args.memory,
+        walltime=args.walltime,
+        python=args.python,
+        log_directory=args.log_directory,
+    ) as cluster:
         cluster.scale(jobs=args.jobs)
-        print(f"Dask scheduler {cluster.scheduler_address}; dashboard "
-              f"{cluster.dashboard_link}; {args.jobs} worker jobs submitted", flush=True)
+        print(
+            f"Dask scheduler {cluster.scheduler_address}; dashboard "
+            f"{cluster.dashboard_link}; {args.jobs} worker jobs submitted",
+            flush=True,
+        )
         cfg.cluster.address = cluster.scheduler_address
         cfg.cluster.connect_timeout = args.wait  # queued jobs may take a while to start
         summary = run_flow_or_plain(cfg, use_prefect=args.prefect)

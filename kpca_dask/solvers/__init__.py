@@ -20,5 +20,12 @@ from .landmarks import select_landmarks
 from .nystroem import nystroem_eigh
 from .randomized import randomized_eigh
 
-__all__ = ["EigResult", "deterministic_signs", "drop_nonpositive", "dense_eigh", "randomized_eigh",
-           "nystroem_eigh", "select_landmarks"]
+__all__ = [
+    "EigResult",
+    "deterministic_signs",
+    "drop_nonpositive",
+    "dense_eigh",
+    "randomized_eigh",
+    "nystroem_eigh",
+    "select_landmarks",
+]

@@ -37,8 +37,15 @@ def arpack_v0(n: int, random_state: Any) -> np.ndarray:
     return check_random_state(random_state).uniform(-1, 1, n)
 
 
-def arpack_eigh(op: Any, n_components: int, *, tol: float = 0.0, maxiter: int | None = None,
-                random_state: Any = None, shift: float = 0.0) -> EigResult:
+def arpack_eigh(
+    op: Any,
+    n_components: int,
+    *,
+    tol: float = 0.0,
+    maxiter: int | None = None,
+    random_state: Any = None,
+    shift: float = 0.0,
+) -> EigResult:
     """Top ``n_components`` eigenpairs of the centred operator ``op`` (``op.matmul``).
 
     ``op`` is a :class:`~kpca_dask.centering.CentredKernel`; each ARPACK
@@ -63,6 +70,7 @@ def arpack_eigh(op: Any, n_components: int, *, tol: float = 0.0, maxiter: int | 
         w, V = scipy.linalg.eigh(Kc, subset_by_index=(n - k, n - 1))
         info["formed"] = True
     else:
+
         def matvec(v):
             v = np.asarray(v, dtype=np.float64).reshape(n, -1)
             return op.matmul(v) + shift * v
@@ -89,5 +97,11 @@ def arpack_eigh(op: Any, n_components: int, *, tol: float = 0.0, maxiter: int | 
     else:
         resid = np.zeros(0)
     info["matvecs"] = int(op.n_passes - passes0)
-    return EigResult(eigenvalues=w, eigenvectors=V, residuals=resid,
-                     n_passes=int(op.n_passes - passes0), converged=converged, info=info)
+    return EigResult(
+        eigenvalues=w,
+        eigenvectors=V,
+        residuals=resid,
+        n_passes=int(op.n_passes - passes0),
+        converged=converged,
+        info=info,
+    )

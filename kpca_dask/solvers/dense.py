@@ -37,5 +37,6 @@ def dense_eigh(Kc: np.ndarray, n_components: int) -> EigResult:
     V = deterministic_signs(V[:, order])
     with np.errstate(divide="ignore", invalid="ignore"):
         res = np.linalg.norm(Kc @ V - V * w, axis=0) / np.abs(w)
-    return EigResult(eigenvalues=w, eigenvectors=V, residuals=res, n_passes=1,
-                     info={"solver": "dense"})
+    return EigResult(
+        eigenvalues=w, eigenvectors=V, residuals=res, n_passes=1, info={"solver": "dense"}
+    )

@@ -52,8 +52,8 @@ import numpy as np
 import scipy.linalg
 from threadpoolctl import threadpool_limits
 
-from ..threads import blas_threads_for_dask
 from ..kernels import Kernel
+from ..threads import blas_threads_for_dask
 
 __all__ = [
     "LANDMARK_METHODS",
@@ -160,8 +160,9 @@ def kmeanspp_landmarks(S: np.ndarray, m: int, rng: np.random.Generator) -> np.nd
     return np.asarray(chosen, dtype=np.int64)
 
 
-def _rejection_cholesky(H: np.ndarray, proposal: np.ndarray, lmax: int,
-                        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _rejection_cholesky(
+    H: np.ndarray, proposal: np.ndarray, lmax: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Accept pivots among the proposals by rejection; Cholesky factor of the accepted block.
 
     ``H`` (b x b) is the residual kernel matrix at the proposals, ``proposal``
@@ -201,7 +202,8 @@ def _check_finite_kernel(K: np.ndarray) -> None:
         raise InvalidInputError(
             "The kernel returned NaN or infinity on the data (values so large that their "
             "products overflow, e.g. near 1e300?); scale the data (e.g. standardise the "
-            "columns) or choose kernel parameters that keep the kernel finite.")
+            "columns) or choose kernel parameters that keep the kernel finite."
+        )
 
 
 def rpcholesky_landmarks(
@@ -270,8 +272,9 @@ def rpcholesky_landmarks(
         G -= F[:, :i] @ F[T, :i].T
         # G L^-T as a GEMM with the small inverse factor: a triangular solve
         # with s right-hand sides is several times slower here.
-        Linv = scipy.linalg.solve_triangular(L, np.eye(L.shape[0]), lower=True,
-                                             check_finite=False)
+        Linv = scipy.linalg.solve_triangular(
+            L, np.eye(L.shape[0]), lower=True, check_finite=False
+        )
         l = T.size
         Fnew = F[:, i : i + l]
         np.matmul(G, Linv.T, out=Fnew)
@@ -343,13 +346,20 @@ def select_landmarks(
             col_means = _sample_column_means(S, S[piv], kernel)
     info["n_landmarks"] = int(piv.size)
     if piv.size < m:
-        logger.info("landmarks: %s chose %d of %d landmarks: the kernel matrix of the "
-                    "%d-row sample is reproduced to rounding by them", method, piv.size, m, s)
+        logger.info(
+            "landmarks: %s chose %d of %d landmarks: the kernel matrix of the "
+            "%d-row sample is reproduced to rounding by them",
+            method,
+            piv.size,
+            m,
+            s,
+        )
     return Landmarks(sidx[piv], S[piv].copy(), column_means=col_means, info=info)
 
 
-def _sample_column_means(S: np.ndarray, Z: np.ndarray, kernel: Kernel,
-                         rows: int = 4096) -> np.ndarray:
+def _sample_column_means(
+    S: np.ndarray, Z: np.ndarray, kernel: Kernel, rows: int = 4096
+) -> np.ndarray:
     """``mean_i k(s_i, z_j)`` over the sample, a strip of rows at a time (float64)."""
     acc = np.zeros(Z.shape[0], dtype=np.float64)
     B = kernel.prepare(Z, np.dtype(np.float64), "right")

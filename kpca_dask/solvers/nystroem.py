@@ -61,8 +61,8 @@ from dask.highlevelgraph import HighLevelGraph
 from scipy.linalg.blas import dsyrk, ssyrk
 from threadpoolctl import threadpool_limits
 
-from ..threads import blas_threads_for_dask
 from ..kernels import Kernel
+from ..threads import blas_threads_for_dask
 from ._common import EigResult
 from .randomized import randomized_eigh
 
@@ -159,8 +159,13 @@ def default_w_rtol(dtype: Any) -> float:
     return 1e-12 if np.dtype(dtype) == np.float64 else 1e-6
 
 
-def nystroem_basis(landmarks: np.ndarray, kernel: Kernel, dtype: Any,
-                   shift: np.ndarray | None = None, rtol: float | None = None) -> NystroemBasis:
+def nystroem_basis(
+    landmarks: np.ndarray,
+    kernel: Kernel,
+    dtype: Any,
+    shift: np.ndarray | None = None,
+    rtol: float | None = None,
+) -> NystroemBasis:
     """Eigendecompose ``W = k(Z, Z)`` (evaluated in ``dtype``, solved in float64).
 
     ``shift`` defaults to the column means of W (an unbiased estimate of
@@ -190,8 +195,15 @@ def nystroem_basis(landmarks: np.ndarray, kernel: Kernel, dtype: Any,
     T = U[:, keep] / np.sqrt(S[keep])
     if shift is None:
         shift = W.mean(axis=0)
-    return NystroemBasis(Z, kernel, dtype, np.ascontiguousarray(T), S[keep],
-                         np.asarray(shift, dtype=np.float64), int((~keep).sum()))
+    return NystroemBasis(
+        Z,
+        kernel,
+        dtype,
+        np.ascontiguousarray(T),
+        S[keep],
+        np.asarray(shift, dtype=np.float64),
+        int((~keep).sum()),
+    )
 
 
 # ------------------------------------------------------------ block products
@@ -262,8 +274,9 @@ def _tree_reduce(dsk: dict, leaves: list, name: str, split_every: int = SPLIT_EV
     return keys[0]
 
 
-def block_stats_graph(X: da.Array, basis: NystroemBasis, Zp: np.ndarray, M: np.ndarray | None,
-                      first: bool) -> Delayed:
+def block_stats_graph(
+    X: da.Array, basis: NystroemBasis, Zp: np.ndarray, M: np.ndarray | None, first: bool
+) -> Delayed:
     """Lazy pass over the row blocks of ``X``: one task per block plus a tree sum."""
     method = "covariance" if M is None else "randomized"
     consts = (Zp, M, basis.shift)
@@ -273,8 +286,15 @@ def block_stats_graph(X: da.Array, basis: NystroemBasis, Zp: np.ndarray, M: np.n
     dsk: dict[Any, Any] = {cname: consts}
     leaves = []
     for i in range(len(X.chunks[0])):
-        dsk[(lname, i)] = (_block_stats, (X.name, i, 0), cname, method, first, basis.kernel,
-                           basis.dtype.str)
+        dsk[(lname, i)] = (
+            _block_stats,
+            (X.name, i, 0),
+            cname,
+            method,
+            first,
+            basis.kernel,
+            basis.dtype.str,
+        )
         leaves.append((lname, i))
     root = _tree_reduce(dsk, leaves, "kpca-nys-" + token)
     graph = HighLevelGraph.from_collections(root[0], dsk, dependencies=[X])
@@ -313,8 +333,9 @@ class FeatureCovariance:
         first = self.delta is None
         t0 = time.perf_counter()
         with blas_threads_for_dask():
-            (acc, colsum, diag, rows), = dask.compute(
-                block_stats_graph(self.X, self.basis, self._Zp, M, first))
+            ((acc, colsum, diag, rows),) = dask.compute(
+                block_stats_graph(self.X, self.basis, self._Zp, M, first)
+            )
         if rows != self.n_rows:  # pragma: no cover - a graph bug, never data
             raise RuntimeError(f"pass covered {rows} of {self.n_rows} rows")
         if first:
@@ -322,9 +343,12 @@ class FeatureCovariance:
             self.kernel_trace = diag
         self.n_passes += 1
         self.pass_seconds.append(time.perf_counter() - t0)
-        logger.debug("Nyström pass %d (%s) took %.2f s", self.n_passes,
-                     "covariance" if M is None else f"{M.shape[1]} columns",
-                     self.pass_seconds[-1])
+        logger.debug(
+            "Nyström pass %d (%s) took %.2f s",
+            self.n_passes,
+            "covariance" if M is None else f"{M.shape[1]} columns",
+            self.pass_seconds[-1],
+        )
         return acc
 
     def matmul(self, Y: np.ndarray) -> np.ndarray:
@@ -421,12 +445,34 @@ def nystroem_eigh(
     if method not in NYSTROEM_METHODS:
         raise ValueError(f"Unknown Nyström method {method!r}; use one of {NYSTROEM_METHODS}.")
     with driver_blas():
-        return _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
-                              randomized_method, tol, max_passes, random_state, warn)
+        return _nystroem_eigh(
+            X,
+            basis,
+            n_components,
+            method,
+            n_oversamples,
+            n_power_iter,
+            randomized_method,
+            tol,
+            max_passes,
+            random_state,
+            warn,
+        )
 
 
-def _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
-                   randomized_method, tol, max_passes, random_state, warn) -> NystroemFit:
+def _nystroem_eigh(
+    X,
+    basis,
+    n_components,
+    method,
+    n_oversamples,
+    n_power_iter,
+    randomized_method,
+    tol,
+    max_passes,
+    random_state,
+    warn,
+) -> NystroemFit:
     op = FeatureCovariance(X, basis)
     mp = basis.rank
     k = mp if n_components is None else min(int(n_components), mp)
@@ -437,15 +483,24 @@ def _nystroem_eigh(X, basis, n_components, method, n_oversamples, n_power_iter,
         lam, P = lam[::-1], P[:, ::-1]
         with np.errstate(divide="ignore", invalid="ignore"):
             residuals = np.linalg.norm(Sigma @ P - P * lam, axis=0) / np.abs(lam)
-        res = EigResult(lam, P, residuals, n_passes=op.n_passes, converged=True,
-                        info={"finish": "eigh"})
+        res = EigResult(
+            lam, P, residuals, n_passes=op.n_passes, converged=True, info={"finish": "eigh"}
+        )
     else:
         if n_components is None:
             raise ValueError("The randomized Nyström method needs n_components.")
         res = randomized_eigh(
-            op, k, n_oversamples=n_oversamples, n_power_iter=n_power_iter,
-            method=randomized_method, tol=tol, max_passes=max_passes, psd=True,
-            eps=float(np.finfo(basis.dtype).eps), random_state=random_state, centre=False,
+            op,
+            k,
+            n_oversamples=n_oversamples,
+            n_power_iter=n_power_iter,
+            method=randomized_method,
+            tol=tol,
+            max_passes=max_passes,
+            psd=True,
+            eps=float(np.finfo(basis.dtype).eps),
+            random_state=random_state,
+            centre=False,
             warn=warn,
         )
     lam, P = np.asarray(res.eigenvalues, dtype=np.float64), np.asarray(res.eigenvectors)
@@ -503,7 +558,7 @@ def estimated_cost(m: int, d: int, l: int, method: str, passes: int = 6) -> floa
 
 
 def choose_method(m: int, d: int, k: int | None, l: int) -> str:
-    """"auto": the covariance method when the cost model says it is cheaper (m below
+    """ "auto": the covariance method when the cost model says it is cheaper (m below
     about 1700 for d = 64 and 16 components), when all components are wanted, or
     when the feature space is small next to the Krylov block."""
     if k is None or m <= 2 * l:

@@ -60,13 +60,14 @@ first index (``tail_start``, None without a tail).
 
 Stopping: with ``n_power_iter="auto"`` the iteration stops as soon as the
 certificate holds for every returned pair: eigenvalue bound ``<= tol * theta
-+ tau`` (``tol**0.75`` inside a cluster, ``tail_tol`` in the tail) and angle bound, weighted by the
-embedding scale ``sqrt(theta / theta_1)``, ``<= sqrt(tol)`` (up to the
-rounding level ``tau``; docs/solvers.md). One last pass computes ``A V`` for the returned vectors: a
-Rayleigh-Ritz step on them sharpens the eigenvalues and gives their exact
-residuals (``residuals_``), and the certificate is re-checked on them:
-``converged`` is True only if it holds for every returned pair. Otherwise a
-:class:`~kpca_dask.exceptions.ConvergenceWarning` is emitted (``warn=True``).
++ tau`` (``tol**0.75`` inside a cluster, ``tail_tol`` in the tail) and angle
+bound, weighted by the embedding scale ``sqrt(theta / theta_1)``, ``<= sqrt(tol)``
+(up to the rounding level ``tau``; docs/solvers.md). One last pass computes
+``A V`` for the returned vectors: a Rayleigh-Ritz step on them sharpens the
+eigenvalues and gives their exact residuals (``residuals_``), and the certificate
+is re-checked on them: ``converged`` is True only if it holds for every returned
+pair. Otherwise a :class:`~kpca_dask.exceptions.ConvergenceWarning` is emitted
+(``warn=True``).
 
 Only pairs that exist are returned: Ritz values above ``max(rank_rtol *
 theta_1, tau)``; a kernel of numerical rank r < k gives r pairs.
@@ -88,17 +89,24 @@ import functools
 import logging
 import time
 import warnings
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import scipy.linalg
 
-from ..threads import blas_threads_for_driver
 from ..exceptions import ConvergenceWarning
+from ..threads import blas_threads_for_driver
 from ._common import EigResult, deterministic_signs
 
-__all__ = ["randomized_eigh", "SymmetricOperator", "certify", "Certificate", "escalation_plan",
-           "not_converged_message"]
+__all__ = [
+    "randomized_eigh",
+    "SymmetricOperator",
+    "certify",
+    "Certificate",
+    "escalation_plan",
+    "not_converged_message",
+]
 
 logger = logging.getLogger("kpca_dask")
 
@@ -164,8 +172,9 @@ def _rank_revealing_orth(R: np.ndarray, tau: float) -> tuple[np.ndarray, float]:
     return np.ascontiguousarray(Q0 @ U[:, keep]), dropped
 
 
-def _next_block(W: np.ndarray, Y: np.ndarray, tau: float
-                ) -> tuple[np.ndarray, np.ndarray, float]:
+def _next_block(
+    W: np.ndarray, Y: np.ndarray, tau: float
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Deflated orthonormal basis of ``Y`` with ``W``'s span removed, ``W^T Y``, and
     the norm of what was dropped.
 
@@ -202,8 +211,11 @@ class _Columns:
     def append(self, block: np.ndarray) -> None:
         need = self.width + block.shape[1]
         if need > self._buf.shape[1]:
-            grown = np.empty((self._buf.shape[0], max(need, 2 * self._buf.shape[1])),
-                             dtype=np.float64, order="F")
+            grown = np.empty(
+                (self._buf.shape[0], max(need, 2 * self._buf.shape[1])),
+                dtype=np.float64,
+                order="F",
+            )
             grown[:, : self.width] = self._buf[:, : self.width]
             self._buf = grown
         self._buf[:, self.width : need] = block
@@ -253,8 +265,9 @@ def _clusters(theta: np.ndarray, rtol: float) -> list[tuple[int, int]]:
     """Runs ``[a, b)`` of consecutive (descending) values with relative gaps below ``rtol``."""
     out, a = [], 0
     for i in range(1, len(theta) + 1):
-        if i == len(theta) or theta[i - 1] - theta[i] > rtol * max(abs(theta[i - 1]),
-                                                                   abs(theta[i])):
+        if i == len(theta) or theta[i - 1] - theta[i] > rtol * max(
+            abs(theta[i - 1]), abs(theta[i])
+        ):
             out.append((a, i))
             a = i
     return out
@@ -285,11 +298,21 @@ def _tail_start(theta: np.ndarray, k: int, rtol: float, below: float | None) -> 
     return t
 
 
-def certify(theta: np.ndarray, res: np.ndarray, k: int,
-            block_residual: Callable[[int, int], float], *, tol: float, floor: float,
-            cluster_rtol: float, angle_tol: float, below: float | None = None,
-            cluster_tol: float | None = None, tail_tol: float | None = None,
-            tail_rtol: float = 0.05) -> Certificate:
+def certify(
+    theta: np.ndarray,
+    res: np.ndarray,
+    k: int,
+    block_residual: Callable[[int, int], float],
+    *,
+    tol: float,
+    floor: float,
+    cluster_rtol: float,
+    angle_tol: float,
+    below: float | None = None,
+    cluster_tol: float | None = None,
+    tail_tol: float | None = None,
+    tail_rtol: float = 0.05,
+) -> Certificate:
     """Certify the first ``k`` of the Ritz pairs ``theta`` (descending, all known
     ones: those beyond ``k`` give the gaps) with residual norms ``res``.
 
@@ -347,8 +370,9 @@ def certify(theta: np.ndarray, res: np.ndarray, k: int,
             # the angle moves the embedding (v sqrt(theta)) by angle * sqrt(theta):
             # measured against the leading component's scale sqrt(theta_1)
             weight = np.sqrt(abs(float(theta[a])) / abs(float(theta[0]))) if theta[0] else 1.0
-            vec_ok[i] = b > k or i >= tail or (R * weight <= angle_tol * gap + floor
-                                               and gap > 0)
+            vec_ok[i] = (
+                b > k or i >= tail or (R * weight <= angle_tol * gap + floor and gap > 0)
+            )
             if i >= tail or b > k:
                 kind[i] = "eigenvalue only"
             else:
@@ -358,12 +382,19 @@ def certify(theta: np.ndarray, res: np.ndarray, k: int,
             cut = c
     cert = Certificate(
         ok=bool(eig_ok.all() and vec_ok.all()),
-        eigenvalue_ok=eig_ok.tolist(), vector_ok=vec_ok.tolist(),
-        eigenvalue_bounds=[float(x) for x in eig_b], angle_bounds=[float(x) for x in ang_b],
-        clusters=cid.tolist(), cluster_sizes=sizes, cut_cluster=cut,
-        tail_start=int(tail) if tail < k else None, certified=kind,
-        eigenvalue_levels=[float(tail_tol if i >= tail else tol if sizes[cid[i]] == 1
-                                 else ctol) for i in range(k)],
+        eigenvalue_ok=eig_ok.tolist(),
+        vector_ok=vec_ok.tolist(),
+        eigenvalue_bounds=[float(x) for x in eig_b],
+        angle_bounds=[float(x) for x in ang_b],
+        clusters=cid.tolist(),
+        cluster_sizes=sizes,
+        cut_cluster=cut,
+        tail_start=int(tail) if tail < k else None,
+        certified=kind,
+        eigenvalue_levels=[
+            float(tail_tol if i >= tail else tol if sizes[cid[i]] == 1 else ctol)
+            for i in range(k)
+        ],
         rounding_level=float(floor),
     )
     return cert
@@ -503,8 +534,9 @@ def randomized_eigh(
     fixed = n_power_iter != "auto"
     n_passes_target = int(n_power_iter) + 1 if fixed else int(max_passes)
     rank_rtol = default_rank_rtol(eps) if rank_rtol is None else float(rank_rtol)
-    cluster_rtol = (min(0.05, 100.0 * np.sqrt(tol)) if cluster_rtol is None
-                    else float(cluster_rtol))
+    cluster_rtol = (
+        min(0.05, 100.0 * np.sqrt(tol)) if cluster_rtol is None else float(cluster_rtol)
+    )
     angle_tol = float(np.sqrt(tol))
     tail_tol = default_tail_tol(tol) if tail_tol is None else float(tail_tol)
     tail_tol = tail_tol if tail_tol > 0 else None
@@ -540,10 +572,12 @@ def randomized_eigh(
         theta, U = _rayleigh_ritz(M)
         if method == "block_krylov":
             Hn = Q_next.T @ Y  # A W - W M = Q_next Hn (last block column) + dropped
-            B = Hn @ U[L0:L0 + c]
+            B = Hn @ U[L0 : L0 + c]
             res = np.linalg.norm(B, axis=0) + np.sqrt(drop2)
 
-            def block_res(a, b, B=B, d=np.sqrt(drop2)):
+            drop = float(np.sqrt(drop2))
+
+            def block_res(a, b, B=B, d=drop):
                 return (np.linalg.norm(B[:, a:b], 2) if B.size else 0.0) + d
         else:
             Rm = Y @ U - W @ (U * theta)  # W is Q: exact residuals
@@ -551,24 +585,41 @@ def randomized_eigh(
 
             def block_res(a, b, Rm=Rm):
                 return np.linalg.norm(Rm[:, a:b], 2)
+
         exhausted = Q_next.shape[1] == 0  # invariant subspace reached: exact to tau
         # the rest of the spectrum is zero (to tau) once the basis holds range(A):
         # block Krylov found no new direction, or subspace iteration's block lost
         # columns to deflation (A Q has rank below l)
         below = tau if (exhausted if method == "block_krylov" else Q.shape[1] < l) else None
         k_ret = _n_existing(theta, k, rank_rtol, tau)
-        cert = certify(theta, res, k_ret, block_res, tol=tol, floor=tau,
-                       cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below,
-                       cluster_tol=tol**0.75, tail_tol=tail_tol)
+        cert = certify(
+            theta,
+            res,
+            k_ret,
+            block_res,
+            tol=tol,
+            floor=tau,
+            cluster_rtol=cluster_rtol,
+            angle_tol=angle_tol,
+            below=below,
+            cluster_tol=tol**0.75,
+            tail_tol=tail_tol,
+        )
         est = theta[:k]
         if prev is not None and len(prev) == len(est):
             scale = np.maximum(np.abs(est), np.finfo(float).tiny)
             history.append(float(np.max(np.abs(est - prev) / scale)))
         prev = est
-        logger.info("randomized solver: pass %d, %d basis columns, top eigenvalue %.6g, "
-                    "max eigenvalue bound %.2e, max angle bound %.2e%s", p, M.shape[0],
-                    theta[0], max(cert["eigenvalue_bounds"], default=0.0),
-                    max(cert["angle_bounds"], default=0.0), " (exhausted)" if exhausted else "")
+        logger.info(
+            "randomized solver: pass %d, %d basis columns, top eigenvalue %.6g, "
+            "max eigenvalue bound %.2e, max angle bound %.2e%s",
+            p,
+            M.shape[0],
+            theta[0],
+            max(cert["eigenvalue_bounds"], default=0.0),
+            max(cert["angle_bounds"], default=0.0),
+            " (exhausted)" if exhausted else "",
+        )
         if callback is not None:
             callback(p, est.copy())
         if (not fixed and cert["ok"]) or p == n_passes_target or exhausted:
@@ -577,8 +628,10 @@ def randomized_eigh(
             Q, d = _rank_revealing_orth(Y, tau)
             Wbuf.reset(Q)
             M, drop2 = np.zeros((0, 0)), d**2
-        elif Wbuf.width + Q_next.shape[1] + l > max_basis + l or \
-                Wbuf.width + Q_next.shape[1] > max_basis:
+        elif (
+            Wbuf.width + Q_next.shape[1] + l > max_basis + l
+            or Wbuf.width + Q_next.shape[1] > max_basis
+        ):
             # Restart from the current best approximations.
             Q = _orth(prep(W @ U[:, :l]))
             Wbuf.reset(Q)
@@ -604,13 +657,23 @@ def randomized_eigh(
     res_all = np.concatenate([r2, res[k_ret:]])
 
     def final_block_res(a, b):
-        inner = np.linalg.norm(Rf[:, a:min(b, k_ret)], 2) if a < k_ret else 0.0
+        inner = np.linalg.norm(Rf[:, a : min(b, k_ret)], 2) if a < k_ret else 0.0
         outer = block_res(max(a, k_ret), b) if b > k_ret else 0.0
         return float(np.hypot(inner, outer))
 
-    cert = certify(th_all, res_all, k_ret, final_block_res, tol=tol, floor=tau,
-                   cluster_rtol=cluster_rtol, angle_tol=angle_tol, below=below,
-                   cluster_tol=tol**0.75, tail_tol=tail_tol)
+    cert = certify(
+        th_all,
+        res_all,
+        k_ret,
+        final_block_res,
+        tol=tol,
+        floor=tau,
+        cluster_rtol=cluster_rtol,
+        angle_tol=angle_tol,
+        below=below,
+        cluster_tol=tol**0.75,
+        tail_tol=tail_tol,
+    )
     converged = bool(cert["ok"])
     with np.errstate(divide="ignore", invalid="ignore"):
         residuals = r2 / np.abs(th2)
@@ -629,8 +692,14 @@ def randomized_eigh(
         "certificate": dict(cert),
         "seconds": time.perf_counter() - t_start,
     }
-    return EigResult(eigenvalues=th2, eigenvectors=Vr, residuals=residuals,
-                     n_passes=p + 1, converged=converged, info=info)
+    return EigResult(
+        eigenvalues=th2,
+        eigenvectors=Vr,
+        residuals=residuals,
+        n_passes=p + 1,
+        converged=converged,
+        info=info,
+    )
 
 
 def escalation_plan(n: int, k: int, kwargs: dict, dense_max: int) -> dict:
@@ -657,12 +726,16 @@ def not_converged_message(cert: dict, passes: int, tol: float, escalated: bool =
     if eb:
         what.append(f"{len(eb)} eigenvalue(s) with relative error bound up to {max(eb):.1e}")
     if ab:
-        what.append(f"{len(ab)} eigenvector(s)/subspace(s) with angle bound up to {max(ab):.1e}")
+        what.append(
+            f"{len(ab)} eigenvector(s)/subspace(s) with angle bound up to {max(ab):.1e}"
+        )
     how = " (after escalating to a larger block)" if escalated else ""
-    return (f"The randomized eigensolver did not certify its result to tol={tol:g} in "
-            f"{passes} passes{how} ({'; '.join(what) or 'no pair'}). The result is returned with "
-            "its residuals (residuals_, solver_info_['certificate']); raise max_iter or "
-            "n_oversamples, or use eigen_solver='dense' for small problems.")
+    return (
+        f"The randomized eigensolver did not certify its result to tol={tol:g} in "
+        f"{passes} passes{how} ({'; '.join(what) or 'no pair'}). The result is returned with "
+        "its residuals (residuals_, solver_info_['certificate']); raise max_iter or "
+        "n_oversamples, or use eigen_solver='dense' for small problems."
+    )
 
 
 def _n_existing(theta: np.ndarray, k: int, rank_rtol: float, tau: float) -> int:

@@ -212,7 +212,7 @@ def confusions(
 
 
 def classification_metrics(confusion: np.ndarray, classes: Sequence[str]) -> dict[str, Any]:
-    """Accuracy, per-class precision/recall/F1/support and macro averages from a confusion matrix.
+    """Accuracy, per-class precision/recall/F1/support and macro averages of a confusion matrix.
 
     ``confusion[i, j]`` counts held-out rows of class ``i`` predicted as ``j``.
     Precision of a class never predicted (or recall of a class absent from

@@ -62,10 +62,12 @@ def test_required_deployments_exist(prefect_yaml):
     """A nightly cron pipeline and an on-demand transform on a process pool; a k8s variant."""
     deps = prefect_yaml["deployments"]
     pools = {d["name"]: d["work_pool"]["name"] for d in deps}
-    nightly = [d for d in deps
-               if d["entrypoint"].endswith("kpca_pipeline") and d.get("schedules")]
-    on_demand = [d for d in deps if d["entrypoint"].endswith("kpca_transform")
-                 and not d.get("schedules")]
+    nightly = [
+        d for d in deps if d["entrypoint"].endswith("kpca_pipeline") and d.get("schedules")
+    ]
+    on_demand = [
+        d for d in deps if d["entrypoint"].endswith("kpca_transform") and not d.get("schedules")
+    ]
     assert any(pools[d["name"]] == "kpca-process" for d in nightly)
     assert any(pools[d["name"]] == "kpca-process" for d in on_demand)
     assert any(pools[d["name"]] == "kpca-kubernetes" for d in nightly)
@@ -79,8 +81,9 @@ def test_required_deployments_exist(prefect_yaml):
 
 
 def _deployment_names() -> list[str]:
-    return [d["name"] for d in yaml.safe_load((DEPLOY / "prefect.yaml").read_text())
-            ["deployments"]]
+    return [
+        d["name"] for d in yaml.safe_load((DEPLOY / "prefect.yaml").read_text())["deployments"]
+    ]
 
 
 @pytest.mark.parametrize("name", _deployment_names())
@@ -164,8 +167,13 @@ def test_slurm_example_is_importable_without_dask_jobqueue():
     """The jobqueue example parses, imports (dask_jobqueue only when run) and has a CLI."""
     path = DEPLOY / "slurm" / "slurm_cluster.py"
     ast.parse(path.read_text())
-    res = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, str(path), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr
     assert "--jobs" in res.stdout and "SLURMCluster" in path.read_text()
 
@@ -186,8 +194,13 @@ def test_local_cluster_script_is_sound_and_run_by_ci():
 @pytest.mark.slow
 def test_local_cluster_script_end_to_end():
     """The whole script (about 2 minutes): cluster, flow, checks, clean stop."""
-    res = subprocess.run(["bash", str(DEPLOY / "local-cluster.sh")], capture_output=True,
-                         text=True, timeout=900, cwd=ROOT)
+    res = subprocess.run(
+        ["bash", str(DEPLOY / "local-cluster.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "OK: flow ran on the local cluster" in res.stdout
 
@@ -206,12 +219,20 @@ def test_prefect_deploy_registers_every_deployment(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path),
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+    }
     prefect = [sys.executable, "-m", "prefect"]
-    server = subprocess.Popen(prefect + ["server", "start", "--host", "127.0.0.1", "--port",
-                                         str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        prefect + ["server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(120):
             try:
@@ -221,16 +242,37 @@ def test_prefect_deploy_registers_every_deployment(tmp_path):
                 pass
             time.sleep(0.5)
         for pool, kind in (("kpca-process", "process"), ("kpca-kubernetes", "kubernetes")):
-            subprocess.run(prefect + ["work-pool", "create", pool, "--type", kind], env=env,
-                           check=True, capture_output=True, timeout=120)
-        res = subprocess.run(prefect + ["--no-prompt", "deploy", "--prefect-file",
-                                        str(DEPLOY / "prefect.yaml"), "--all"],
-                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            subprocess.run(
+                prefect + ["work-pool", "create", pool, "--type", kind],
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+        res = subprocess.run(
+            prefect
+            + [
+                "--no-prompt",
+                "deploy",
+                "--prefect-file",
+                str(DEPLOY / "prefect.yaml"),
+                "--all",
+            ],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         deps = httpx.post(f"{api}/deployments/filter", json={"limit": 50}, timeout=30).json()
         by_name = {d["name"]: d for d in deps}
-        assert set(by_name) == {"kpca-nightly", "kpca-transform", "kpca-nightly-k8s",
-                                "kpca-transform-k8s"}
+        assert set(by_name) == {
+            "kpca-nightly",
+            "kpca-transform",
+            "kpca-nightly-k8s",
+            "kpca-transform-k8s",
+        }
         assert by_name["kpca-nightly"]["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
         assert by_name["kpca-transform"]["schedules"] == []
         assert by_name["kpca-nightly-k8s"]["job_variables"]["image"] == IMAGE

@@ -22,15 +22,22 @@ PREFECT_HOME = tempfile.mkdtemp(prefix="kpca-cli-prefect-")
 def kpca(*args, cwd=None):
     # The CLI runs the Prefect flow on an ephemeral API; keep its database out of ~/.prefect.
     env = {**os.environ, "PREFECT_HOME": os.environ.get("PREFECT_HOME", PREFECT_HOME)}
-    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
-    pd.DataFrame(X, columns=list("abcd")).assign(key=np.arange(600)).to_csv(tmp / "in.csv",
-                                                                              index=False)
+    pd.DataFrame(X, columns=list("abcd")).assign(key=np.arange(600)).to_csv(
+        tmp / "in.csv", index=False
+    )
     (tmp / "run.yaml").write_text(
         f"input:\n  path: {tmp / 'in.csv'}\n  id_column: key\n"
         "kernel:\n  name: rbf\n  gamma: 0.2\n"
@@ -38,7 +45,8 @@ def run_dir(tmp_path_factory):
         "chunks:\n  target_chunk_mb: 0.005\n"
         f"output:\n  path: {tmp / 'out'}\n"
         "denoise:\n  enabled: true\n  alpha: 0.05\n"
-        "cluster:\n  n_workers: 2\n")
+        "cluster:\n  n_workers: 2\n"
+    )
     res = kpca("run", tmp / "run.yaml", "--no-progress")
     assert res.returncode == 0, res.stderr
     assert "run complete" in res.stdout
@@ -72,8 +80,16 @@ def test_transform_inverse_writes_denoised_rows(run_dir):
     new = RNG.standard_normal((40, 4))
     np.save(run_dir / "noisy.npy", new)
     out = run_dir / "den.zarr"
-    res = kpca("transform", run_dir / "out", run_dir / "noisy.npy", out, "--inverse",
-               "--preimage", "fixed_point", "--overwrite")
+    res = kpca(
+        "transform",
+        run_dir / "out",
+        run_dir / "noisy.npy",
+        out,
+        "--inverse",
+        "--preimage",
+        "fixed_point",
+        "--overwrite",
+    )
     assert res.returncode == 0, res.stderr
     assert "denoised 40 rows (4 features)" in res.stdout
     model = kpca_dask.load(run_dir / "out" / "model")
@@ -88,8 +104,13 @@ def test_transform_inverse_needs_a_preimage(run_dir):
 
     KernelPCA(2, kernel="rbf", gamma=0.2).fit(X).save(run_dir / "plain-model")
     np.save(run_dir / "rows.npy", X[:10])
-    res = kpca("transform", run_dir / "plain-model", run_dir / "rows.npy",
-               run_dir / "d2.zarr", "--inverse")
+    res = kpca(
+        "transform",
+        run_dir / "plain-model",
+        run_dir / "rows.npy",
+        run_dir / "d2.zarr",
+        "--inverse",
+    )
     assert res.returncode == 2
     assert "has no pre-image" in res.stderr and "Traceback" not in res.stderr
 
@@ -104,13 +125,18 @@ def test_transform_streams_to_zarr_or_parquet(run_dir, suffix):
     import kpca_dask
 
     expected = kpca_dask.load(run_dir / "out" / "model").transform(new)
-    got = (zarr.open_group(str(out), mode="r")["embedding"][...] if suffix.endswith(".zarr")
-           else pd.read_parquet(out)[["kernelpca0", "kernelpca1", "kernelpca2"]].to_numpy())
+    got = (
+        zarr.open_group(str(out), mode="r")["embedding"][...]
+        if suffix.endswith(".zarr")
+        else pd.read_parquet(out)[["kernelpca0", "kernelpca1", "kernelpca2"]].to_numpy()
+    )
     np.testing.assert_allclose(got, expected, atol=1e-12)
 
 
 def test_errors_exit_2_with_one_line(run_dir):
-    (run_dir / "bad.yaml").write_text("input:\n  path: nowhere.csv\nsolver:\n  n_components: 0\n")
+    (run_dir / "bad.yaml").write_text(
+        "input:\n  path: nowhere.csv\nsolver:\n  n_components: 0\n"
+    )
     res = kpca("run", run_dir / "bad.yaml")
     assert res.returncode == 2
     assert "solver.n_components" in res.stderr and "Traceback" not in res.stderr

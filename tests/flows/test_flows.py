@@ -73,17 +73,22 @@ def data_dir(tmp_path_factory):
 def make_config(data_dir: Path, address: str, out: str = "out", **kernel):
     from pipeline.config import load_config
 
-    return load_config({
-        "input": {"path": str(data_dir / "in.csv"), "id_column": "key",
-                  "label_column": "label"},
-        "kernel": {"name": "rbf", "gamma": 0.2, **kernel},
-        "solver": {"n_components": 3, "eigen_solver": "randomized", "dtype": "float64"},
-        "chunks": {"target_chunk_mb": 0.005, "block_rows": 200},
-        "kernel_store": {"materialize": "always"},
-        "output": {"path": str(data_dir / out), "overwrite": True},
-        "cluster": {"address": address},
-        "evaluate": {"enabled": True, "sweep_components": [1, 3], "report": False},
-    })
+    return load_config(
+        {
+            "input": {
+                "path": str(data_dir / "in.csv"),
+                "id_column": "key",
+                "label_column": "label",
+            },
+            "kernel": {"name": "rbf", "gamma": 0.2, **kernel},
+            "solver": {"n_components": 3, "eigen_solver": "randomized", "dtype": "float64"},
+            "chunks": {"target_chunk_mb": 0.005, "block_rows": 200},
+            "kernel_store": {"materialize": "always"},
+            "output": {"path": str(data_dir / out), "overwrite": True},
+            "cluster": {"address": address},
+            "evaluate": {"enabled": True, "sweep_components": [1, 3], "report": False},
+        }
+    )
 
 
 def run_flow(cfg, with_id: bool = False):
@@ -113,7 +118,9 @@ def api_task_states(flow_run_id, expect: set[str] = frozenset()) -> dict[str, st
         with get_client(sync_client=True) as client:
             runs = client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}),
-                sort=TaskRunSort.EXPECTED_START_TIME_DESC, limit=100)
+                sort=TaskRunSort.EXPECTED_START_TIME_DESC,
+                limit=100,
+            )
         states = {tr.name.rsplit("-", 1)[0]: tr.state.name for tr in runs}
         final = all(tr.state.is_final() for tr in runs)
         if (final and expect <= set(states)) or time.monotonic() > deadline:
@@ -141,8 +148,11 @@ def api_artifacts(flow_run_id) -> dict[str, dict]:
 
 def file_times(root: Path) -> dict[str, int]:
     """Every file under a run folder with its modification time (ns)."""
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".kpca-run.lock"}
+    return {
+        str(p.relative_to(root)): p.stat().st_mtime_ns
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".kpca-run.lock"
+    }
 
 
 def cache_records(out: Path, stage: str) -> list[Path]:
@@ -172,21 +182,36 @@ def test_flow_publishes_a_verified_run_with_artifacts(first_run, dask_cluster):
     assert "2 workers" in result["cluster"]
 
     arts = api_artifacts(flow_run_id)
-    assert {"kpca-run-summary", "kpca-spectrum", "kpca-output", "kpca-evaluation",
-            "kpca-evaluation-table"} <= set(arts)
+    assert {
+        "kpca-run-summary",
+        "kpca-spectrum",
+        "kpca-output",
+        "kpca-evaluation",
+        "kpca-evaluation-table",
+    } <= set(arts)
     summary = arts["kpca-run-summary"]["data"]
-    for text in (f"{N} rows x 4 features", "rbf (gamma 0.2", "randomized, 3 components",
-                 "Explained variance", "| kernel | Completed |", out.as_uri(), "manifest.json",
-                 "held-out accuracy"):
+    for text in (
+        f"{N} rows x 4 features",
+        "rbf (gamma 0.2",
+        "randomized, 3 components",
+        "Explained variance",
+        "| kernel | Completed |",
+        out.as_uri(),
+        "manifest.json",
+        "held-out accuracy",
+    ):
         assert text in summary, text
     g = zarr.open_group(str(out), mode="r")
     table = arts["kpca-spectrum"]["data"]
     table = table if isinstance(table, list) else json.loads(table)
     assert [r["component"] for r in table] == [0, 1, 2]
-    np.testing.assert_array_equal([r["eigenvalue"] for r in table],
-                                  g["spectrum/eigenvalues"][...])
-    np.testing.assert_allclose(table[-1]["cumulative_explained_variance"],
-                               g["spectrum/explained_variance_ratio"][...].sum())
+    np.testing.assert_array_equal(
+        [r["eigenvalue"] for r in table], g["spectrum/eigenvalues"][...]
+    )
+    np.testing.assert_allclose(
+        table[-1]["cumulative_explained_variance"],
+        g["spectrum/explained_variance_ratio"][...].sum(),
+    )
     assert arts["kpca-output"]["data"] == f"[{out}]({out.as_uri()})"  # link text + URL
     assert "kernel PCA" in arts["kpca-evaluation"]["data"]
 
@@ -243,18 +268,27 @@ def test_changing_gamma_recomputes_only_what_depends_on_it(first_run):
 
     cfg = first_run[0]
     out = Path(cfg.output.path)
-    ingest_before = {f: t for f, t in file_times(out).items()
-                     if f.startswith("work/ingest.zarr/")}
+    ingest_before = {
+        f: t for f, t in file_times(out).items() if f.startswith("work/ingest.zarr/")
+    }
     kernel_before = file_times(out / "work" / "kernel.zarr")
 
     changed = cfg.model_copy(deep=True)
     changed.kernel.gamma = 0.5
     result, states = run_flow(changed)
-    assert states == {"ingest": "Cached", "split": "Cached", "kernel": "Completed",
-                      "solve": "Completed", "project": "Completed",
-                      "denoise": "Completed", "evaluate": "Completed", "export": "Completed"}
-    assert {f: t for f, t in file_times(out).items()
-            if f.startswith("work/ingest.zarr/")} == ingest_before
+    assert states == {
+        "ingest": "Cached",
+        "split": "Cached",
+        "kernel": "Completed",
+        "solve": "Completed",
+        "project": "Completed",
+        "denoise": "Completed",
+        "evaluate": "Completed",
+        "export": "Completed",
+    }
+    assert {
+        f: t for f, t in file_times(out).items() if f.startswith("work/ingest.zarr/")
+    } == ingest_before
     assert file_times(out / "work" / "kernel.zarr") != kernel_before
     g = zarr.open_group(str(out / "work" / "kernel.zarr"), mode="r")
     assert g.attrs["kernel"]["gamma"] == 0.5
@@ -267,8 +301,10 @@ def test_changing_gamma_recomputes_only_what_depends_on_it(first_run):
     assert states["export"] == "Completed"
     assert len(cache_records(out, "kernel")) == 2
     assert verify_run(out)["model"]["kernel"]["gamma"] == 0.2
-    assert zarr.open_group(str(out / "work" / "kernel.zarr"), mode="r").attrs["kernel"][
-        "gamma"] == 0.2
+    assert (
+        zarr.open_group(str(out / "work" / "kernel.zarr"), mode="r").attrs["kernel"]["gamma"]
+        == 0.2
+    )
 
 
 @pytest.mark.distributed
@@ -283,7 +319,8 @@ def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
     on.denoise.enabled, on.denoise.alpha = True, 0.1
     result, states = run_flow(on)
     assert {s: states[s] for s in ("ingest", "split", "kernel")} == dict.fromkeys(
-        ("ingest", "split", "kernel"), "Cached")
+        ("ingest", "split", "kernel"), "Cached"
+    )
     assert states["solve"] == states["denoise"] == states["export"] == "Completed"
     m = verify_run(out)
     assert "denoised" in m["checksums"] and m["denoise"]["rows"] == N
@@ -293,7 +330,9 @@ def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
     assert states == {s: "Cached" for s in STAGES}
 
     _, states = run_flow(cfg)  # off again
-    assert states["solve"] == "Completed"  # its record's model was replaced by the denoising one
+    assert (
+        states["solve"] == "Completed"
+    )  # its record's model was replaced by the denoising one
     assert "denoised" not in zarr.open_group(str(out), mode="r")
     assert verify_run(out)["denoise"] is None
 
@@ -311,7 +350,8 @@ def test_deleted_stores_are_rebuilt_not_trusted(first_run):
     _, states = run_flow(cfg)
     assert states["solve"] == "Completed" and states["export"] == "Completed"
     assert {s: states[s] for s in ("ingest", "split", "kernel")} == dict.fromkeys(
-        ("ingest", "split", "kernel"), "Cached")
+        ("ingest", "split", "kernel"), "Cached"
+    )
     verify_run(out)
 
     published = verify_run(out)
@@ -339,8 +379,9 @@ def test_a_stage_added_to_the_registry_runs_in_the_flow_and_is_cached(first_run,
         calls.append(ing.n_rows)
         return {"rows": ing.n_rows, "block_rows": cfg.chunks.block_rows}
 
-    toy = stages.Stage("count", stage_count, config=("chunks.block_rows",), inputs=("ing",),
-                       result="count")
+    toy = stages.Stage(
+        "count", stage_count, config=("chunks.block_rows",), inputs=("ing",), result="count"
+    )
     monkeypatch.setattr(stages, "REGISTRY", stages.REGISTRY.with_stage(toy, before="export"))
     result, states = run_flow(cfg)
     assert states == {**dict.fromkeys(STAGES, "Cached"), "count": "Completed"}
@@ -363,12 +404,16 @@ def test_transform_flow_embeds_a_new_batch(first_run, data_dir, dask_cluster):
     cfg = first_run[0]
     new = np.random.default_rng(3).normal(size=(40, 4)) + 1.0
     pd.DataFrame(new, columns=list("abcd")).assign(key=np.arange(40)).to_csv(
-        data_dir / "new.csv", index=False)
+        data_dir / "new.csv", index=False
+    )
     out = data_dir / "new.zarr"
-    state = kpca_transform(model=cfg.output.path,
-                           input={"path": str(data_dir / "new.csv"), "id_column": "key"},
-                           output=str(out), cluster={"address": dask_cluster.scheduler_address},
-                           return_state=True)
+    state = kpca_transform(
+        model=cfg.output.path,
+        input={"path": str(data_dir / "new.csv"), "id_column": "key"},
+        output=str(out),
+        cluster={"address": dask_cluster.scheduler_address},
+        return_state=True,
+    )
     assert state.is_completed(), state
     res = state.result()
     assert res["rows"] == 40 and res["components"] == 3
@@ -381,8 +426,12 @@ def test_transform_flow_embeds_a_new_batch(first_run, data_dir, dask_cluster):
     assert "| Rows | 40 |" in arts["kpca-transform-summary"]["data"]
 
     with pytest.raises(FileExistsError, match="overwrite"):  # refused before any task runs
-        kpca_transform(model=cfg.output.path, input={"path": str(data_dir / "new.csv")},
-                       output=str(out), cluster={"address": dask_cluster.scheduler_address})
+        kpca_transform(
+            model=cfg.output.path,
+            input={"path": str(data_dir / "new.csv")},
+            output=str(out),
+            cluster={"address": dask_cluster.scheduler_address},
+        )
 
 
 def test_transient_errors_are_retried_and_validation_errors_are_not(prefect_api):
@@ -420,8 +469,11 @@ def test_invalid_parameters_fail_before_any_task(prefect_api, tmp_path):
 
     from flows.pipeline_flow import kpca_pipeline
 
-    bad = {"input": {"path": str(tmp_path / "in.csv")}, "solver": {"n_components": 0},
-           "output": {"path": str(tmp_path / "out")}}
+    bad = {
+        "input": {"path": str(tmp_path / "in.csv")},
+        "solver": {"n_components": 0},
+        "output": {"path": str(tmp_path / "out")},
+    }
     with pytest.raises(ParameterTypeError, match="n_components"):
         kpca_pipeline(config=bad)
     assert not (tmp_path / "out").exists()
@@ -433,17 +485,24 @@ def test_cli_without_any_prefect_api_says_what_to_do(data_dir, tmp_path, dask_cl
     --no-prefect still runs the job."""
     import yaml
 
-    cfg = make_config(data_dir, dask_cluster.scheduler_address,
-                      out=str(tmp_path / "cli-out")).to_json_dict()
+    cfg = make_config(
+        data_dir, dask_cluster.scheduler_address, out=str(tmp_path / "cli-out")
+    ).to_json_dict()
     cfg["evaluate"] = {"enabled": False}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"),
-               PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false"
+    )
 
     def kpca(*args):
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "flows.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     res = kpca("run", str(tmp_path / "run.yaml"), "--no-progress")
     assert res.returncode == 2, res.stderr

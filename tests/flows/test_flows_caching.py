@@ -6,21 +6,48 @@ import json
 
 import pytest
 
-from flows.caching import (RUN_CONTROL, encode_result_object, identity, jsonable,
-                           result_serializer, stage_key)
+from flows.caching import (
+    RUN_CONTROL,
+    encode_result_object,
+    identity,
+    jsonable,
+    result_serializer,
+    stage_key,
+)
 from flows.tasks import is_transient
 from pipeline.config import PipelineConfig, load_config
 from pipeline.stages import REGISTRY
 
 UPSTREAM = {
-    "ing": {"path": "/o/work/ingest.zarr", "n_rows": 600, "n_features": 4,
-            "fingerprint": "blake2b:aa", "seconds": 1.5, "reused": False},
-    "split": {"held_out": False, "n_train": 600, "n_test": 0, "split_id": "all",
-              "checksums": {"ids": "sha256:ii"}},
-    "kernel": {"materialized": True, "path": "/o/work/kernel.zarr", "kernel": {"gamma": 0.2},
-               "computed": 6, "skipped": 0, "seconds": 0.3},
-    "solved": {"solver": "randomized", "model_checksums": {"V": "sha256:vv"},
-               "fit_seconds": 1.0, "seconds": 1.1},
+    "ing": {
+        "path": "/o/work/ingest.zarr",
+        "n_rows": 600,
+        "n_features": 4,
+        "fingerprint": "blake2b:aa",
+        "seconds": 1.5,
+        "reused": False,
+    },
+    "split": {
+        "held_out": False,
+        "n_train": 600,
+        "n_test": 0,
+        "split_id": "all",
+        "checksums": {"ids": "sha256:ii"},
+    },
+    "kernel": {
+        "materialized": True,
+        "path": "/o/work/kernel.zarr",
+        "kernel": {"gamma": 0.2},
+        "computed": 6,
+        "skipped": 0,
+        "seconds": 0.3,
+    },
+    "solved": {
+        "solver": "randomized",
+        "model_checksums": {"V": "sha256:vv"},
+        "fit_seconds": 1.0,
+        "seconds": 1.1,
+    },
     "projected": {"rows": 600, "components": 3, "checksums": {"embedding": "sha256:ee"}},
     "denoised": {"enabled": False},
     "evaluation": None,
@@ -30,8 +57,11 @@ PARAMS = {s.name: s.inputs for s in REGISTRY}
 
 
 def config(**sections) -> PipelineConfig:
-    base = {"input": {"path": "/nowhere/in.csv"}, "kernel": {"gamma": 0.2},
-            "output": {"path": "/nowhere/out"}}
+    base = {
+        "input": {"path": "/nowhere/in.csv"},
+        "kernel": {"gamma": 0.2},
+        "output": {"path": "/nowhere/out"},
+    }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
     return load_config(base)
@@ -39,9 +69,13 @@ def config(**sections) -> PipelineConfig:
 
 def keys(cfg: PipelineConfig, upstream: dict | None = None) -> dict[str, str]:
     up = upstream or UPSTREAM
-    return {s.name: stage_key(s, {"cfg": cfg, **{p: up[p] for p in s.inputs},
-                                  **{p: {"x": 1.0} for p in s.run_info}})
-            for s in REGISTRY}
+    return {
+        s.name: stage_key(
+            s,
+            {"cfg": cfg, **{p: up[p] for p in s.inputs}, **{p: {"x": 1.0} for p in s.run_info}},
+        )
+        for s in REGISTRY
+    }
 
 
 def changed(a: dict[str, str], b: dict[str, str]) -> set[str]:
@@ -56,7 +90,10 @@ def test_keys_are_deterministic():
 def test_gamma_changes_kernel_and_downstream_keys_only():
     """A new kernel.gamma misses from the kernel on; ingest and split still hit."""
     assert changed(keys(config()), keys(config(kernel={"gamma": 0.5}))) == {
-        "kernel", "solve", "export"}
+        "kernel",
+        "solve",
+        "export",
+    }
     # project and evaluate do not read the kernel config: their keys change through the
     # new model's checksums, which the solve task returns (content, not configuration;
     # here the upstream descriptors are held fixed)
@@ -78,20 +115,23 @@ def test_content_not_run_statistics_drive_downstream_keys():
     assert changed(keys(cfg), keys(cfg, other)) == {"project", "denoise", "evaluate", "export"}
 
 
-@pytest.mark.parametrize("section, values, expected", [
-    ("cluster", {"address": "tcp://10.0.0.1:8786"}, set()),
-    ("output", {"overwrite": True}, set()),
-    ("evaluate", {"C": 2.0}, {"evaluate", "export"}),
-    ("evaluate", {"test_fraction": 0.3}, {"split", "evaluate", "export"}),
-    ("solver", {"max_iter": 7}, {"solve", "export"}),
-    ("denoise", {"enabled": True}, {"solve", "denoise", "export"}),
-    ("denoise", {"alpha": 0.1}, {"solve", "denoise", "export"}),
-    ("denoise", {"tol": 1e-3}, {"solve", "denoise", "export"}),  # the pre-image map's fit
-    ("denoise", {"rows": "train", "max_rows": 10}, {"denoise", "export"}),
-    ("output", {"parquet": False}, {"project", "export"}),
-    ("chunks", {"target_chunk_mb": 8}, {"ingest", "export"}),
-    ("input", {"nonfinite": "drop"}, {"ingest", "export"}),
-])
+@pytest.mark.parametrize(
+    "section, values, expected",
+    [
+        ("cluster", {"address": "tcp://10.0.0.1:8786"}, set()),
+        ("output", {"overwrite": True}, set()),
+        ("evaluate", {"C": 2.0}, {"evaluate", "export"}),
+        ("evaluate", {"test_fraction": 0.3}, {"split", "evaluate", "export"}),
+        ("solver", {"max_iter": 7}, {"solve", "export"}),
+        ("denoise", {"enabled": True}, {"solve", "denoise", "export"}),
+        ("denoise", {"alpha": 0.1}, {"solve", "denoise", "export"}),
+        ("denoise", {"tol": 1e-3}, {"solve", "denoise", "export"}),  # the pre-image map's fit
+        ("denoise", {"rows": "train", "max_rows": 10}, {"denoise", "export"}),
+        ("output", {"parquet": False}, {"project", "export"}),
+        ("chunks", {"target_chunk_mb": 8}, {"ingest", "export"}),
+        ("input", {"nonfinite": "drop"}, {"ingest", "export"}),
+    ],
+)
 def test_each_config_field_invalidates_what_reads_it(section, values, expected):
     """Run control changes no key; every other field changes its readers' keys."""
     assert changed(keys(config()), keys(config(**{section: values}))) == expected
@@ -112,8 +152,11 @@ def test_config_slices_name_real_fields_and_cover_the_manifest():
     for section, field in PipelineConfig.model_fields.items():
         for name in field.annotation.model_fields:
             path = f"{section}.{name}"
-            assert (section in key and name in key[section]) or path in RUN_CONTROL \
-                or section in RUN_CONTROL, path
+            assert (
+                (section in key and name in key[section])
+                or path in RUN_CONTROL
+                or section in RUN_CONTROL
+            ), path
 
 
 def test_new_code_means_new_keys(tmp_path):
@@ -166,11 +209,26 @@ def test_only_transient_failures_are_retried():
     from pipeline.ingest import InputError
     from pipeline.kernel import KernelStoreError
 
-    for exc in (OSError("reset"), ConnectionResetError(), TimeoutError(), CommClosedError(),
-                KilledWorker("task", "worker", 3)):
+    for exc in (
+        OSError("reset"),
+        ConnectionResetError(),
+        TimeoutError(),
+        CommClosedError(),
+        KilledWorker("task", "worker", 3),
+    ):
         assert is_transient(exc), exc
-    for exc in (ValueError(), InputError("nan"), ConfigError("bad"), InvalidParameterError(),
-                ModelFormatError(), RunExistsError("exists"), FileNotFoundError("missing"),
-                PermissionError(), KernelStoreError("corrupt"), TypeError(), MemoryError(),
-                RuntimeError("bug")):
+    for exc in (
+        ValueError(),
+        InputError("nan"),
+        ConfigError("bad"),
+        InvalidParameterError(),
+        ModelFormatError(),
+        RunExistsError("exists"),
+        FileNotFoundError("missing"),
+        PermissionError(),
+        KernelStoreError("corrupt"),
+        TypeError(),
+        MemoryError(),
+        RuntimeError("bug"),
+    ):
         assert not is_transient(exc), exc

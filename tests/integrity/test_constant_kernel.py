@@ -28,8 +28,13 @@ DATA = {
 @pytest.mark.parametrize("solver", ["dense", "randomized", "nystroem"])
 @pytest.mark.parametrize("data", sorted(DATA))
 def test_constant_kernel_one_message_on_every_path(data, solver, dtype, tmp_path):
-    cfg = load_config({"input": {"path": "unused.npy"}, "kernel": {"name": "rbf", "gamma": 0.1},
-                       "solver": {"n_components": 3, "eigen_solver": solver, "dtype": dtype}})
+    cfg = load_config(
+        {
+            "input": {"path": "unused.npy"},
+            "kernel": {"name": "rbf", "gamma": 0.1},
+            "solver": {"n_components": 3, "eigen_solver": solver, "dtype": dtype},
+        }
+    )
     X = da.from_array(DATA[data], chunks=(40, -1))
     model = tmp_path / "model"
     with pytest.raises(SolveError) as err:

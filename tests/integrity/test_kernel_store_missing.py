@@ -20,13 +20,19 @@ def test_missing_kernel_chunk_is_refused(tmp_path, which):
     store = Location(str(tmp_path / "kernel.zarr"))
     build_kernel_store(Xd, RBFKernel(0.1), "float64", store, input_fingerprint="fp")
     reader = KernelBlockReader(store.url)
-    np.testing.assert_allclose(reader(0, 1), RBFKernel(0.1)(X[:50], X[50:100], np.float64),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        reader(0, 1), RBFKernel(0.1)(X[:50], X[50:100], np.float64), rtol=1e-12
+    )
     root = store.local_path
     i, j = {"whole": (0, 1), "edge": (1, 2), "marker": (0, 0)}[which]
-    victim = (root / "done" / "c" / str(i) / str(j)) if which == "marker" else (
-        root / "K" / "c" / str(i) / str(j))
+    victim = (
+        (root / "done" / "c" / str(i) / str(j))
+        if which == "marker"
+        else (root / "K" / "c" / str(i) / str(j))
+    )
     assert victim.exists()
     victim.unlink()
-    with pytest.raises(KernelStoreError, match=rf"kernel block \({i}, {j}\).*re-run the kernel"):
+    with pytest.raises(
+        KernelStoreError, match=rf"kernel block \({i}, {j}\).*re-run the kernel"
+    ):
         KernelBlockReader(store.url)(i, j)

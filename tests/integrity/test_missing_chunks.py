@@ -17,8 +17,8 @@ import pytest
 import zarr
 
 from kpca_dask import KernelPCA
-from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 from kpca_dask.exceptions import InvalidInputError
+from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 from pipeline.config import ChunkConfig, InputConfig
 from pipeline.ingest import InputError, ingest, load_ingested
 from pipeline.store import Location
@@ -45,7 +45,8 @@ def test_missing_chunks_listed_for_every_layout(tmp_path):
     assert missing_zarr_chunks(v2) == [(3, 0)]
     assert missing_zarr_chunks(sharded) == [(1, 0)]
     assert describe_missing_chunks(plain, [(2, 0)]) == (
-        "1 of 4 chunks is missing (the first: 'c/2/0', rows 100-149)")
+        "1 of 4 chunks is missing (the first: 'c/2/0', rows 100-149)"
+    )
     # inside a group: the array's own prefix is listed
     g = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     a = g.create_array("X", shape=(100, 3), chunks=(30, 3), dtype="f4")
@@ -58,8 +59,11 @@ def test_estimator_refuses_a_zarr_array_with_a_missing_chunk(tmp_path):
     z = _zarr(tmp_path / "x.zarr")
     model = KernelPCA(2, kernel="rbf", gamma=0.5).fit(z)  # intact: fine
     os.remove(tmp_path / "x.zarr" / "c" / "1" / "0")
-    with pytest.raises(InvalidInputError, match=r"lacks chunks: 1 of 4 chunks is missing .*"
-                                                r"'c/1/0', rows 50-99.*from_zarr"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"lacks chunks: 1 of 4 chunks is missing .*"
+        r"'c/1/0', rows 50-99.*from_zarr",
+    ):
         KernelPCA(2, kernel="rbf", gamma=0.5).fit(z)
     with pytest.raises(InvalidInputError, match="lacks chunks"):
         model.transform(z)
@@ -73,12 +77,18 @@ def test_zarr_input_with_a_missing_chunk_is_refused_unless_fill(tmp_path):
     _zarr(tmp_path / "x.zarr")
     os.remove(tmp_path / "x.zarr" / "c" / "3" / "0")
     store = Location(str(tmp_path / "work" / "ingest.zarr"))
-    with pytest.raises(InputError, match=r"1 of 4 chunks is missing .*rows 150-199.*"
-                                         r"input.missing_chunks: fill"):
+    with pytest.raises(
+        InputError,
+        match=r"1 of 4 chunks is missing .*rows 150-199.*"
+        r"input.missing_chunks: fill",
+    ):
         ingest(_cfg(tmp_path / "x.zarr"), ChunkConfig(target_chunk_mb=0.002), store)
     assert not store.exists()  # nothing written
-    res = ingest(_cfg(tmp_path / "x.zarr", missing_chunks="fill"),
-                 ChunkConfig(target_chunk_mb=0.002), store)
+    res = ingest(
+        _cfg(tmp_path / "x.zarr", missing_chunks="fill"),
+        ChunkConfig(target_chunk_mb=0.002),
+        store,
+    )
     got = load_ingested(res).X.compute()
     np.testing.assert_array_equal(got[:150], X[:150])
     assert not got[150:].any()  # deliberately the fill value
@@ -154,7 +164,8 @@ def test_stale_ingest_says_why_a_store_cannot_be_reused(tmp_path):
     cfg, chunks = _cfg(tmp_path / "x.npy"), ChunkConfig(target_chunk_mb=0.002)
     assert stale_ingest(cfg, chunks, store) is None
     assert "changed since it was ingested" in stale_ingest(
-        cfg, ChunkConfig(target_chunk_mb=0.004), store)
+        cfg, ChunkConfig(target_chunk_mb=0.004), store
+    )
     (store.local_path / "X" / "c" / "0" / "0").unlink()
     assert "damaged: array 'X': 1 of" in stale_ingest(cfg, chunks, store)
     assert "cannot be opened" in stale_ingest(cfg, chunks, Location(str(tmp_path / "none")))

@@ -46,10 +46,15 @@ def test_edited_gamma_in_a_saved_model_is_refused(tmp_path):
     assert zarr.open_group(str(tmp_path / "m")).attrs["schema_version"] == SCHEMA_VERSION == 4
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a current model loads without any warning
-        np.testing.assert_array_equal(kpca_dask.load(tmp_path / "m").transform(X), m.transform(X))
+        np.testing.assert_array_equal(
+            kpca_dask.load(tmp_path / "m").transform(X), m.transform(X)
+        )
     _edit_gamma(tmp_path / "m")
-    with pytest.raises(ModelFormatError, match="attribute checksum mismatch: its parameters, "
-                                               "kernel or fitted values were modified"):
+    with pytest.raises(
+        ModelFormatError,
+        match="attribute checksum mismatch: its parameters, "
+        "kernel or fitted values were modified",
+    ):
         kpca_dask.load(tmp_path / "m")
     # the record removed: refused too (a schema 4 model always has it)
     meta = tmp_path / "m" / "zarr.json"

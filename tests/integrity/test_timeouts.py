@@ -53,8 +53,9 @@ def test_silent_service_on_the_scheduler_address_fails_within_the_timeout(silent
 
 
 def test_a_real_scheduler_passes_the_probe(dask_cluster):
-    cfg = ClusterConfig(address=dask_cluster.scheduler_address, connect_timeout=10,
-                        paused_timeout=None)
+    cfg = ClusterConfig(
+        address=dask_cluster.scheduler_address, connect_timeout=10, paused_timeout=None
+    )
     with dask_client(cfg) as client:
         assert client.submit(lambda: 41 + 1).result() == 42
 
@@ -64,7 +65,15 @@ def test_a_real_scheduler_passes_the_probe(dask_cluster):
 def test_overflowing_kernel_ends_the_landmark_search_in_one_line(method, dtype):
     X = 1e300 * (1.0 + np.random.default_rng(0).random((2000, 3)))
     t0 = time.perf_counter()
-    with pytest.raises(InvalidInputError, match="kernel returned NaN or infinity.*scale the data"):
-        KernelPCA(2, kernel="rbf", gamma=0.1, eigen_solver="nystroem", landmark_method=method,
-                  dtype=dtype).fit(da.from_array(X, chunks=(500, -1)))
+    with pytest.raises(
+        InvalidInputError, match="kernel returned NaN or infinity.*scale the data"
+    ):
+        KernelPCA(
+            2,
+            kernel="rbf",
+            gamma=0.1,
+            eigen_solver="nystroem",
+            landmark_method=method,
+            dtype=dtype,
+        ).fit(da.from_array(X, chunks=(500, -1)))
     assert time.perf_counter() - t0 < 60

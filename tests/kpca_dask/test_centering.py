@@ -25,7 +25,9 @@ def test_hand_worked_one_dimensional_linear(solver):
     np.testing.assert_allclose(m.row_means_, [0, 4 / 3, 4], atol=1e-14)
     assert m.grand_mean_ == pytest.approx(16 / 9, abs=1e-14)
     np.testing.assert_allclose(m.eigenvalues_, [14 / 3], rtol=1e-13)
-    np.testing.assert_allclose(m.eigenvectors_[:, 0], np.array([-4, -1, 5]) / np.sqrt(42), atol=1e-13)
+    np.testing.assert_allclose(
+        m.eigenvectors_[:, 0], np.array([-4, -1, 5]) / np.sqrt(42), atol=1e-13
+    )
     np.testing.assert_allclose(emb[:, 0], [-4 / 3, -1 / 3, 5 / 3], atol=1e-13)
     np.testing.assert_allclose(m.transform(np.array([[2.0]])), [[2 / 3]], atol=1e-13)
     assert m.explained_variance_ratio_ == pytest.approx([1.0])
@@ -76,5 +78,6 @@ def test_cross_kernel_centring_matches_feature_space_formula():
     kx = LinearKernel()(new, X)
     mean = X.mean(axis=0)
     expected = (new - mean) @ (X - mean).T
-    np.testing.assert_allclose(centre_cross_kernel(kx, K.mean(axis=1), K.mean()), expected,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        centre_cross_kernel(kx, K.mean(axis=1), K.mean()), expected, atol=1e-12
+    )

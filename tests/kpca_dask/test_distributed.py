@@ -15,8 +15,14 @@ X, _ = make_blobs(1200, n_features=6, centers=8, random_state=3)
 
 @pytest.mark.parametrize("solver", ["randomized", "dense"])
 def test_distributed_equals_threaded(dask_client, solver):
-    kw = dict(kernel="rbf", gamma=0.02, eigen_solver=solver, random_state=0, n_power_iter=4,
-              chunk_size=300)
+    kw = dict(
+        kernel="rbf",
+        gamma=0.02,
+        eigen_solver=solver,
+        random_state=0,
+        n_power_iter=4,
+        chunk_size=300,
+    )
     with dask.config.set(scheduler="threads"):  # threaded reference, client bypassed
         ref = KernelPCA(5, **kw).fit(X)
     with get_task_stream(dask_client) as stream:
@@ -33,5 +39,6 @@ def test_distributed_equals_threaded(dask_client, solver):
 
 def test_workers_are_separate_processes(dask_client):
     import os
+
     pids = set(dask_client.run(os.getpid).values())
     assert len(pids) == 2 and os.getpid() not in pids

@@ -54,10 +54,13 @@ def test_stored_blocks_give_the_same_product(dtype, tol):
     Xd = da.from_array(X, chunks=(64, -1))
     K = BlockKernelMatrix(Xd, RBFKernel(0.2))
     offs = np.concatenate([[0], np.cumsum(K.row_chunks)])
-    store = {(i, j): K_REF[offs[i]:offs[i + 1], offs[j]:offs[j + 1]].astype(dtype)
-             for i, j in K.upper_blocks()}
-    stored = BlockKernelMatrix(Xd, RBFKernel(0.2), dtype=dtype,
-                               block_reader=lambda i, j: store[(i, j)])
+    store = {
+        (i, j): K_REF[offs[i] : offs[i + 1], offs[j] : offs[j + 1]].astype(dtype)
+        for i, j in K.upper_blocks()
+    }
+    stored = BlockKernelMatrix(
+        Xd, RBFKernel(0.2), dtype=dtype, block_reader=lambda i, j: store[(i, j)]
+    )
     Y = stored.matmul(Z).compute()
     assert Y.dtype == np.float64
     scale = np.abs(K_REF) @ np.abs(Z)
@@ -86,6 +89,7 @@ def test_to_numpy_and_diag():
     Xd = da.from_array(X, chunks=(100, -1))
     K = BlockKernelMatrix(Xd, PolynomialKernel(0.1, 2, 1.0))
     from sklearn.metrics.pairwise import polynomial_kernel
+
     ref = polynomial_kernel(X, degree=2, gamma=0.1, coef0=1.0)
     np.testing.assert_allclose(K.to_numpy(), ref, rtol=1e-12)
     np.testing.assert_allclose(K.diag().compute(), np.diag(ref), rtol=1e-12)
@@ -128,8 +132,10 @@ def test_estimator_fits_from_stored_blocks_and_given_centring(solver):
     Xd = da.from_array(X, chunks=(r, -1))
     K = BlockKernelMatrix(Xd, RBFKernel(0.2))
     offs = np.concatenate([[0], np.cumsum(K.row_chunks)])
-    store = {(i, j): K_REF[offs[i]:offs[i + 1], offs[j]:offs[j + 1]].copy()
-             for i, j in K.upper_blocks()}
+    store = {
+        (i, j): K_REF[offs[i] : offs[i + 1], offs[j] : offs[j + 1]].copy()
+        for i, j in K.upper_blocks()
+    }
     reads = []
 
     def reader(i, j):

@@ -56,7 +56,9 @@ def test_diag_matches_full_block(kernel, reference):
 
 def test_rbf_duplicate_rows_never_exceed_one():
     """Rounding in the norm-expanded GEMM never yields kernel values above 1."""
-    Z = np.repeat(RNG.standard_normal((5, 30)) * 1e3, 4, axis=0)  # large norms, exact duplicates
+    Z = np.repeat(
+        RNG.standard_normal((5, 30)) * 1e3, 4, axis=0
+    )  # large norms, exact duplicates
     for dtype in (np.float32, np.float64):
         K = RBFKernel(1e-6)(Z, Z, dtype=dtype)
         assert K.max() <= 1.0

@@ -55,7 +55,11 @@ def test_accelerated_rpcholesky_has_the_sequential_distribution():
         counts[tuple(sorted(int(v) for v in piv))] += 1
     for pair, p in expected.items():
         sd = np.sqrt(p * (1 - p) / trials)
-        assert abs(counts[pair] / trials - p) < 4.5 * sd + 1e-3, (pair, counts[pair] / trials, p)
+        assert abs(counts[pair] / trials - p) < 4.5 * sd + 1e-3, (
+            pair,
+            counts[pair] / trials,
+            p,
+        )
 
 
 def test_rpcholesky_factor_is_the_nystroem_approximation():
@@ -91,12 +95,15 @@ def test_landmarks_depend_on_the_seed_not_the_chunking(method):
     X = imbalanced_clusters(3)
     kern = RBFKernel(0.05)
     kw = dict(sample_size=1000)
-    a = select_landmarks(da.from_array(X, chunks=(1000, -1)), 60, method, kern,
-                         np.random.default_rng(5), **kw)
-    b = select_landmarks(da.from_array(X, chunks=(137, -1)), 60, method, kern,
-                         np.random.default_rng(5), **kw)
-    c = select_landmarks(da.from_array(X, chunks=(1000, -1)), 60, method, kern,
-                         np.random.default_rng(6), **kw)
+    a = select_landmarks(
+        da.from_array(X, chunks=(1000, -1)), 60, method, kern, np.random.default_rng(5), **kw
+    )
+    b = select_landmarks(
+        da.from_array(X, chunks=(137, -1)), 60, method, kern, np.random.default_rng(5), **kw
+    )
+    c = select_landmarks(
+        da.from_array(X, chunks=(1000, -1)), 60, method, kern, np.random.default_rng(6), **kw
+    )
     np.testing.assert_array_equal(a.indices, b.indices)
     np.testing.assert_array_equal(a.points, X[a.indices])
     assert np.all(np.diff(a.indices) > 0)  # sorted, distinct
@@ -106,8 +113,13 @@ def test_landmarks_depend_on_the_seed_not_the_chunking(method):
 
 def test_all_rows_when_m_reaches_n():
     X = np.arange(20.0).reshape(10, 2)
-    lm = select_landmarks(da.from_array(X, chunks=(3, -1)), 50, "rpcholesky", RBFKernel(1.0),
-                          np.random.default_rng(0))
+    lm = select_landmarks(
+        da.from_array(X, chunks=(3, -1)),
+        50,
+        "rpcholesky",
+        RBFKernel(1.0),
+        np.random.default_rng(0),
+    )
     np.testing.assert_array_equal(lm.indices, np.arange(10))
     np.testing.assert_array_equal(lm.points, X)
 

@@ -82,10 +82,14 @@ CASES = {
     "gauss3d-poly2-rank9": (_gauss3, dict(kernel="poly", gamma=1 / 3, degree=2, coef0=1.0)),
     "gauss3d-linear-rank3": (_gauss3, dict(kernel="linear")),
     "gauss3d-cosine-rank3": (_gauss3, dict(kernel="cosine")),
-    "rbf-10-distinct-rows-rank9": (functools.partial(_duplicates, 10),
-                                   dict(kernel="rbf", gamma=0.2)),
-    "rbf-40-distinct-rows-rank39": (functools.partial(_duplicates, 40),
-                                    dict(kernel="rbf", gamma=0.2)),
+    "rbf-10-distinct-rows-rank9": (
+        functools.partial(_duplicates, 10),
+        dict(kernel="rbf", gamma=0.2),
+    ),
+    "rbf-40-distinct-rows-rank39": (
+        functools.partial(_duplicates, 40),
+        dict(kernel="rbf", gamma=0.2),
+    ),
     "ring-rbf-equal-pairs": (_ring, dict(kernel="rbf", gamma=1.0)),
     "ring-rbf-equal-pairs-cut": (_ring, dict(kernel="rbf", gamma=1.0, n_components=K - 1)),
     "full-rank-blobs-rbf": (_blobs, dict(kernel="rbf", gamma=0.01)),
@@ -96,15 +100,23 @@ SOLVERS = {
     "dense": dict(eigen_solver="dense"),
     "block_krylov": dict(eigen_solver="randomized", randomized_method="block_krylov"),
     "subspace": dict(eigen_solver="randomized", randomized_method="subspace", max_iter=60),
-    "nystroem-covariance": dict(eigen_solver="nystroem", n_landmarks=N,
-                                landmark_method="uniform", nystroem_method="covariance"),
-    "nystroem-randomized": dict(eigen_solver="nystroem", n_landmarks=N,
-                                landmark_method="uniform", nystroem_method="randomized"),
+    "nystroem-covariance": dict(
+        eigen_solver="nystroem",
+        n_landmarks=N,
+        landmark_method="uniform",
+        nystroem_method="covariance",
+    ),
+    "nystroem-randomized": dict(
+        eigen_solver="nystroem",
+        n_landmarks=N,
+        landmark_method="uniform",
+        nystroem_method="randomized",
+    ),
     "auto": dict(eigen_solver="auto"),
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(case: str):
     """X, the parameters, and eigh's top-K eigenpairs of the centred kernel matrix
     (scikit-learn's kernel functions: independent of kpca_dask.kernels)."""
@@ -207,8 +219,9 @@ def check_tail(m: KernelPCA, case: str, tail: int) -> None:
         Vt = m.eigenvectors_[:, tail:kept].astype(np.float64)
         R = V @ (w[:, None] * (V.T @ Vt)) - Vt * lam[tail:kept]  # Kc v - theta v
         r = np.linalg.norm(R, axis=0)
-        np.testing.assert_allclose(r, m.residuals_[tail:kept] * lam[tail:kept],
-                                   rtol=1e-3, atol=1e-9 * w[0])
+        np.testing.assert_allclose(
+            r, m.residuals_[tail:kept] * lam[tail:kept], rtol=1e-3, atol=1e-9 * w[0]
+        )
 
 
 @pytest.mark.parametrize("solver", list(SOLVERS))
@@ -219,11 +232,15 @@ def test_right_or_says_so(case, solver):
     unexpected = kinds - {ConvergenceWarning, DroppedComponentsWarning}
     assert not unexpected, [str(w.message) for w in caught]
     _, params, w, _ = reference(case)
-    if m.n_components_ < params.get("n_components", K):  # fewer than asked: the user is told, as for dense
+    if m.n_components_ < params.get(
+        "n_components", K
+    ):  # fewer than asked: the user is told, as for dense
         assert DroppedComponentsWarning in kinds
     if not m.converged_:
         assert ConvergenceWarning in kinds  # says so ...
-        pytest.fail(f"{solver} did not converge on {case}")  # ... but here it should not need to
+        pytest.fail(
+            f"{solver} did not converge on {case}"
+        )  # ... but here it should not need to
     assert ConvergenceWarning not in kinds
     check_right(m, E, case)
 
@@ -285,8 +302,7 @@ def test_auto_escalates_to_dense_when_small():
     """auto on 2000 < n <= 5000 picks randomized; capped at one pass it cannot
     certify, so it falls back to dense: right, converged, no warning."""
     X = _bigger()
-    m = KernelPCA(8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=1,
-                  random_state=0)
+    m = KernelPCA(8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=1, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         m.fit(X)
@@ -301,16 +317,16 @@ def test_auto_escalates_to_a_larger_block_then_warns(monkeypatch):
     if that is still not certified, it warns (saying it escalated)."""
     monkeypatch.setattr(plan_module, "DENSE_FALLBACK_SAMPLES", 1000)
     X = _bigger()
-    ok = KernelPCA(8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=3,
-                   random_state=0)
+    ok = KernelPCA(8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=3, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ok.fit(X)  # 3 passes of 32 columns fail, 6 of 56 pass
     assert ok.eigen_solver_ == "randomized" and ok.converged_
     assert ok.solver_info_["escalated_from"]["n_passes"] == 4
     assert ok.solver_info_["block_columns"] == 8 + 48
-    bad = KernelPCA(8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=1,
-                    random_state=0)
+    bad = KernelPCA(
+        8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=1, random_state=0
+    )
     with pytest.warns(ConvergenceWarning, match="after escalating"):
         bad.fit(X)
     assert not bad.converged_
@@ -325,15 +341,29 @@ def test_nystroem_fewer_landmarks_than_components_on_low_rank_data():
     X, params, _, _ = reference("rbf-10-distinct-rows-rank9")
     for lm in ("rpcholesky", "kmeans++"):
         for method in ("covariance", "randomized"):
-            m = KernelPCA(K, **params, eigen_solver="nystroem", n_landmarks=20,
-                          landmark_method=lm, nystroem_method=method, random_state=0)
+            m = KernelPCA(
+                K,
+                **params,
+                eigen_solver="nystroem",
+                n_landmarks=20,
+                landmark_method=lm,
+                nystroem_method=method,
+                random_state=0,
+            )
             E = np.asarray(m.fit_transform(X))
             assert m.converged_ and m.n_components_ == K
             assert np.all(m.eigenvalues_[9:] == 0)
             assert np.abs(E[:, 9:]).max() <= 1e-12 * np.abs(E).max()  # rounding of the offset
-            r = KernelPCA(K, **params, eigen_solver="nystroem", n_landmarks=20,
-                          landmark_method=lm, nystroem_method=method, random_state=0,
-                          remove_zero_eig=True)
+            r = KernelPCA(
+                K,
+                **params,
+                eigen_solver="nystroem",
+                n_landmarks=20,
+                landmark_method=lm,
+                nystroem_method=method,
+                random_state=0,
+                remove_zero_eig=True,
+            )
             with pytest.warns(DroppedComponentsWarning, match="Kept 9 of 16"):
                 Er = np.asarray(r.fit_transform(X))
             assert r.n_components_ == 9
@@ -344,8 +374,17 @@ def test_nystroem_auto_method_escalates_to_covariance():
     """nystroem_method="auto" picked randomized (many landmarks) but one pass cannot be
     certified: the covariance method (exact eigh of the feature covariance) takes over."""
     X = make_blobs(1200, n_features=4, centers=6, random_state=2)[0]
-    m = KernelPCA(4, kernel="rbf", gamma=0.1, eigen_solver="nystroem", n_landmarks=1200,
-                  landmark_method="uniform", n_oversamples=4, max_iter=1, random_state=0)
+    m = KernelPCA(
+        4,
+        kernel="rbf",
+        gamma=0.1,
+        eigen_solver="nystroem",
+        n_landmarks=1200,
+        landmark_method="uniform",
+        n_oversamples=4,
+        max_iter=1,
+        random_state=0,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         m.fit(X)
@@ -353,8 +392,15 @@ def test_nystroem_auto_method_escalates_to_covariance():
     assert m.solver_info_["escalated_from"]["n_passes"] >= 1
 
 
-@pytest.mark.parametrize("case", ["moons-poly-rank9", "rbf-10-distinct-rows-rank9",
-                                  "ring-rbf-equal-pairs", "full-rank-blobs-rbf"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "moons-poly-rank9",
+        "rbf-10-distinct-rows-rank9",
+        "ring-rbf-equal-pairs",
+        "full-rank-blobs-rbf",
+    ],
+)
 def test_float32_kernel_evaluation_is_as_right_as_dense_float32(case):
     """float32 kernel values: the randomized solver certifies its pairs (tol 1e-5) and its
     eigenvalues are as close to float64 eigh as dense eigh on the same float32 kernel

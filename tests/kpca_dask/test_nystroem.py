@@ -72,23 +72,34 @@ def test_all_rows_as_landmarks_equals_the_exact_solver(kw, method):
     unique and only the functions they define are compared.)"""
     k = 4
     ref = dense_reference(X_SMALL, k, **kw)
-    m = KernelPCA(k, eigen_solver="nystroem", n_landmarks=len(X_SMALL), nystroem_method=method,
-                  random_state=0, tol=1e-12, max_iter=30, **kw).fit(X_SMALL)
+    m = KernelPCA(
+        k,
+        eigen_solver="nystroem",
+        n_landmarks=len(X_SMALL),
+        nystroem_method=method,
+        random_state=0,
+        tol=1e-12,
+        max_iter=30,
+        **kw,
+    ).fit(X_SMALL)
     assert m.n_landmarks_ == len(X_SMALL)
     np.testing.assert_array_equal(m.landmark_indices_, np.arange(len(X_SMALL)))
     np.testing.assert_allclose(m.eigenvalues_, ref.eigenvalues_, rtol=1e-9)
     if kw["kernel"] in ("rbf", "laplacian"):
         np.testing.assert_allclose(m.eigenvectors_, ref.eigenvectors_, atol=1e-6)
     np.testing.assert_allclose(m.transform(NEW_SMALL), ref.transform(NEW_SMALL), atol=1e-6)
-    np.testing.assert_allclose(m.score_samples(NEW_SMALL), ref.score_samples(NEW_SMALL),
-                               rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(
+        m.score_samples(NEW_SMALL), ref.score_samples(NEW_SMALL), rtol=1e-6, atol=1e-9
+    )
     np.testing.assert_allclose(m.row_means_, ref.row_means_, rtol=1e-12)
     assert m.grand_mean_ == pytest.approx(ref.grand_mean_, rel=1e-9)
     assert m.kernel_trace_ == pytest.approx(ref.kernel_trace_, rel=1e-12)
-    np.testing.assert_allclose(m.explained_variance_ratio_, ref.explained_variance_ratio_,
-                               rtol=1e-9)
-    np.testing.assert_allclose(m.fit_transform(X_SMALL),
-                               ref.eigenvectors_ * np.sqrt(ref.eigenvalues_), atol=1e-6)
+    np.testing.assert_allclose(
+        m.explained_variance_ratio_, ref.explained_variance_ratio_, rtol=1e-9
+    )
+    np.testing.assert_allclose(
+        m.fit_transform(X_SMALL), ref.eigenvectors_ * np.sqrt(ref.eigenvalues_), atol=1e-6
+    )
 
 
 # ------------------------------------------------------------ m < n accuracy
@@ -97,8 +108,15 @@ def test_eigenvalues_approach_the_exact_ones_as_m_grows(blobs_exact):
     doubling of m (uniform landmarks, gapped spectrum) and is below 2e-3 at m = 400."""
     errors = []
     for m in (25, 50, 100, 200, 400):
-        e = [max_rel(nys(n_landmarks=m, landmark_method="uniform", random_state=s)
-                     .fit(X_BLOBS).eigenvalues_, blobs_exact.eigenvalues_) for s in range(3)]
+        e = [
+            max_rel(
+                nys(n_landmarks=m, landmark_method="uniform", random_state=s)
+                .fit(X_BLOBS)
+                .eigenvalues_,
+                blobs_exact.eigenvalues_,
+            )
+            for s in range(3)
+        ]
         errors.append(np.mean(e))
     assert all(b < a for a, b in zip(errors, errors[1:])), errors
     assert errors[-1] < 2e-3, errors
@@ -119,10 +137,25 @@ def test_rpcholesky_beats_uniform_on_imbalanced_clusters():
     ref = dense_reference(X, 16, kernel="rbf", gamma=0.1).eigenvalues_
 
     def err(method, m):
-        return np.mean([max_rel(KernelPCA(16, kernel="rbf", gamma=0.1, eigen_solver="nystroem",
-                                          n_landmarks=m, landmark_method=method,
-                                          random_state=s).fit(X).eigenvalues_, ref)
-                        for s in range(4)])
+        return np.mean(
+            [
+                max_rel(
+                    KernelPCA(
+                        16,
+                        kernel="rbf",
+                        gamma=0.1,
+                        eigen_solver="nystroem",
+                        n_landmarks=m,
+                        landmark_method=method,
+                        random_state=s,
+                    )
+                    .fit(X)
+                    .eigenvalues_,
+                    ref,
+                )
+                for s in range(4)
+            ]
+        )
 
     rpc, uni = err("rpcholesky", 100), err("uniform", 100)
     assert rpc < 0.25 * uni, (rpc, uni)
@@ -147,8 +180,15 @@ def dense_nystroem(X, Z, kernel, k):
 def test_matches_explicit_features_and_sklearn_pca(method):
     """m < n: eigenvalues = sklearn PCA variances * (n - 1) on explicit Nyström features,
     transform = PCA transform of the new rows' features, score = its dense formula."""
-    m = nys(6, n_landmarks=120, landmark_method="kmeans++", nystroem_method=method,
-            gamma=0.05, tol=1e-12, max_iter=30).fit(X_BLOBS)
+    m = nys(
+        6,
+        n_landmarks=120,
+        landmark_method="kmeans++",
+        nystroem_method=method,
+        gamma=0.05,
+        tol=1e-12,
+        max_iter=30,
+    ).fit(X_BLOBS)
     kern = make_kernel("rbf", gamma=0.05)
     Z = X_BLOBS[m.landmark_indices_]
     np.testing.assert_array_equal(m.landmarks_, Z)
@@ -161,8 +201,9 @@ def test_matches_explicit_features_and_sklearn_pca(method):
     np.testing.assert_allclose(align_signs(emb, emb_ref), emb_ref, atol=1e-6)
     # score: ||phi(x) - P mu||^2 - ||emb||^2 = k(x,x) - |f(x)|^2 + |f(x) - fmean|^2 - |emb|^2
     fx = feats(new)
-    score_ref = (kern.diag(new) - np.sum(fx**2, 1) + np.sum((fx - fmean) ** 2, 1)
-                 - np.sum(emb_ref**2, 1))
+    score_ref = (
+        kern.diag(new) - np.sum(fx**2, 1) + np.sum((fx - fmean) ** 2, 1) - np.sum(emb_ref**2, 1)
+    )
     np.testing.assert_allclose(m.score_samples(new), score_ref, rtol=1e-6, atol=1e-9)
     assert m.grand_mean_ == pytest.approx(fmean @ fmean, rel=1e-10)
     np.testing.assert_allclose(m.row_means_, kern(X_BLOBS, Z).mean(axis=0), rtol=1e-12)
@@ -222,8 +263,11 @@ def test_float32_close_to_float64():
     np.testing.assert_array_equal(a.landmark_indices_, b.landmark_indices_)
     np.testing.assert_allclose(b.eigenvalues_, a.eigenvalues_, rtol=1e-5)
     assert b.transform(X_BLOBS[:50]).dtype == np.float32
-    np.testing.assert_allclose(b.transform(X_BLOBS[:50]), a.transform(X_BLOBS[:50]),
-                               atol=1e-4 * np.sqrt(a.eigenvalues_[0]))
+    np.testing.assert_allclose(
+        b.transform(X_BLOBS[:50]),
+        a.transform(X_BLOBS[:50]),
+        atol=1e-4 * np.sqrt(a.eigenvalues_[0]),
+    )
 
 
 @pytest.mark.parametrize("method", ["covariance", "randomized"])
@@ -232,7 +276,9 @@ def test_both_methods_agree(method, blobs_exact):
     ref = nys(n_landmarks=300, nystroem_method="covariance").fit(X_BLOBS)
     m = nys(n_landmarks=300, nystroem_method=method).fit(X_BLOBS)
     np.testing.assert_allclose(m.eigenvalues_, ref.eigenvalues_, rtol=1e-7)
-    np.testing.assert_allclose(m.transform(X_BLOBS[:20]), ref.transform(X_BLOBS[:20]), atol=1e-4)
+    np.testing.assert_allclose(
+        m.transform(X_BLOBS[:20]), ref.transform(X_BLOBS[:20]), atol=1e-4
+    )
     assert m.nystroem_method_ == method
 
 
@@ -272,7 +318,9 @@ def test_transform_graph_is_one_task_per_block_and_independent_of_n():
     m = nys(n_landmarks=50, chunk_size=100).fit(X_BLOBS)
     new = da.from_array(X_BLOBS[:1000], chunks=(100, -1))
     out = m.transform(new)
-    layer = dict(out.dask.layers[[k for k in out.dask.layers if k.startswith("kpca-transform")][0]])
+    layer = dict(
+        out.dask.layers[[k for k in out.dask.layers if k.startswith("kpca-transform")][0]]
+    )
     tasks = [k for k in layer if isinstance(k, tuple)]
     consts = [v for k, v in layer.items() if not isinstance(k, tuple)]
     assert len(tasks) == 10
@@ -286,8 +334,9 @@ def test_zarr_input_is_read_per_pass_not_held(tmp_path, monkeypatch):
 
     import kpca_dask.plan as est
 
-    z = zarr.create_array(str(tmp_path / "x.zarr"), shape=X_BLOBS.shape, chunks=(300, 8),
-                          dtype="f8")
+    z = zarr.create_array(
+        str(tmp_path / "x.zarr"), shape=X_BLOBS.shape, chunks=(300, 8), dtype="f8"
+    )
     z[...] = X_BLOBS
     monkeypatch.setattr(est, "NYSTROEM_PERSIST_BYTES", 0)
     kw = dict(n_landmarks=100, chunk_size=256, nystroem_method="randomized")
@@ -308,8 +357,14 @@ def test_memory_never_holds_an_n_by_m_array():
     import tracemalloc
 
     X = np.random.default_rng(0).standard_normal((100_000, 4))
-    model = nys(8, n_landmarks=400, gamma=0.5, dtype="float32", nystroem_method="randomized",
-                landmark_method="uniform")
+    model = nys(
+        8,
+        n_landmarks=400,
+        gamma=0.5,
+        dtype="float32",
+        nystroem_method="randomized",
+        landmark_method="uniform",
+    )
     tracemalloc.start()
     try:
         model.fit(X)
@@ -322,8 +377,9 @@ def test_memory_never_holds_an_n_by_m_array():
 
 def test_n_components_none_keeps_every_component():
     """n_components=None: all positive eigenvalues of the feature covariance."""
-    m = KernelPCA(None, kernel="rbf", gamma=GAMMA, eigen_solver="nystroem", n_landmarks=40,
-                  random_state=0).fit(X_BLOBS)
+    m = KernelPCA(
+        None, kernel="rbf", gamma=GAMMA, eigen_solver="nystroem", n_landmarks=40, random_state=0
+    ).fit(X_BLOBS)
     assert m.nystroem_method_ == "covariance"
     assert 30 <= m.n_components_ <= 40
     assert np.all(np.diff(m.eigenvalues_) <= 0)

@@ -31,8 +31,14 @@ NEW = RNG.standard_normal((25, 4))
 
 
 def nys(**kw):
-    params = dict(n_components=3, kernel="rbf", gamma=0.3, eigen_solver="nystroem",
-                  n_landmarks=80, random_state=0)
+    params = dict(
+        n_components=3,
+        kernel="rbf",
+        gamma=0.3,
+        eigen_solver="nystroem",
+        n_landmarks=80,
+        random_state=0,
+    )
     params.update(kw)
     return KernelPCA(**params)
 
@@ -42,33 +48,50 @@ def nys(**kw):
 def test_non_finite_values_are_located(bad):
     Xb = X.copy()
     Xb[455, 1] = bad
-    with pytest.raises(InvalidInputError, match=r"NaN or infinity \(1 value\(s\); the first in "
-                                                r"rows 400-599\)"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"NaN or infinity \(1 value\(s\); the first in "
+        r"rows 400-599\)",
+    ):
         nys().fit(da.from_array(Xb, chunks=(200, -1)))
 
 
-@pytest.mark.parametrize("bad,msg", [
-    (np.ones(10), "2-D array .* Reshape your data with X.reshape"),
-    (np.empty((0, 3)), "empty: shape \\(0, 3\\)"),
-    (np.array([["a", "b"], ["c", "d"]]), "not numeric"),
-    (np.ones((4, 2), dtype=complex), "complex"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        (np.ones(10), "2-D array .* Reshape your data with X.reshape"),
+        (np.empty((0, 3)), "empty: shape \\(0, 3\\)"),
+        (np.array([["a", "b"], ["c", "d"]]), "not numeric"),
+        (np.ones((4, 2), dtype=complex), "complex"),
+    ],
+)
 def test_bad_shapes_and_dtypes(bad, msg):
     with pytest.raises(ValueError, match=msg):
         nys(n_components=1).fit(bad)
 
 
-@pytest.mark.parametrize("kw,msg", [
-    ({"n_landmarks": 0}, "'n_landmarks' parameter of KernelPCA must be an int in the range "
-                         "\\[1, inf\\) or None"),
-    ({"n_landmarks": 2.5}, "'n_landmarks'"),
-    ({"landmark_method": "random"}, "'landmark_method' parameter of KernelPCA must be one of"),
-    ({"landmark_sample_size": 0}, "'landmark_sample_size'"),
-    ({"nystroem_method": "svd"}, "'nystroem_method'"),
-    ({"n_components": 81}, "n_components=81 must be <= n_landmarks=80"),
-    ({"n_components": None, "nystroem_method": "randomized"},
-     "needs an explicit n_components"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (
+            {"n_landmarks": 0},
+            "'n_landmarks' parameter of KernelPCA must be an int in the range "
+            "\\[1, inf\\) or None",
+        ),
+        ({"n_landmarks": 2.5}, "'n_landmarks'"),
+        (
+            {"landmark_method": "random"},
+            "'landmark_method' parameter of KernelPCA must be one of",
+        ),
+        ({"landmark_sample_size": 0}, "'landmark_sample_size'"),
+        ({"nystroem_method": "svd"}, "'nystroem_method'"),
+        ({"n_components": 81}, "n_components=81 must be <= n_landmarks=80"),
+        (
+            {"n_components": None, "nystroem_method": "randomized"},
+            "needs an explicit n_components",
+        ),
+    ],
+)
 def test_impossible_parameters(kw, msg):
     with pytest.raises(InvalidParameterError, match=msg):
         nys(**kw).fit(X)
@@ -88,7 +111,9 @@ def test_exact_kernel_inputs_are_refused():
 
 def test_transform_feature_mismatch_and_nan():
     m = nys().fit(X)
-    with pytest.raises(ValueError, match="X has 5 features, but KernelPCA is expecting 4 features as input"):
+    with pytest.raises(
+        ValueError, match="X has 5 features, but KernelPCA is expecting 4 features as input"
+    ):
         m.transform(np.ones((2, 5)))
     with pytest.raises(InvalidInputError, match="NaN or infinity"):
         m.score_samples(np.array([[0.0, np.nan, 1.0, 2.0]]))
@@ -109,8 +134,9 @@ def test_rank_deficient_features_warn_and_drop():
     """Duplicate rows: the features have rank 3, so 2 of 5 components are dropped."""
     Xd = np.repeat(X[:4], 50, axis=0)  # 4 distinct rows: centred rank 3
     with pytest.warns(DroppedComponentsWarning, match="Kept 3 of 5"):
-        m = nys(n_components=5, n_landmarks=20, landmark_method="uniform",
-                remove_zero_eig=True).fit(Xd)
+        m = nys(
+            n_components=5, n_landmarks=20, landmark_method="uniform", remove_zero_eig=True
+        ).fit(Xd)
     assert m.n_components_ == 3
     assert np.all(np.isfinite(m.transform(X)))
 
@@ -135,8 +161,16 @@ def test_round_trip_transforms_identically(model, tmp_path):
     np.testing.assert_array_equal(loaded.transform(NEW), model.transform(NEW))
     np.testing.assert_array_equal(loaded.score_samples(NEW), model.score_samples(NEW))
     assert loaded.get_params() == model.get_params()
-    for attr in ("eigenvalues_", "eigenvectors_", "projection_", "offset_", "row_means_",
-                 "landmark_indices_", "mean_weights_", "explained_variance_ratio_"):
+    for attr in (
+        "eigenvalues_",
+        "eigenvectors_",
+        "projection_",
+        "offset_",
+        "row_means_",
+        "landmark_indices_",
+        "mean_weights_",
+        "explained_variance_ratio_",
+    ):
         np.testing.assert_array_equal(getattr(loaded, attr), getattr(model, attr))
     assert loaded.eigen_solver_ == "nystroem" and loaded.n_landmarks_ == 80
     assert loaded.n_samples_fit_ == 600
@@ -151,9 +185,17 @@ def test_saved_model_holds_landmarks_not_data(model, tmp_path):
     json.dumps(attrs)
     assert attrs["model_kind"] == "nystroem"
     names = {name for name, _ in root.arrays()}
-    assert names == {"eigenvalues", "explained_variance_ratio", "residuals", "landmarks",
-                     "landmark_indices", "projection", "offset", "landmark_means",
-                     "mean_weights"}
+    assert names == {
+        "eigenvalues",
+        "explained_variance_ratio",
+        "residuals",
+        "landmarks",
+        "landmark_indices",
+        "projection",
+        "offset",
+        "landmark_means",
+        "mean_weights",
+    }
     for _, arr in root.arrays():
         assert 600 not in arr.shape
         assert arr.dtype.kind in "fi"
@@ -163,10 +205,21 @@ def test_round_trip_in_a_fresh_process(model, tmp_path):
     path = tmp_path / "model.zarr"
     model.save(path)
     np.save(tmp_path / "new.npy", NEW)
-    code = ("import numpy as np, kpca_dask, sys; m = kpca_dask.load(sys.argv[1]); "
-            "np.save(sys.argv[2], m.transform(np.load(sys.argv[3])))")
-    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "out.npy"),
-                    str(tmp_path / "new.npy")], check=True)
+    code = (
+        "import numpy as np, kpca_dask, sys; m = kpca_dask.load(sys.argv[1]); "
+        "np.save(sys.argv[2], m.transform(np.load(sys.argv[3])))"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(path),
+            str(tmp_path / "out.npy"),
+            str(tmp_path / "new.npy"),
+        ],
+        check=True,
+    )
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), model.transform(NEW))
 
 
@@ -195,21 +248,26 @@ def test_exact_models_still_save_their_training_rows(tmp_path):
     root = zarr.open_group(str(tmp_path / "e.zarr"), mode="r")
     assert root.attrs["model_kind"] == "exact"
     assert "X_fit" in {name for name, _ in root.arrays()}
-    np.testing.assert_array_equal(kpca_dask.load(tmp_path / "e.zarr").transform(NEW),
-                                  m.transform(NEW))
+    np.testing.assert_array_equal(
+        kpca_dask.load(tmp_path / "e.zarr").transform(NEW), m.transform(NEW)
+    )
 
 
 # ---------------------------------------------------------- sklearn contract
 @pytest.mark.parametrize("check", [check_transformer_general, check_fit_check_is_fitted])
 def test_sklearn_estimator_checks(check):
-    check("KernelPCA", KernelPCA(2, kernel="rbf", eigen_solver="nystroem", n_landmarks=10,
-                                 random_state=0))
+    check(
+        "KernelPCA",
+        KernelPCA(2, kernel="rbf", eigen_solver="nystroem", n_landmarks=10, random_state=0),
+    )
 
 
 def test_clone_and_grid_search_over_landmarks():
     Xc, y = make_circles(300, factor=0.3, noise=0.05, random_state=0)
-    pipe = make_pipeline(KernelPCA(2, kernel="rbf", gamma=5.0, eigen_solver="nystroem",
-                                   random_state=0), LogisticRegression())
+    pipe = make_pipeline(
+        KernelPCA(2, kernel="rbf", gamma=5.0, eigen_solver="nystroem", random_state=0),
+        LogisticRegression(),
+    )
     c = clone(pipe)
     assert c.get_params()["kernelpca__landmark_method"] == "rpcholesky"
     search = GridSearchCV(pipe, {"kernelpca__n_landmarks": [3, 60]}, cv=3).fit(Xc, y)

@@ -18,8 +18,15 @@ X, _ = make_blobs(6000, n_features=6, centers=8, random_state=3)
 def test_nystroem_on_a_distributed_cluster(dask_client, method):
     """The passes run as tasks on both worker processes; landmarks, eigenpairs and the
     lazy training embedding equal the threaded scheduler's."""
-    kw = dict(kernel="rbf", gamma=0.02, eigen_solver="nystroem", n_landmarks=200,
-              nystroem_method=method, random_state=0, chunk_size=500)
+    kw = dict(
+        kernel="rbf",
+        gamma=0.02,
+        eigen_solver="nystroem",
+        n_landmarks=200,
+        nystroem_method=method,
+        random_state=0,
+        chunk_size=500,
+    )
     Xd = da.from_array(X, chunks=(1000, -1))
     with dask.config.set(scheduler="threads"):  # threaded reference, client bypassed
         ref = KernelPCA(5, **kw)

@@ -18,8 +18,9 @@ NEW = RNG.standard_normal((15, 4))
 
 @pytest.fixture
 def model():
-    return KernelPCA(3, kernel="rbf", gamma="scale", eigen_solver="randomized",
-                     random_state=0).fit(X)
+    return KernelPCA(
+        3, kernel="rbf", gamma="scale", eigen_solver="randomized", random_state=0
+    ).fit(X)
 
 
 def test_round_trip_transforms_identically(model, tmp_path):
@@ -30,7 +31,9 @@ def test_round_trip_transforms_identically(model, tmp_path):
     np.testing.assert_array_equal(loaded.score_samples(NEW), model.score_samples(NEW))
     assert loaded.get_params() == model.get_params()
     assert loaded.gamma_ == model.gamma_
-    np.testing.assert_array_equal(loaded.explained_variance_ratio_, model.explained_variance_ratio_)
+    np.testing.assert_array_equal(
+        loaded.explained_variance_ratio_, model.explained_variance_ratio_
+    )
 
 
 def test_round_trip_in_a_fresh_process(model, tmp_path):
@@ -38,10 +41,21 @@ def test_round_trip_in_a_fresh_process(model, tmp_path):
     path = tmp_path / "model.zarr"
     model.save(path)
     np.save(tmp_path / "new.npy", NEW)
-    code = ("import numpy as np, kpca_dask, sys; m = kpca_dask.load(sys.argv[1]); "
-            "np.save(sys.argv[2], m.transform(np.load(sys.argv[3])))")
-    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "out.npy"),
-                    str(tmp_path / "new.npy")], check=True)
+    code = (
+        "import numpy as np, kpca_dask, sys; m = kpca_dask.load(sys.argv[1]); "
+        "np.save(sys.argv[2], m.transform(np.load(sys.argv[3])))"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(path),
+            str(tmp_path / "out.npy"),
+            str(tmp_path / "new.npy"),
+        ],
+        check=True,
+    )
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), model.transform(NEW))
 
 

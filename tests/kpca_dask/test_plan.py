@@ -199,7 +199,7 @@ def test_dtype_is_public_after_fit_and_survives_save_load(tmp_path):
     X = np.random.default_rng(0).standard_normal((60, 3))
     est = kpca_dask.KernelPCA(2, kernel="rbf", dtype="float32")
     with pytest.raises(NotFittedError):
-        est.dtype_
+        _ = est.dtype_
     est.fit(X)
     assert est.dtype_ == np.float32
     est.save(tmp_path / "m")

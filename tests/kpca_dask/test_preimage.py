@@ -41,12 +41,19 @@ def test_linear_kernel_reconstruction_is_linear_pca(solver):
     kw = dict(n_landmarks=40, random_state=0) if solver == "nystroem" else {}
     if solver == "randomized":  # keep the block (k + oversamples) within rank(Kc) = 5
         kw = dict(n_oversamples=2)
-    m = KernelPCA(3, kernel="linear", eigen_solver=solver, fit_inverse_transform=True,
-                  n_power_iter=6, **kw).fit(X)
+    m = KernelPCA(
+        3,
+        kernel="linear",
+        eigen_solver=solver,
+        fit_inverse_transform=True,
+        n_power_iter=6,
+        **kw,
+    ).fit(X)
     assert m.preimage_ == "exact"
     ref = PCA(3).fit(X)
-    _close(m.inverse_transform(m.transform(NEW)), ref.inverse_transform(ref.transform(NEW)),
-           1e-9)
+    _close(
+        m.inverse_transform(m.transform(NEW)), ref.inverse_transform(ref.transform(NEW)), 1e-9
+    )
     _close(m.preimage_mean_, X.mean(axis=0), 1e-12)
     # the exact pre-image's components are PCA's (up to sign)
     s = np.sign(np.sum(m.preimage_components_ * ref.components_, axis=1))
@@ -65,15 +72,23 @@ def test_linear_kernel_learned_map_is_sklearns_without_the_mean():
 
 
 # --------------------------------------------------------- learned vs scikit-learn
-@pytest.mark.parametrize("kernel,kw", [
-    ("rbf", dict(gamma=0.05)), ("poly", dict(gamma=0.1, degree=2, coef0=1.0)),
-    ("laplacian", dict(gamma=0.1)), ("cosine", {}), ("sigmoid", dict(gamma=0.01, coef0=0.5)),
-], ids=["rbf", "poly", "laplacian", "cosine", "sigmoid"])
+@pytest.mark.parametrize(
+    "kernel,kw",
+    [
+        ("rbf", dict(gamma=0.05)),
+        ("poly", dict(gamma=0.1, degree=2, coef0=1.0)),
+        ("laplacian", dict(gamma=0.1)),
+        ("cosine", {}),
+        ("sigmoid", dict(gamma=0.01, coef0=0.5)),
+    ],
+    ids=["rbf", "poly", "laplacian", "cosine", "sigmoid"],
+)
 @pytest.mark.parametrize("alpha", [1e-3, 1.0])
 def test_learned_preimage_matches_sklearn(kernel, kw, alpha):
     """Same kernel and alpha, all rows in the sample: scikit-learn's learned pre-image."""
-    m = KernelPCA(4, kernel=kernel, fit_inverse_transform=True, alpha=alpha,
-                  eigen_solver="dense", **kw).fit(X)
+    m = KernelPCA(
+        4, kernel=kernel, fit_inverse_transform=True, alpha=alpha, eigen_solver="dense", **kw
+    ).fit(X)
     if kernel == "laplacian":  # not a named kernel of scikit-learn's KernelPCA
         kernel, kw = (lambda a, b: np.exp(-0.1 * np.abs(a - b).sum())), {}
     sk = SkKernelPCA(4, kernel=kernel, fit_inverse_transform=True, alpha=alpha, **kw).fit(X)
@@ -99,43 +114,77 @@ def test_learned_preimage_agrees_across_exact_solvers_and_input_kinds():
 
 
 def test_learned_preimage_on_a_subsample_is_an_m_by_m_ridge_solve():
-    """preimage_sample_size < n: a seeded uniform subsample, an s x s solve (dense reference)."""
-    kw = dict(kernel="rbf", gamma=0.05, fit_inverse_transform=True, alpha=0.1,
-              preimage_sample_size=50, eigen_solver="dense")
+    """preimage_sample_size < n: a seeded uniform subsample, an s x s solve (dense ref.)."""
+    kw = dict(
+        kernel="rbf",
+        gamma=0.05,
+        fit_inverse_transform=True,
+        alpha=0.1,
+        preimage_sample_size=50,
+        eigen_solver="dense",
+    )
     m = KernelPCA(4, random_state=3, **kw).fit(X)
     idx = m.preimage_indices_
     assert idx.shape == (50,) and np.all(np.diff(idx) > 0)
-    np.testing.assert_array_equal(idx, KernelPCA(4, random_state=3, **kw).fit(X).preimage_indices_)
+    np.testing.assert_array_equal(
+        idx, KernelPCA(4, random_state=3, **kw).fit(X).preimage_indices_
+    )
     assert not np.array_equal(idx, KernelPCA(4, random_state=4, **kw).fit(X).preimage_indices_)
     E = m.fit_transform(X)[idx]
     _close(m.X_transformed_fit_, E, 1e-12)
     K = pairwise_kernels(E, metric="rbf", gamma=0.05) + 0.1 * np.eye(50)
     _close(m.dual_coef_, np.linalg.solve(K, X[idx]), 1e-8)
     Zn = m.transform(NEW)
-    _close(m.inverse_transform(Zn), pairwise_kernels(Zn, E, metric="rbf", gamma=0.05)
-           @ np.linalg.solve(K, X[idx]), 1e-8)
+    _close(
+        m.inverse_transform(Zn),
+        pairwise_kernels(Zn, E, metric="rbf", gamma=0.05) @ np.linalg.solve(K, X[idx]),
+        1e-8,
+    )
 
 
 def test_learned_preimage_default_sample_caps_the_solve():
     """Exact models with n > 2048 train the learned map on 2048 rows, never n x n."""
     Xl = make_blobs(2300, n_features=3, centers=5, random_state=1)[0]
-    m = KernelPCA(3, kernel="rbf", gamma=0.1, eigen_solver="randomized", n_power_iter=3,
-                  fit_inverse_transform=True, random_state=0).fit(Xl)
+    m = KernelPCA(
+        3,
+        kernel="rbf",
+        gamma=0.1,
+        eigen_solver="randomized",
+        n_power_iter=3,
+        fit_inverse_transform=True,
+        random_state=0,
+    ).fit(Xl)
     assert m.dual_coef_.shape == (2048, 3) and m.X_transformed_fit_.shape == (2048, 3)
 
 
 def test_nystroem_learned_preimage_is_trained_on_the_landmarks():
     """Nyström, sample "auto": rows = landmarks, their embedding = transform(landmarks)."""
-    m = KernelPCA(4, kernel="rbf", gamma=0.05, eigen_solver="nystroem", n_landmarks=60,
-                  fit_inverse_transform=True, alpha=0.01, random_state=0).fit(X)
+    m = KernelPCA(
+        4,
+        kernel="rbf",
+        gamma=0.05,
+        eigen_solver="nystroem",
+        n_landmarks=60,
+        fit_inverse_transform=True,
+        alpha=0.01,
+        random_state=0,
+    ).fit(X)
     np.testing.assert_array_equal(m.preimage_indices_, m.landmark_indices_)
     E = m.transform(m.landmarks_)
     _close(m.X_transformed_fit_, E, 1e-10)
     K = pairwise_kernels(E, metric="rbf", gamma=0.05) + 0.01 * np.eye(60)
     _close(m.dual_coef_, np.linalg.solve(K, m.landmarks_), 1e-6)
     # a sample size of its own: uniform rows of X, embedded by the model
-    s = KernelPCA(4, kernel="rbf", gamma=0.05, eigen_solver="nystroem", n_landmarks=60,
-                  fit_inverse_transform=True, preimage_sample_size=100, random_state=0).fit(X)
+    s = KernelPCA(
+        4,
+        kernel="rbf",
+        gamma=0.05,
+        eigen_solver="nystroem",
+        n_landmarks=60,
+        fit_inverse_transform=True,
+        preimage_sample_size=100,
+        random_state=0,
+    ).fit(X)
     assert s.X_transformed_fit_.shape == (100, 4)
     _close(s.X_transformed_fit_, s.transform(X[s.preimage_indices_]), 1e-10)
 
@@ -169,8 +218,14 @@ def _mika_reference(sk: SkKernelPCA, Xfit, z, x0, gamma, tol, max_iter):
 
 def test_fixed_point_matches_a_plain_numpy_iteration():
     kw = dict(kernel="rbf", gamma=2.0, fit_inverse_transform=True, alpha=1e-3)
-    m = KernelPCA(6, preimage="fixed_point", eigen_solver="dense", preimage_tol=1e-10,
-                  preimage_max_iter=500, **kw).fit(MOONS)
+    m = KernelPCA(
+        6,
+        preimage="fixed_point",
+        eigen_solver="dense",
+        preimage_tol=1e-10,
+        preimage_max_iter=500,
+        **kw,
+    ).fit(MOONS)
     sk = SkKernelPCA(6, **kw).fit(MOONS)
     noisy = MOONS[:30] + 0.15 * np.random.default_rng(1).standard_normal((30, 2))
     z_sk = sk.transform(noisy)
@@ -185,9 +240,15 @@ def test_fixed_point_matches_a_plain_numpy_iteration():
 def test_fixed_point_with_every_component_recovers_training_rows():
     """All components: P phi(x_j) = phi(x_j), whose pre-image is x_j itself."""
     Xs = MOONS[::5]  # 40 rows: a well-conditioned rbf Gram matrix
-    m = KernelPCA(len(Xs) - 1, kernel="rbf", gamma=1.0, eigen_solver="dense",
-                  preimage="fixed_point",
-                  fit_inverse_transform=True, alpha=1e-2).fit(Xs)
+    m = KernelPCA(
+        len(Xs) - 1,
+        kernel="rbf",
+        gamma=1.0,
+        eigen_solver="dense",
+        preimage="fixed_point",
+        fit_inverse_transform=True,
+        alpha=1e-2,
+    ).fit(Xs)
     assert m.n_components_ == len(Xs) - 1
     x = m.inverse_transform(m.transform(Xs))
     _close(x, Xs, 1e-6)
@@ -195,20 +256,40 @@ def test_fixed_point_with_every_component_recovers_training_rows():
 
 
 def test_fixed_point_nystroem_with_every_landmark_equals_exact():
-    kw = dict(kernel="rbf", gamma=2.0, fit_inverse_transform=True, alpha=1e-3,
-              preimage="fixed_point", preimage_tol=1e-10, preimage_max_iter=500)
+    kw = dict(
+        kernel="rbf",
+        gamma=2.0,
+        fit_inverse_transform=True,
+        alpha=1e-3,
+        preimage="fixed_point",
+        preimage_tol=1e-10,
+        preimage_max_iter=500,
+    )
     ex = KernelPCA(6, eigen_solver="dense", **kw).fit(MOONS)
     ny = KernelPCA(6, eigen_solver="nystroem", n_landmarks=200, random_state=0, **kw).fit(MOONS)
     noisy = MOONS[:20] + 0.1
-    _close(ny.inverse_transform(ny.transform(noisy)), ex.inverse_transform(ex.transform(noisy)),
-           1e-6)
+    _close(
+        ny.inverse_transform(ny.transform(noisy)),
+        ex.inverse_transform(ex.transform(noisy)),
+        1e-6,
+    )
 
 
 def test_fixed_point_nystroem_uses_the_landmark_expansion():
     """m < n landmarks: the result is a fixed point of the map over the landmarks."""
-    m = KernelPCA(6, kernel="rbf", gamma=2.0, eigen_solver="nystroem", n_landmarks=50,
-                  fit_inverse_transform=True, alpha=1e-3, preimage="fixed_point",
-                  preimage_tol=1e-12, preimage_max_iter=1000, random_state=0).fit(MOONS)
+    m = KernelPCA(
+        6,
+        kernel="rbf",
+        gamma=2.0,
+        eigen_solver="nystroem",
+        n_landmarks=50,
+        fit_inverse_transform=True,
+        alpha=1e-3,
+        preimage="fixed_point",
+        preimage_tol=1e-12,
+        preimage_max_iter=1000,
+        random_state=0,
+    ).fit(MOONS)
     noisy = MOONS[:20] + 0.1
     z = m.transform(noisy)
     x, status = m.inverse_transform(z, return_status=True)
@@ -220,8 +301,14 @@ def test_fixed_point_nystroem_uses_the_landmark_expansion():
 
 
 def test_fixed_point_falls_back_to_the_learned_preimage_and_warns():
-    m = KernelPCA(6, kernel="rbf", gamma=2.0, fit_inverse_transform=True, alpha=1e-3,
-                  preimage="fixed_point").fit(MOONS)
+    m = KernelPCA(
+        6,
+        kernel="rbf",
+        gamma=2.0,
+        fit_inverse_transform=True,
+        alpha=1e-3,
+        preimage="fixed_point",
+    ).fit(MOONS)
     Z = 5.0 * m.transform(MOONS[:50])  # far off the data's embedding: denominators vanish
     learned = m.inverse_transform(Z, method="learned")
     with pytest.warns(PreimageConvergenceWarning, match=r"did not converge for \d+ of 50 rows"):
@@ -231,8 +318,15 @@ def test_fixed_point_falls_back_to_the_learned_preimage_and_warns():
     assert bad.sum() >= 10
     np.testing.assert_array_equal(x[bad], learned[bad])
     np.testing.assert_array_equal(x, x2)
-    capped = KernelPCA(6, kernel="rbf", gamma=2.0, fit_inverse_transform=True, alpha=1e-3,
-                       preimage="fixed_point", preimage_max_iter=1).fit(MOONS)
+    capped = KernelPCA(
+        6,
+        kernel="rbf",
+        gamma=2.0,
+        fit_inverse_transform=True,
+        alpha=1e-3,
+        preimage="fixed_point",
+        preimage_max_iter=1,
+    ).fit(MOONS)
     z = capped.transform(MOONS[:10] + 0.1)
     with pytest.warns(PreimageConvergenceWarning, match="10 reached preimage_max_iter=1"):
         xc = capped.inverse_transform(z)
@@ -242,8 +336,14 @@ def test_fixed_point_falls_back_to_the_learned_preimage_and_warns():
 
 
 def test_fixed_point_on_dask_input_is_lazy_and_equal():
-    m = KernelPCA(6, kernel="rbf", gamma=2.0, fit_inverse_transform=True, alpha=1e-3,
-                  preimage="fixed_point").fit(MOONS)
+    m = KernelPCA(
+        6,
+        kernel="rbf",
+        gamma=2.0,
+        fit_inverse_transform=True,
+        alpha=1e-3,
+        preimage="fixed_point",
+    ).fit(MOONS)
     Z = m.transform(MOONS[:45] + 0.1)
     out, status = m.inverse_transform(da.from_array(Z, chunks=(20, 6)), return_status=True)
     assert isinstance(out, da.Array) and out.chunks == ((20, 20, 5), (2,))
@@ -254,8 +354,9 @@ def test_fixed_point_on_dask_input_is_lazy_and_equal():
 
 
 def test_float32_model_returns_float32():
-    m = KernelPCA(3, kernel="rbf", gamma=0.05, dtype="float32", fit_inverse_transform=True,
-                  alpha=0.01).fit(X)
+    m = KernelPCA(
+        3, kernel="rbf", gamma=0.05, dtype="float32", fit_inverse_transform=True, alpha=0.01
+    ).fit(X)
     out = m.inverse_transform(m.transform(NEW))
     assert out.dtype == np.float32 and out.shape == NEW.shape
 
@@ -267,18 +368,29 @@ def test_inverse_transform_needs_fit_inverse_transform():
         m.inverse_transform(m.transform(NEW))
 
 
-@pytest.mark.parametrize("params,match", [
-    (dict(kernel="poly", preimage="fixed_point"), "for the\\s+rbf kernel"),
-    (dict(kernel="rbf", preimage="exact"), "only for the linear kernel"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(kernel="poly", preimage="fixed_point"), "for the\\s+rbf kernel"),
+        (dict(kernel="rbf", preimage="exact"), "only for the linear kernel"),
+    ],
+)
 def test_preimage_kernel_mismatch_is_refused_at_fit(params, match):
     with pytest.raises(InvalidParameterError, match=match):
         KernelPCA(2, fit_inverse_transform=True, **params).fit(X)
 
 
-@pytest.mark.parametrize("name,value", [("alpha", -1.0), ("preimage", "newton"),
-                                        ("preimage_sample_size", 0), ("preimage_tol", 0.0),
-                                        ("preimage_max_iter", 0), ("fit_inverse_transform", 1)])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("alpha", -1.0),
+        ("preimage", "newton"),
+        ("preimage_sample_size", 0),
+        ("preimage_tol", 0.0),
+        ("preimage_max_iter", 0),
+        ("fit_inverse_transform", 1),
+    ],
+)
 def test_bad_preimage_parameters_are_refused(name, value):
     with pytest.raises(InvalidParameterError, match=f"The '{name}' parameter of KernelPCA"):
         KernelPCA(2, **{name: value}).fit(X)
@@ -307,9 +419,17 @@ def test_preimages_on_a_distributed_cluster(dask_client):
     """Block tasks (kernel, expansion, learned map) travel to worker processes and agree."""
     import dask
 
-    m = KernelPCA(6, kernel="rbf", gamma=2.0, fit_inverse_transform=True, alpha=1e-3,
-                  preimage="fixed_point", eigen_solver="nystroem", n_landmarks=80,
-                  random_state=0).fit(MOONS)
+    m = KernelPCA(
+        6,
+        kernel="rbf",
+        gamma=2.0,
+        fit_inverse_transform=True,
+        alpha=1e-3,
+        preimage="fixed_point",
+        eigen_solver="nystroem",
+        n_landmarks=80,
+        random_state=0,
+    ).fit(MOONS)
     Z = m.transform(MOONS[:60] + 0.1)
     with dask.config.set(scheduler="threads"):
         ref = m.inverse_transform(Z)

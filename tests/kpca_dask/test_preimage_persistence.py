@@ -9,19 +9,25 @@ from sklearn.datasets import make_moons
 
 import kpca_dask
 from kpca_dask import KernelPCA, ModelFormatError, NotFittedError
-from kpca_dask.persistence import SCHEMA_VERSION
 from kpca_dask.exceptions import UnverifiedAttributesWarning
+from kpca_dask.persistence import SCHEMA_VERSION
 
 X = make_moons(150, noise=0.05, random_state=0)[0]
 NEW = X[:20] + 0.1
 
 
-@pytest.mark.parametrize("params", [
-    dict(kernel="rbf", gamma=2.0, preimage="fixed_point", eigen_solver="dense"),
-    dict(kernel="rbf", gamma=2.0, preimage="learned", eigen_solver="nystroem", n_landmarks=40),
-    dict(kernel="linear", eigen_solver="randomized", n_oversamples=0),
-    dict(kernel="poly", gamma=0.5, degree=2, preimage_sample_size=60, eigen_solver="dense"),
-], ids=["rbf-fixed-point", "nystroem-learned", "linear-exact", "poly-subsample"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(kernel="rbf", gamma=2.0, preimage="fixed_point", eigen_solver="dense"),
+        dict(
+            kernel="rbf", gamma=2.0, preimage="learned", eigen_solver="nystroem", n_landmarks=40
+        ),
+        dict(kernel="linear", eigen_solver="randomized", n_oversamples=0),
+        dict(kernel="poly", gamma=0.5, degree=2, preimage_sample_size=60, eigen_solver="dense"),
+    ],
+    ids=["rbf-fixed-point", "nystroem-learned", "linear-exact", "poly-subsample"],
+)
 def test_round_trip_inverse_transforms_identically(params, tmp_path):
     m = KernelPCA(2, fit_inverse_transform=True, alpha=1e-3, random_state=0, **params).fit(X)
     m.save(tmp_path / "m.zarr")
@@ -36,7 +42,8 @@ def test_round_trip_inverse_transforms_identically(params, tmp_path):
     assert root.attrs["schema_version"] == SCHEMA_VERSION == 4
     json.dumps(dict(root.attrs))
     assert {"preimage_embedding", "preimage_dual_coef", "preimage_indices"} <= set(
-        root.attrs["arrays"])
+        root.attrs["arrays"]
+    )
     for _, arr in root.arrays():
         assert arr.dtype.kind in "fi"
 
@@ -54,9 +61,19 @@ def test_schema_2_store_still_loads(tmp_path):
     m = KernelPCA(2, kernel="rbf", gamma=2.0).fit(X)
     m.save(tmp_path / "m.zarr")
     g = zarr.open_group(str(tmp_path / "m.zarr"), mode="r+")
-    params = {k: v for k, v in g.attrs["params"].items()
-              if k not in ("fit_inverse_transform", "alpha", "preimage", "preimage_sample_size",
-                           "preimage_tol", "preimage_max_iter")}
+    params = {
+        k: v
+        for k, v in g.attrs["params"].items()
+        if k
+        not in (
+            "fit_inverse_transform",
+            "alpha",
+            "preimage",
+            "preimage_sample_size",
+            "preimage_tol",
+            "preimage_max_iter",
+        )
+    }
     attrs = dict(g.attrs)
     attrs.pop("extra", None)
     g.attrs.put({**attrs, "params": params, "schema_version": 2})

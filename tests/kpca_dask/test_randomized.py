@@ -37,8 +37,15 @@ def max_angle(A, B):
 @pytest.mark.parametrize("method", ["block_krylov", "subspace"])
 def test_float64_matches_dense(dense, method):
     """Top-k eigenvalues within 1e-6 relative, subspace angle below 1e-4."""
-    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0,
-                  randomized_method=method, max_iter=40).fit(X)
+    m = KernelPCA(
+        K,
+        kernel="rbf",
+        gamma=GAMMA,
+        eigen_solver="randomized",
+        random_state=0,
+        randomized_method=method,
+        max_iter=40,
+    ).fit(X)
     np.testing.assert_allclose(m.eigenvalues_, dense.eigenvalues_, rtol=1e-6)
     assert max_angle(m.eigenvectors_, dense.eigenvectors_) < 1e-4
     np.testing.assert_allclose(m.row_means_, dense.row_means_, rtol=1e-12)
@@ -48,23 +55,27 @@ def test_float64_matches_dense(dense, method):
 
 def test_float32_kernel_evaluation_matches_dense(dense):
     """float32 kernel values and products: eigenvalues within 1e-5 relative."""
-    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0,
-                  dtype="float32").fit(X)
+    m = KernelPCA(
+        K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0, dtype="float32"
+    ).fit(X)
     np.testing.assert_allclose(m.eigenvalues_, dense.eigenvalues_, rtol=1e-5)
     assert max_angle(m.eigenvectors_, dense.eigenvectors_) < 1e-3
 
 
 def test_signs_and_embeddings_agree_with_dense(dense):
     """The deterministic sign convention makes solvers agree without alignment."""
-    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0).fit(X)
+    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0).fit(
+        X
+    )
     new = X[:50] + 0.3
     np.testing.assert_allclose(m.transform(new), dense.transform(new), atol=1e-6)
 
 
 def test_residuals_are_real_certificates(dense):
     """residuals_ equals ||Kc v - lambda v|| / lambda computed from the dense matrix."""
-    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0,
-                  n_power_iter=1)
+    m = KernelPCA(
+        K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0, n_power_iter=1
+    )
     with pytest.warns(ConvergenceWarning, match="did not certify"):
         m.fit(X)  # two passes only: the certificate says so
     assert not m.converged_
@@ -81,8 +92,9 @@ def test_residuals_are_real_certificates(dense):
 def test_fixed_passes_and_determinism():
     """An integer n_power_iter makes exactly n_power_iter + 1 passes (+1 certification),
     and a seed makes the result reproducible bit for bit."""
-    kw = dict(kernel="rbf", gamma=GAMMA, eigen_solver="randomized", n_power_iter=3,
-              random_state=42)
+    kw = dict(
+        kernel="rbf", gamma=GAMMA, eigen_solver="randomized", n_power_iter=3, random_state=42
+    )
     a = KernelPCA(K, **kw).fit(X)
     b = KernelPCA(K, **kw).fit(X)
     assert a.n_passes_ == 5
@@ -94,8 +106,9 @@ def test_fixed_passes_and_determinism():
 def test_result_does_not_depend_on_chunking():
     """The test matrix comes from the seed, not the chunks: other chunkings agree
     to rounding (summation order), signs included."""
-    kw = dict(kernel="rbf", gamma=GAMMA, eigen_solver="randomized", n_power_iter=4,
-              random_state=7)
+    kw = dict(
+        kernel="rbf", gamma=GAMMA, eigen_solver="randomized", n_power_iter=4, random_state=7
+    )
     a = KernelPCA(K, chunk_size=1500, **kw).fit(X)
     b = KernelPCA(K, chunk_size=211, **kw).fit(da.from_array(X, chunks=(400, -1)))
     np.testing.assert_allclose(b.eigenvalues_, a.eigenvalues_, rtol=1e-10)
@@ -104,8 +117,15 @@ def test_result_does_not_depend_on_chunking():
 
 def test_convergence_warning_when_capped(dense):
     """Hitting max_iter before tol warns (never returns partial results silently)."""
-    m = KernelPCA(K, kernel="rbf", gamma=GAMMA, eigen_solver="randomized", random_state=0,
-                  max_iter=2, tol=1e-15)
+    m = KernelPCA(
+        K,
+        kernel="rbf",
+        gamma=GAMMA,
+        eigen_solver="randomized",
+        random_state=0,
+        max_iter=2,
+        tol=1e-15,
+    )
     with pytest.warns(ConvergenceWarning, match="did not certify"):
         m.fit(X)
     assert not m.converged_

@@ -7,7 +7,7 @@ from sklearn.datasets import make_circles
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
-from sklearn.utils.estimator_checks import check_transformer_general, check_fit_check_is_fitted
+from sklearn.utils.estimator_checks import check_fit_check_is_fitted, check_transformer_general
 
 from kpca_dask import KernelPCA
 

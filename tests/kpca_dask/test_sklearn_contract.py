@@ -80,17 +80,33 @@ def test_arpack_max_iter_too_small_warns():
     from sklearn.exceptions import ConvergenceWarning as SkConvergenceWarning
 
     with pytest.warns(SkConvergenceWarning, match="ARPACK stopped at max_iter=1 with 3 of 5"):
-        m = KernelPCA(5, kernel="rbf", eigen_solver="arpack", max_iter=1, tol=1e-14,
-                      remove_zero_eig=True, random_state=0).fit(X)
+        m = KernelPCA(
+            5,
+            kernel="rbf",
+            eigen_solver="arpack",
+            max_iter=1,
+            tol=1e-14,
+            remove_zero_eig=True,
+            random_state=0,
+        ).fit(X)
     assert not m.converged_ and m.n_components_ == 3
     w_ref, _ = reference(rbf_kernel(X, gamma=0.2), 3)
     np.testing.assert_allclose(m.eigenvalues_, w_ref, rtol=1e-8)
 
 
 # ------------------------------------------------------------- precomputed
-@pytest.mark.parametrize("container,solver", [
-    ("numpy", "dense"), ("numpy", "arpack"), ("numpy", "randomized"),
-    ("dask", "dense"), ("dask", "arpack"), ("zarr", "arpack"), ("zarr", "randomized")])
+@pytest.mark.parametrize(
+    "container,solver",
+    [
+        ("numpy", "dense"),
+        ("numpy", "arpack"),
+        ("numpy", "randomized"),
+        ("dask", "dense"),
+        ("dask", "arpack"),
+        ("zarr", "arpack"),
+        ("zarr", "randomized"),
+    ],
+)
 def test_precomputed_matches_sklearn(container, solver, tmp_path):
     K = rbf_kernel(X, gamma=0.1)
     Knew = rbf_kernel(NEW, X, gamma=0.1)
@@ -99,13 +115,20 @@ def test_precomputed_matches_sklearn(container, solver, tmp_path):
     elif container == "zarr":
         import zarr
 
-        Kin = zarr.create_array(str(tmp_path / "k.zarr"), shape=K.shape, chunks=(64, 64),
-                                dtype="f8")
+        Kin = zarr.create_array(
+            str(tmp_path / "k.zarr"), shape=K.shape, chunks=(64, 64), dtype="f8"
+        )
         Kin[...] = K
     else:
         Kin = K
-    m = KernelPCA(4, kernel="precomputed", eigen_solver=solver, chunk_size=100,
-                  n_power_iter=10, random_state=0).fit(Kin)
+    m = KernelPCA(
+        4,
+        kernel="precomputed",
+        eigen_solver=solver,
+        chunk_size=100,
+        n_power_iter=10,
+        random_state=0,
+    ).fit(Kin)
     sk = SkKernelPCA(4, kernel="precomputed", eigen_solver="dense").fit(K)
     np.testing.assert_allclose(m.eigenvalues_, sk.eigenvalues_, rtol=1e-8)
     out = m.transform(Knew)
@@ -132,7 +155,9 @@ def test_precomputed_blocks_are_square_and_read_once_per_pass():
     Z = np.random.default_rng(0).normal(size=(300, 3))
     np.testing.assert_allclose(op.product(Z), K @ Z, rtol=1e-12)
     dsk, _, _ = op._pair_graph(Z, range(op.n_blocks), "t")
-    reads = [t for t in dsk.values() if isinstance(t, tuple) and t[0].__name__ == "_precomputed_task"]
+    reads = [
+        t for t in dsk.values() if isinstance(t, tuple) and t[0].__name__ == "_precomputed_task"
+    ]
     assert len(reads) == op.n_blocks * (op.n_blocks + 1) // 2
     assert all(t[2] is None for t in reads)  # no mirror block read: symmetric
 
@@ -144,8 +169,14 @@ def test_precomputed_non_symmetric_uses_the_symmetric_part():
     S = 0.5 * (A + A.T)
     w_ref, V_ref = reference(S, 3)
     for solver in ("dense", "arpack", "randomized"):
-        m = KernelPCA(3, kernel="precomputed", eigen_solver=solver, chunk_size=64,
-                      n_power_iter=10, random_state=0).fit(da.from_array(A, chunks=100))
+        m = KernelPCA(
+            3,
+            kernel="precomputed",
+            eigen_solver=solver,
+            chunk_size=64,
+            n_power_iter=10,
+            random_state=0,
+        ).fit(da.from_array(A, chunks=100))
         np.testing.assert_allclose(m.eigenvalues_, w_ref, rtol=1e-7, err_msg=solver)
         same_up_to_sign(m.eigenvectors_, V_ref, atol=1e-6)
 
@@ -182,8 +213,11 @@ def test_precomputed_model_saves_and_loads(tmp_path):
 # ------------------------------------------------- zero and negative eigenvalues
 def test_remove_zero_eig_and_n_components_none_like_sklearn():
     Xr = np.repeat(X[:4], 5, axis=0)  # 4 distinct rows: centred rank 3
-    for kw, shape in [(dict(n_components=5), 5), (dict(n_components=5, remove_zero_eig=True), 3),
-                      (dict(n_components=None), 3)]:
+    for kw, shape in [
+        (dict(n_components=5), 5),
+        (dict(n_components=5, remove_zero_eig=True), 3),
+        (dict(n_components=None), 3),
+    ]:
         sk = SkKernelPCA(kernel="linear", eigen_solver="dense", **kw).fit(Xr)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -197,12 +231,15 @@ def test_significant_negative_eigenvalues_are_refused_unless_dropped():
     rng = np.random.default_rng(0)
     B = rng.normal(size=(30, 30))
     K = B + B.T  # indefinite
-    with pytest.raises(InvalidInputError, match="There are significant negative eigenvalues"
-                                                ".*Ask for n_components="):
+    with pytest.raises(
+        InvalidInputError,
+        match="There are significant negative eigenvalues.*Ask for n_components=",
+    ):
         KernelPCA(25, kernel="precomputed", eigen_solver="dense").fit(K)
     with pytest.warns(Warning, match="Kept"):
-        m = KernelPCA(25, kernel="precomputed", eigen_solver="dense",
-                      remove_zero_eig=True).fit(K)
+        m = KernelPCA(25, kernel="precomputed", eigen_solver="dense", remove_zero_eig=True).fit(
+            K
+        )
     assert np.all(m.eigenvalues_ > 0)
 
 
@@ -255,12 +292,14 @@ def test_not_fitted_error_is_sklearn_s():
 def test_importing_kpca_dask_does_not_import_sklearn():
     """Dask workers import kpca_dask.gram and kpca_dask.kernels: scikit-learn (~2 s, ~100 MB
     per process) comes only with the first use of a class that subclasses its own."""
-    code = ("import sys, kpca_dask, kpca_dask.gram, kpca_dask.kernels, kpca_dask.exceptions; "
-            "assert 'sklearn' not in sys.modules, 'sklearn imported'; "
-            "from kpca_dask import ConvergenceWarning, NotFittedError; "
-            "import sklearn.exceptions as e; "
-            "assert issubclass(ConvergenceWarning, e.ConvergenceWarning); "
-            "assert issubclass(NotFittedError, e.NotFittedError)")
+    code = (
+        "import sys, kpca_dask, kpca_dask.gram, kpca_dask.kernels, kpca_dask.exceptions; "
+        "assert 'sklearn' not in sys.modules, 'sklearn imported'; "
+        "from kpca_dask import ConvergenceWarning, NotFittedError; "
+        "import sklearn.exceptions as e; "
+        "assert issubclass(ConvergenceWarning, e.ConvergenceWarning); "
+        "assert issubclass(NotFittedError, e.NotFittedError)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -270,16 +309,25 @@ def test_transform_leaves_the_estimator_unchanged():
     m.transform(NEW)
     assert m.__dict__.keys() == before.keys()
     for k, v in before.items():
-        assert (np.array_equal(v, m.__dict__[k]) if isinstance(v, np.ndarray)
-                else v is m.__dict__[k] or v == m.__dict__[k]), k
+        assert (
+            np.array_equal(v, m.__dict__[k])
+            if isinstance(v, np.ndarray)
+            else v is m.__dict__[k] or v == m.__dict__[k]
+        ), k
 
 
-@pytest.mark.parametrize("bad,msg", [
-    (np.ones(5), "Reshape your data"),
-    (np.ones((4, 2), dtype=complex), "Complex data not supported"),
-    (np.empty((5, 0)), r"0 feature\(s\) \(shape=\(5, 0\)\) while a minimum of 1 is required"),
-    (np.ones((1, 3)), "n_samples=1"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        (np.ones(5), "Reshape your data"),
+        (np.ones((4, 2), dtype=complex), "Complex data not supported"),
+        (
+            np.empty((5, 0)),
+            r"0 feature\(s\) \(shape=\(5, 0\)\) while a minimum of 1 is required",
+        ),
+        (np.ones((1, 3)), "n_samples=1"),
+    ],
+)
 def test_sklearn_wordings(bad, msg):
     with pytest.raises(ValueError, match=msg):
         KernelPCA(1).fit(bad)
@@ -301,8 +349,10 @@ def test_dataframe_feature_names_and_column_order():
     df = pd.DataFrame(X, columns=cols)
     m = KernelPCA(2, kernel="rbf").fit(df)
     assert list(m.feature_names_in_) == cols
-    np.testing.assert_array_equal(m.transform(pd.DataFrame(NEW, columns=cols)),
-                                  KernelPCA(2, kernel="rbf").fit(X).transform(NEW))
+    np.testing.assert_array_equal(
+        m.transform(pd.DataFrame(NEW, columns=cols)),
+        KernelPCA(2, kernel="rbf").fit(X).transform(NEW),
+    )
     with pytest.raises(InvalidInputError, match="same order as they were in fit"):
         m.transform(pd.DataFrame(NEW, columns=cols)[cols[::-1]])
     with pytest.raises(InvalidInputError, match="unseen at fit time"):
@@ -318,10 +368,12 @@ def test_sklearn_params():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", KpcaWarning)  # 3 passes may not certify: not the point
-        m = KernelPCA(2, kernel="rbf", eigen_solver="randomized", iterated_power=3,
-                      random_state=0).fit(X)
-        same = KernelPCA(2, kernel="rbf", eigen_solver="randomized", n_power_iter=3,
-                         random_state=0).fit(X)
+        m = KernelPCA(
+            2, kernel="rbf", eigen_solver="randomized", iterated_power=3, random_state=0
+        ).fit(X)
+        same = KernelPCA(
+            2, kernel="rbf", eigen_solver="randomized", n_power_iter=3, random_state=0
+        ).fit(X)
     assert m.n_passes_ == same.n_passes_  # iterated_power is n_power_iter
     np.testing.assert_array_equal(m.eigenvalues_, same.eigenvalues_)
     with pytest.raises(InvalidParameterError, match="pass only one of them"):
@@ -340,4 +392,6 @@ def test_arpack_all_components_small_n_only():
     from kpca_dask.plan import ARPACK_FORMED_MAX_SAMPLES
 
     with pytest.raises(InvalidParameterError, match="at most n_samples - 2 components"):
-        KernelPCA(None, eigen_solver="arpack").plan(np.zeros((ARPACK_FORMED_MAX_SAMPLES + 1, 2)))
+        KernelPCA(None, eigen_solver="arpack").plan(
+            np.zeros((ARPACK_FORMED_MAX_SAMPLES + 1, 2))
+        )

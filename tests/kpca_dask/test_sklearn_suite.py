@@ -16,7 +16,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
 import sklearn
 
 ORIGINAL_IMPORT = "from sklearn.decomposition import PCA, KernelPCA"
@@ -24,13 +23,11 @@ SWAPPED_IMPORT = "from sklearn.decomposition import PCA\nfrom kpca_dask import K
 
 #: Deliberate differences (docs/sklearn.md, "scikit-learn's own tests").
 DELIBERATE = {
-    "test_remove_zero_eig":
-        "constant data in feature space (every row identical) is refused with an error "
-        "naming the problem; scikit-learn returns an empty (n, 0) embedding",
-    "test_precomputed_kernel_not_psd[randomized]":
-        "our randomized solver returns the largest eigenvalues by value (52.7, 7.65: both "
-        "positive, the right answer); scikit-learn's picks them by modulus, so the test "
-        "expects its error",
+    "test_remove_zero_eig": "constant data in feature space (every row identical) is refused "
+    "with an error naming the problem; scikit-learn returns an empty (n, 0) embedding",
+    "test_precomputed_kernel_not_psd[randomized]": "our randomized solver returns the largest "
+    "eigenvalues by value (52.7, 7.65: both positive, the right answer); scikit-learn's "
+    "picks them by modulus, so the test expects its error",
 }
 
 #: Failures another part of issue 13 fixes, listed with their reason until it is merged
@@ -51,7 +48,8 @@ def swapped_source() -> str:
     text = sklearn_test_file().read_text()
     assert text.count(ORIGINAL_IMPORT) == 1, (
         f"scikit-learn {sklearn.__version__}'s test file no longer has the line "
-        f"{ORIGINAL_IMPORT!r}: update the swap in {__file__}")
+        f"{ORIGINAL_IMPORT!r}: update the swap in {__file__}"
+    )
     return text.replace(ORIGINAL_IMPORT, SWAPPED_IMPORT)
 
 
@@ -60,23 +58,45 @@ def run_suite(folder: Path) -> dict[str, str]:
     (folder / "test_kernel_pca_kpca.py").write_text(swapped_source())
     # scikit-learn's conftest provides this fixture (its default seed is 42)
     (folder / "conftest.py").write_text(
-        "import pytest\n\n\n@pytest.fixture\ndef global_random_seed():\n    return 42\n")
+        "import pytest\n\n\n@pytest.fixture\ndef global_random_seed():\n    return 42\n"
+    )
     (folder / "pytest.ini").write_text("[pytest]\n")
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     report = folder / "report.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
-         str(folder / "pytest.ini"), "--rootdir", str(folder), f"--junitxml={report}",
-         str(folder / "test_kernel_pca_kpca.py")],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(folder / "pytest.ini"),
+            "--rootdir",
+            str(folder),
+            f"--junitxml={report}",
+            str(folder / "test_kernel_pca_kpca.py"),
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     outcomes = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         kinds = {child.tag for child in case}
-        outcome = ("failed" if kinds & {"failure", "error"} else
-                   "skipped" if "skipped" in kinds else "passed")
+        outcome = (
+            "failed"
+            if kinds & {"failure", "error"}
+            else "skipped"
+            if "skipped" in kinds
+            else "passed"
+        )
         outcomes[case.get("name")] = outcome
     return outcomes
 
@@ -97,6 +117,7 @@ def test_sklearn_own_kernel_pca_tests_pass_against_ours(tmp_path):
     assert not unexpected, f"failures not listed with a reason: {unexpected}"
     assert set(DELIBERATE) <= set(failed), (
         f"listed as deliberate differences but passing now (update the list and "
-        f"docs/sklearn.md): {sorted(set(DELIBERATE) - set(failed))}")
+        f"docs/sklearn.md): {sorted(set(DELIBERATE) - set(failed))}"
+    )
     assert len(outcomes) >= N_TESTS
     assert len(passed) >= MIN_PASSED, f"{len(passed)} of {len(outcomes)} passed: {failed}"

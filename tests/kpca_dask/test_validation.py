@@ -19,7 +19,9 @@ def fit(X=X, **kw):
 def test_non_finite_values_are_located(bad):
     Xb = X.copy()
     Xb[45, 1] = bad
-    with pytest.raises(ValueError, match=r"NaN or infinity \(1 value\(s\); the first in rows 40-59\)"):
+    with pytest.raises(
+        ValueError, match=r"NaN or infinity \(1 value\(s\); the first in rows 40-59\)"
+    ):
         fit(da.from_array(Xb, chunks=(20, -1)))
 
 
@@ -32,15 +34,18 @@ def test_non_finite_in_a_zarr_array(tmp_path):
         fit(z)
 
 
-@pytest.mark.parametrize("bad,msg", [
-    (np.ones(10), "2-D array .* Reshape your data with X.reshape"),
-    (np.ones((2, 3, 4)), "2-D array"),
-    (np.empty((0, 3)), "empty: shape \\(0, 3\\)"),
-    (np.empty((5, 0)), "empty: shape \\(5, 0\\)"),
-    (np.array([["a", "b"], ["c", "d"]]), "not numeric"),
-    (np.ones((4, 2), dtype=complex), "complex"),
-    (np.array([[1, 2], [3]], dtype=object), "not numeric"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        (np.ones(10), "2-D array .* Reshape your data with X.reshape"),
+        (np.ones((2, 3, 4)), "2-D array"),
+        (np.empty((0, 3)), "empty: shape \\(0, 3\\)"),
+        (np.empty((5, 0)), "empty: shape \\(5, 0\\)"),
+        (np.array([["a", "b"], ["c", "d"]]), "not numeric"),
+        (np.ones((4, 2), dtype=complex), "complex"),
+        (np.array([[1, 2], [3]], dtype=object), "not numeric"),
+    ],
+)
 def test_bad_shapes_and_dtypes(bad, msg):
     with pytest.raises(ValueError, match=msg):
         fit(bad, n_components=1)
@@ -58,25 +63,35 @@ def test_integer_data_is_cast_to_float():
     np.testing.assert_array_equal(a.eigenvalues_, b.eigenvalues_)
 
 
-@pytest.mark.parametrize("kw,msg", [
-    ({"n_components": 0}, "'n_components' parameter of KernelPCA must be an int in the range \\[1, inf\\)"),
-    ({"n_components": 2.5}, "'n_components'"),
-    ({"n_components": 61}, "n_components=61 must be <= n_samples=60"),
-    ({"gamma": 0.0}, "'gamma' parameter of KernelPCA must be a float in the range \\(0"),
-    ({"gamma": -1.0}, "'gamma'"),
-    ({"gamma": "median"}, "'gamma'"),
-    ({"kernel": "chi2"}, "'kernel' parameter of KernelPCA must be one of"),
-    ({"eigen_solver": "lobpcg"}, "'eigen_solver'"),
-    ({"dtype": "float16"}, "'dtype'"),
-    ({"chunk_size": 0}, "'chunk_size'"),
-    ({"n_oversamples": -1}, "'n_oversamples'"),
-    ({"degree": 0}, "'degree'"),
-    ({"kernel_params": {"a": 1}}, "kernel_params is only used with a callable kernel"),
-    ({"eigen_solver": "randomized", "n_components": None}, "needs an explicit n_components"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (
+            {"n_components": 0},
+            "'n_components' parameter of KernelPCA must be an int in the range \\[1, inf\\)",
+        ),
+        ({"n_components": 2.5}, "'n_components'"),
+        ({"n_components": 61}, "n_components=61 must be <= n_samples=60"),
+        ({"gamma": 0.0}, "'gamma' parameter of KernelPCA must be a float in the range \\(0"),
+        ({"gamma": -1.0}, "'gamma'"),
+        ({"gamma": "median"}, "'gamma'"),
+        ({"kernel": "chi2"}, "'kernel' parameter of KernelPCA must be one of"),
+        ({"eigen_solver": "lobpcg"}, "'eigen_solver'"),
+        ({"dtype": "float16"}, "'dtype'"),
+        ({"chunk_size": 0}, "'chunk_size'"),
+        ({"n_oversamples": -1}, "'n_oversamples'"),
+        ({"degree": 0}, "'degree'"),
+        ({"kernel_params": {"a": 1}}, "kernel_params is only used with a callable kernel"),
+        (
+            {"eigen_solver": "randomized", "n_components": None},
+            "needs an explicit n_components",
+        ),
+    ],
+)
 def test_impossible_parameters(kw, msg):
-    with pytest.raises(InvalidParameterError if "n_samples" not in msg else InvalidInputError,
-                       match=msg):
+    with pytest.raises(
+        InvalidParameterError if "n_samples" not in msg else InvalidInputError, match=msg
+    ):
         fit(**kw)
 
 
@@ -90,7 +105,9 @@ def test_parameter_errors_come_before_any_pass_over_the_data():
 
 def test_transform_feature_mismatch():
     m = fit()
-    with pytest.raises(ValueError, match="X has 4 features, but KernelPCA is expecting 3 features as input"):
+    with pytest.raises(
+        ValueError, match="X has 4 features, but KernelPCA is expecting 3 features as input"
+    ):
         m.transform(np.ones((2, 4)))
 
 
@@ -152,6 +169,7 @@ def test_extreme_gamma_is_finite_or_refused():
 def test_gamma_scale_median_heuristic():
     """'scale' resolves to 1 / (2 median squared distance) on a sample, stored in gamma_."""
     from scipy.spatial.distance import pdist
+
     m = fit(gamma="scale")
     assert m.gamma_ == pytest.approx(1.0 / (2 * np.median(pdist(X, "sqeuclidean"))))
     assert m.gamma == "scale"  # the parameter is never overwritten

@@ -28,9 +28,14 @@ def _reference(name, X, new, kernel, params, k):
     """scikit-learn's dense KernelPCA; laplacian through a precomputed kernel."""
     if kernel == "laplacian":
         g = params["gamma"]
-        sk = SkKernelPCA(k, kernel="precomputed", eigen_solver="dense").fit(laplacian_kernel(X, gamma=g))
-        return sk.eigenvalues_, sk.transform(laplacian_kernel(X, gamma=g)), sk.transform(
-            laplacian_kernel(new, X, gamma=g))
+        sk = SkKernelPCA(k, kernel="precomputed", eigen_solver="dense").fit(
+            laplacian_kernel(X, gamma=g)
+        )
+        return (
+            sk.eigenvalues_,
+            sk.transform(laplacian_kernel(X, gamma=g)),
+            sk.transform(laplacian_kernel(new, X, gamma=g)),
+        )
     sk = SkKernelPCA(k, kernel=kernel, eigen_solver="dense", **params).fit(X)
     return sk.eigenvalues_, sk.transform(X), sk.transform(new)
 

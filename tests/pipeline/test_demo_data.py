@@ -1,4 +1,4 @@
-"""Demo datasets: real CSV/Parquet files with id, named features and label, that show kPCA off."""
+"""Demo datasets: real CSV/Parquet files (id, named features, label) that show kPCA off."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def test_demo_settings_show_kpca_beating_linear_pca(name):
     split = make_split(y, 0.25, random_state=0).astype(bool)
     params = {k: v for k, v in spec.kernel.items() if k != "name"}
     model = KernelPCA(spec.n_components, kernel=spec.kernel["name"], **params).fit(X[split])
-    kp = evaluate_embeddings(model.transform(X[split]), y[split], model.transform(X[~split]),
-                             y[~split])
+    kp = evaluate_embeddings(
+        model.transform(X[split]), y[split], model.transform(X[~split]), y[~split]
+    )
     P_tr, P_te, _ = linear_pca_baseline(X[split], X[~split], spec.n_components)
     pc = evaluate_embeddings(P_tr, y[split], P_te, y[~split])
     assert kp["accuracy"] > 0.98

@@ -33,8 +33,12 @@ def _config(tmp_path, npy, **over):
     cfg = {
         "input": {"path": str(npy)},
         "kernel": {"name": "rbf", "gamma": 0.1},
-        "solver": {"n_components": 3, "eigen_solver": "dense", "dtype": "float64",
-                   "random_state": 0},
+        "solver": {
+            "n_components": 3,
+            "eigen_solver": "dense",
+            "dtype": "float64",
+            "random_state": 0,
+        },
         "chunks": {"target_chunk_mb": 0.005, "block_rows": 128},  # several row chunks
         "output": {"path": str(tmp_path / "out"), "parquet": False},
         "evaluate": {"enabled": False},
@@ -80,8 +84,9 @@ def test_exact_run_denoises_every_row_like_the_estimator(tmp_path, npy):
     info = stage_denoise(cfg, ing, split, solved)
     json.dumps(info)
     assert info["rows"] == N and info["method"] == "learned" and info["index_array"] is None
-    ref = KernelPCA(3, kernel="rbf", gamma=0.1, eigen_solver="dense", fit_inverse_transform=True,
-                    alpha=0.01).fit(X)
+    ref = KernelPCA(
+        3, kernel="rbf", gamma=0.1, eigen_solver="dense", fit_inverse_transform=True, alpha=0.01
+    ).fit(X)
     want = ref.inverse_transform(ref.eigenvectors_ * np.sqrt(ref.eigenvalues_))
     g = zarr.open_group(str(tmp_path / "out"), mode="r")
     z = g["denoised"]
@@ -92,7 +97,9 @@ def test_exact_run_denoises_every_row_like_the_estimator(tmp_path, npy):
     # idempotent, and a disabled re-run removes the stale array
     again = stage_denoise(cfg, ing, split, solved)
     assert again["rows"] == N
-    np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "out"))["denoised"][...], z[...])
+    np.testing.assert_array_equal(
+        zarr.open_group(str(tmp_path / "out"))["denoised"][...], z[...]
+    )
     off = _config(tmp_path, npy, denoise={"enabled": False, "alpha": 0.01})
     assert stage_denoise(off, ing, split, solved) == {"enabled": False}
     assert "denoised" not in zarr.open_group(str(tmp_path / "out"), mode="r")
@@ -100,12 +107,21 @@ def test_exact_run_denoises_every_row_like_the_estimator(tmp_path, npy):
 
 def test_nystroem_fixed_point_on_held_out_rows(tmp_path, labelled):
     """Held-out rows (capped), Nyström + fixed point: the in-memory model's pre-images."""
-    cfg = _config(tmp_path, labelled, input={"label_column": "y"},
-                  solver={"eigen_solver": "nystroem", "n_landmarks": 60,
-                          "landmark_method": "uniform"},
-                  evaluate={"enabled": True, "test_fraction": 0.25},
-                  denoise={"enabled": True, "preimage": "fixed_point", "alpha": 1e-3,
-                           "rows": "held_out", "max_rows": 70, "output_name": "clean"})
+    cfg = _config(
+        tmp_path,
+        labelled,
+        input={"label_column": "y"},
+        solver={"eigen_solver": "nystroem", "n_landmarks": 60, "landmark_method": "uniform"},
+        evaluate={"enabled": True, "test_fraction": 0.25},
+        denoise={
+            "enabled": True,
+            "preimage": "fixed_point",
+            "alpha": 1e-3,
+            "rows": "held_out",
+            "max_rows": 70,
+            "output_name": "clean",
+        },
+    )
     ing, split, solved = _run(cfg)
     info = stage_denoise(cfg, ing, split, solved)
     g = zarr.open_group(str(tmp_path / "out"), mode="r")
@@ -114,9 +130,18 @@ def test_nystroem_fixed_point_on_held_out_rows(tmp_path, labelled):
     np.testing.assert_array_equal(g["clean_rows"][...], held)
     assert info["rows"] == 70 and info["method"] == "fixed_point"
     assert info["fixed_point_not_converged"] == {"max_iter": 0, "diverged": 0}
-    ref = KernelPCA(3, kernel="rbf", gamma=0.1, eigen_solver="nystroem", n_landmarks=60,
-                    landmark_method="uniform", random_state=0, fit_inverse_transform=True,
-                    alpha=1e-3, preimage="fixed_point").fit(X[mask])
+    ref = KernelPCA(
+        3,
+        kernel="rbf",
+        gamma=0.1,
+        eigen_solver="nystroem",
+        n_landmarks=60,
+        landmark_method="uniform",
+        random_state=0,
+        fit_inverse_transform=True,
+        alpha=1e-3,
+        preimage="fixed_point",
+    ).fit(X[mask])
     want = ref.inverse_transform(ref.transform(X[held]))
     np.testing.assert_allclose(g["clean"][...], want, rtol=1e-6, atol=1e-6)
     # the fixed point moved the rows off the learned pre-image
@@ -125,14 +150,23 @@ def test_nystroem_fixed_point_on_held_out_rows(tmp_path, labelled):
 
 
 def test_linear_kernel_denoising_is_linear_pca(tmp_path, npy):
-    cfg = _config(tmp_path, npy, kernel={"name": "linear"}, solver={"n_components": 2},
-                  denoise={"enabled": True})
+    cfg = _config(
+        tmp_path,
+        npy,
+        kernel={"name": "linear"},
+        solver={"n_components": 2},
+        denoise={"enabled": True},
+    )
     ing, split, solved = _run(cfg)
     info = stage_denoise(cfg, ing, split, solved)
     assert info["method"] == "exact"
     pca = PCA(2).fit(X)
-    np.testing.assert_allclose(zarr.open_group(str(tmp_path / "out"))["denoised"][...],
-                               pca.inverse_transform(pca.transform(X)), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(
+        zarr.open_group(str(tmp_path / "out"))["denoised"][...],
+        pca.inverse_transform(pca.transform(X)),
+        rtol=1e-9,
+        atol=1e-9,
+    )
 
 
 def test_a_model_without_preimage_is_refused(tmp_path, npy):
@@ -140,8 +174,12 @@ def test_a_model_without_preimage_is_refused(tmp_path, npy):
     with pytest.raises(DenoiseError, match="has no pre-image.*re-run the solve stage"):
         stage_denoise(_config(tmp_path, npy, denoise={"enabled": True}), ing, split, solved)
     with pytest.raises(DenoiseError, match="needs held-out rows"):
-        stage_denoise(_config(tmp_path, npy, denoise={"enabled": True, "rows": "held_out"}),
-                      ing, split, solved)
+        stage_denoise(
+            _config(tmp_path, npy, denoise={"enabled": True, "rows": "held_out"}),
+            ing,
+            split,
+            solved,
+        )
 
 
 def test_a_model_fitted_for_another_alpha_is_refused(tmp_path, npy):
@@ -150,14 +188,17 @@ def test_a_model_fitted_for_another_alpha_is_refused(tmp_path, npy):
         stage_denoise(_config(tmp_path, npy, denoise={"enabled": True}), ing, split, solved)
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"enabled": True, "colour": 1}, "Extra inputs"),
-    ({"output_name": "embedding"}, "plain array name"),
-    ({"output_name": "../x"}, "plain array name"),
-    ({"sample_size": 0}, "sample_size must be >= 1"),
-    ({"preimage": "newton"}, "Input should be"),
-    ({"alpha": -1}, "greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"enabled": True, "colour": 1}, "Extra inputs"),
+        ({"output_name": "embedding"}, "plain array name"),
+        ({"output_name": "../x"}, "plain array name"),
+        ({"sample_size": 0}, "sample_size must be >= 1"),
+        ({"preimage": "newton"}, "Input should be"),
+        ({"alpha": -1}, "greater than or equal to 0"),
+    ],
+)
 def test_config_is_validated(bad, match):
     with pytest.raises(ValueError, match=match):
         DenoiseConfig(**bad)
@@ -165,8 +206,9 @@ def test_config_is_validated(bad, match):
 
 def test_estimator_params_only_when_enabled():
     assert estimator_params(DenoiseConfig()) == {}
-    p = estimator_params(DenoiseConfig(enabled=True, preimage="fixed_point", alpha=0.1,
-                                       sample_size=500))
+    p = estimator_params(
+        DenoiseConfig(enabled=True, preimage="fixed_point", alpha=0.1, sample_size=500)
+    )
     m = KernelPCA(kernel="rbf").set_params(**p)  # every key is a KernelPCA parameter
     assert m.fit_inverse_transform and m.preimage == "fixed_point" and m.alpha == 0.1
 
@@ -179,14 +221,24 @@ def test_denoise_to_store_with_a_model_folder(tmp_path):
     m.save(tmp_path / "model")
     new = X[:50] + 0.5
     np.save(tmp_path / "new.npy", new)
-    info = denoise_to_store(str(tmp_path / "model"), InputConfig(path=str(tmp_path / "new.npy")),
-                            str(tmp_path / "den.zarr"))
+    info = denoise_to_store(
+        str(tmp_path / "model"),
+        InputConfig(path=str(tmp_path / "new.npy")),
+        str(tmp_path / "den.zarr"),
+    )
     assert info["rows"] == 50
     g = zarr.open_group(str(tmp_path / "den.zarr"), mode="r")
     assert g.attrs["status"] == "complete" and g.attrs["method"] == "learned"
     loaded = kpca_dask.load(tmp_path / "model")
-    np.testing.assert_allclose(g["denoised"][...], loaded.inverse_transform(loaded.transform(new)),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        g["denoised"][...],
+        loaded.inverse_transform(loaded.transform(new)),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     with pytest.raises(FileExistsError, match="overwrite"):
-        denoise_to_store(str(tmp_path / "model"), InputConfig(path=str(tmp_path / "new.npy")),
-                         str(tmp_path / "den.zarr"))
+        denoise_to_store(
+            str(tmp_path / "model"),
+            InputConfig(path=str(tmp_path / "new.npy")),
+            str(tmp_path / "den.zarr"),
+        )

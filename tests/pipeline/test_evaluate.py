@@ -55,8 +55,9 @@ def digits_embeddings(digits):
     return model.transform(X[split]), model.transform(X[~split])
 
 
-def test_digits_rbf_kernel_pca_beats_linear_pca_at_same_k(digits, digits_embeddings,
-                                                          record_property):
+def test_digits_rbf_kernel_pca_beats_linear_pca_at_same_k(
+    digits, digits_embeddings, record_property
+):
     """Linear classifier on rbf kPCA features beats it on linear PCA features, k=32."""
     X, y, split = digits
     E_tr, E_te = digits_embeddings
@@ -103,8 +104,9 @@ def test_classifier_matches_sklearn_pipeline(digits, digits_embeddings):
     ref = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
     pred = ref.fit(E_tr, y[split]).predict(E_te)
     m = evaluate_embeddings(E_tr, y[split], E_te, y[~split], config={"classifier": "logistic"})
-    assert np.array_equal(np.asarray(m["confusion_matrix"]),
-                          confusion_matrix(y[~split], pred, labels=range(10)))
+    assert np.array_equal(
+        np.asarray(m["confusion_matrix"]), confusion_matrix(y[~split], pred, labels=range(10))
+    )
 
 
 def test_classification_metrics_against_sklearn():
@@ -138,13 +140,15 @@ def test_sgd_streams_dask_chunks_and_learns(digits, digits_embeddings):
     Etr_d = da.from_array(E_tr, chunks=(200, DIGITS_K))
     Ete_d = da.from_array(E_te, chunks=(100, DIGITS_K))
     ytr_d = da.from_array(y[split], chunks=150)  # unaligned on purpose: re-aligned inside
-    m = evaluate_embeddings(Etr_d, ytr_d, Ete_d, y[~split],
-                            config={"classifier": "sgd", "sgd_epochs": 5})
+    m = evaluate_embeddings(
+        Etr_d, ytr_d, Ete_d, y[~split], config={"classifier": "sgd", "sgd_epochs": 5}
+    )
     assert m["classifier"] == "sgd"
     assert m["n_train"] == int(split.sum()) and m["n_test"] == int((~split).sum())
     assert m["accuracy"] > 0.9
-    again = evaluate_embeddings(Etr_d, ytr_d, Ete_d, y[~split],
-                                config={"classifier": "sgd", "sgd_epochs": 5})
+    again = evaluate_embeddings(
+        Etr_d, ytr_d, Ete_d, y[~split], config={"classifier": "sgd", "sgd_epochs": 5}
+    )
     assert again["confusion_matrix"] == m["confusion_matrix"]  # seeded
 
 
@@ -152,7 +156,9 @@ def test_linear_svc_classifier(digits, digits_embeddings):
     """classifier='linear_svc' is a linear SVM on the same features."""
     _, y, split = digits
     E_tr, E_te = digits_embeddings
-    m = evaluate_embeddings(E_tr, y[split], E_te, y[~split], config={"classifier": "linear_svc"})
+    m = evaluate_embeddings(
+        E_tr, y[split], E_te, y[~split], config={"classifier": "linear_svc"}
+    )
     assert m["classifier"] == "linear_svc" and m["accuracy"] > 0.9
 
 
@@ -206,8 +212,9 @@ def test_circles_kpca_beats_linear_pca():
     X, y = make_circles(600, noise=0.08, factor=0.3, random_state=0)
     split = make_split(y, 0.3, random_state=0).astype(bool)
     model = KernelPCA(2, kernel="rbf", gamma=2.0).fit(X[split])
-    kp = evaluate_embeddings(model.transform(X[split]), y[split], model.transform(X[~split]),
-                             y[~split])
+    kp = evaluate_embeddings(
+        model.transform(X[split]), y[split], model.transform(X[~split]), y[~split]
+    )
     P_tr, P_te, _ = linear_pca_baseline(X[split], X[~split], 2)
     pc = evaluate_embeddings(P_tr, y[split], P_te, y[~split])
     assert kp["accuracy"] > 0.97 and pc["accuracy"] < 0.7
@@ -219,8 +226,9 @@ def test_gamma_cv_sweep_uses_training_rows_and_finds_a_good_gamma(digits):
     rng = np.random.default_rng(0)
     idx = np.sort(rng.choice(np.flatnonzero(split), 400, replace=False))
     est = KernelPCA(kernel="rbf", random_state=0)
-    res = gamma_cv_sweep(X[idx], y[idx], est, [DIGITS_GAMMA, 40 * DIGITS_GAMMA], [4, 16],
-                         config={"cv_folds": 3})
+    res = gamma_cv_sweep(
+        X[idx], y[idx], est, [DIGITS_GAMMA, 40 * DIGITS_GAMMA], [4, 16], config={"cv_folds": 3}
+    )
     assert res["gamma"] == [DIGITS_GAMMA, 40 * DIGITS_GAMMA]
     assert res["n_components"] == [4, 16] and res["cv_folds"] == 3 and res["n_rows"] == 400
     acc = np.array(res["cv_accuracy"], dtype=float)
@@ -275,22 +283,25 @@ def test_config_defaults_are_valid_and_documented():
         assert field.description and len(field.description) > 15, name
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"test_fraction": 0}, "test_fraction must be strictly between 0 and 1"),
-    ({"test_fraction": 1.5}, "test_fraction must be strictly between 0 and 1"),
-    ({"classifier": "svm"}, "'auto', 'logistic', 'linear_svc' or 'sgd'"),
-    ({"enabled": "sometimes"}, "enabled"),
-    ({"sweep_components": []}, "sweep_components must not be empty"),
-    ({"sweep_components": [0, 4]}, "sweep_components must be positive"),
-    ({"gamma_sweep": [0.1, -1.0]}, "gamma_sweep values must be positive finite numbers"),
-    ({"gamma_sweep": []}, "gamma_sweep must not be empty"),
-    ({"cv_folds": 1}, "cv_folds must be between 2 and 20"),
-    ({"C": 0}, "C must be a positive finite number"),
-    ({"sgd_epochs": 0}, "sgd_epochs must be a positive integer"),
-    ({"max_scatter_points": 0}, "max_scatter_points must be a positive integer"),
-    ({"cv_max_rows": 5}, "cv_max_rows must be at least 20"),
-    ({"test_fracton": 0.3}, "Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"test_fraction": 0}, "test_fraction must be strictly between 0 and 1"),
+        ({"test_fraction": 1.5}, "test_fraction must be strictly between 0 and 1"),
+        ({"classifier": "svm"}, "'auto', 'logistic', 'linear_svc' or 'sgd'"),
+        ({"enabled": "sometimes"}, "enabled"),
+        ({"sweep_components": []}, "sweep_components must not be empty"),
+        ({"sweep_components": [0, 4]}, "sweep_components must be positive"),
+        ({"gamma_sweep": [0.1, -1.0]}, "gamma_sweep values must be positive finite numbers"),
+        ({"gamma_sweep": []}, "gamma_sweep must not be empty"),
+        ({"cv_folds": 1}, "cv_folds must be between 2 and 20"),
+        ({"C": 0}, "C must be a positive finite number"),
+        ({"sgd_epochs": 0}, "sgd_epochs must be a positive integer"),
+        ({"max_scatter_points": 0}, "max_scatter_points must be a positive integer"),
+        ({"cv_max_rows": 5}, "cv_max_rows must be at least 20"),
+        ({"test_fracton": 0.3}, "Extra inputs are not permitted"),
+    ],
+)
 def test_config_validation_messages(bad, message):
     """Invalid values are refused with a message naming the field and what is allowed."""
     with pytest.raises(ValidationError) as exc:
@@ -315,5 +326,10 @@ def test_config_is_json_round_trippable():
 
 def test_too_few_classes_in_training_rows_is_an_error():
     with pytest.raises(EvaluationError, match="at least two"):
-        evaluate_embeddings(np.ones((5, 2)), np.zeros(5, int), np.ones((3, 2)),
-                            np.array([0, 1, 0]), config={"classifier": "logistic"})
+        evaluate_embeddings(
+            np.ones((5, 2)),
+            np.zeros(5, int),
+            np.ones((3, 2)),
+            np.array([0, 1, 0]),
+            config={"classifier": "logistic"},
+        )

@@ -28,12 +28,27 @@ from pipeline.evaluate import (
     make_split,
 )
 
-REPORT_FILES = ("metrics.json", "report.md", "scree.png", "scatter.png",
-                "accuracy_vs_components.png", "novelty.png")
+REPORT_FILES = (
+    "metrics.json",
+    "report.md",
+    "scree.png",
+    "scatter.png",
+    "accuracy_vs_components.png",
+    "novelty.png",
+)
 
 
-def build_run(out: Path, X: np.ndarray, y: np.ndarray, classes: list[str], split: np.ndarray,
-              model: KernelPCA, *, chunk_rows: int = 500, labels: bool = True) -> Path:
+def build_run(
+    out: Path,
+    X: np.ndarray,
+    y: np.ndarray,
+    classes: list[str],
+    split: np.ndarray,
+    model: KernelPCA,
+    *,
+    chunk_rows: int = 500,
+    labels: bool = True,
+) -> Path:
     """A run folder as the pipeline leaves it before the evaluate stage."""
     n, d = X.shape
     root = zarr.open_group(str(out), mode="w", zarr_format=3)
@@ -58,8 +73,15 @@ def build_run(out: Path, X: np.ndarray, y: np.ndarray, classes: list[str], split
 def circles_run(out: Path, n: int = 400) -> Path:
     X, y = make_circles(n, noise=0.08, factor=0.3, random_state=0)
     split = make_split(y, 0.3, random_state=0)
-    return build_run(out, X, y, ["outer", "inner"], split,
-                     KernelPCA(4, kernel="rbf", gamma=2.0, random_state=0), chunk_rows=128)
+    return build_run(
+        out,
+        X,
+        y,
+        ["outer", "inner"],
+        split,
+        KernelPCA(4, kernel="rbf", gamma=2.0, random_state=0),
+        chunk_rows=128,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +89,22 @@ def digits_run(tmp_path_factory):
     """Digits, rbf kernel PCA with k=32 (the demo settings), evaluated once for the module."""
     X, y = load_digits(return_X_y=True)
     split = make_split(y, 0.25, random_state=0)
-    out = build_run(tmp_path_factory.mktemp("runs") / "digits", X.astype(np.float64), y,
-                    [str(i) for i in range(10)], split,
-                    KernelPCA(32, kernel="rbf", gamma=0.3 / 256, random_state=0))
-    cfg = {"test_fraction": 0.25, "gamma_sweep": [0.3 / 256, 12 / 256], "cv_max_rows": 300,
-           "cv_folds": 2, "max_scatter_points": 1000, "max_novelty_points": 300}
+    out = build_run(
+        tmp_path_factory.mktemp("runs") / "digits",
+        X.astype(np.float64),
+        y,
+        [str(i) for i in range(10)],
+        split,
+        KernelPCA(32, kernel="rbf", gamma=0.3 / 256, random_state=0),
+    )
+    cfg = {
+        "test_fraction": 0.25,
+        "gamma_sweep": [0.3 / 256, 12 / 256],
+        "cv_max_rows": 300,
+        "cv_folds": 2,
+        "max_scatter_points": 1000,
+        "max_novelty_points": 300,
+    }
     metrics = evaluate_run(out, cfg, title="digits", description="8x8 digits")
     return out, metrics, (X, y, split.astype(bool))
 
@@ -89,12 +122,14 @@ def test_metrics_schema_rejects_broken_metrics(digits_run):
     """The schema has teeth: missing sections, bad accuracies and bad types fail it."""
     _, metrics, _ = digits_run
     good = json.loads(json.dumps(metrics))
-    for mutate in (lambda m: m.pop("kpca"),
-                   lambda m: m["kpca"].__setitem__("accuracy", 1.3),
-                   lambda m: m["pca"].__setitem__("method", "svd"),
-                   lambda m: m["kpca"]["per_class"][0].__setitem__("support", "44"),
-                   lambda m: m["sweep"]["n_components"].append(0),
-                   lambda m: m.__setitem__("schema_version", 2)):
+    for mutate in (
+        lambda m: m.pop("kpca"),
+        lambda m: m["kpca"].__setitem__("accuracy", 1.3),
+        lambda m: m["pca"].__setitem__("method", "svd"),
+        lambda m: m["kpca"]["per_class"][0].__setitem__("support", "44"),
+        lambda m: m["sweep"]["n_components"].append(0),
+        lambda m: m.__setitem__("schema_version", 2),
+    ):
         bad = json.loads(json.dumps(good))
         mutate(bad)
         with pytest.raises(jsonschema.ValidationError):
@@ -160,8 +195,13 @@ def test_report_folder_written(digits_run):
     for name in REPORT_FILES + ("gamma_cv.png",):
         assert (rep / name).stat().st_size > 500, name
     md = (rep / "report.md").read_text()
-    for png in ("scree.png", "scatter.png", "accuracy_vs_components.png", "novelty.png",
-                "gamma_cv.png"):
+    for png in (
+        "scree.png",
+        "scatter.png",
+        "accuracy_vs_components.png",
+        "novelty.png",
+        "gamma_cv.png",
+    ):
         assert f"]({png})" in md
     assert "Margin: +" in md and "# digits" in md and "8x8 digits" in md
 
@@ -173,8 +213,9 @@ def test_rerun_is_idempotent(digits_run, tmp_path):
     out, m, _ = digits_run
     copy = tmp_path / "digits"
     shutil.copytree(out, copy)  # leave the module's run folder as the fixture wrote it
-    again = evaluate_run(copy, {"test_fraction": 0.25, "report": False,
-                                "max_novelty_points": 300})
+    again = evaluate_run(
+        copy, {"test_fraction": 0.25, "report": False, "max_novelty_points": 300}
+    )
     for key in ("kpca", "pca", "margin", "sweep", "data"):
         assert again[key] == m[key], key
 
@@ -182,10 +223,18 @@ def test_rerun_is_idempotent(digits_run, tmp_path):
 def test_sgd_and_incremental_baseline_paths(tmp_path):
     """Forcing SGD and the streamed IncrementalPCA baseline still separates the circles."""
     out = circles_run(tmp_path / "circles")
-    m = evaluate_run(out, {"classifier": "sgd", "baseline_memory_mb": 0.001, "report": False,
-                           "sweep_components": [1, 2, 8]})
-    jsonschema.validate(json.loads((out / "report" / "metrics.json").read_text()),
-                        METRICS_SCHEMA)
+    m = evaluate_run(
+        out,
+        {
+            "classifier": "sgd",
+            "baseline_memory_mb": 0.001,
+            "report": False,
+            "sweep_components": [1, 2, 8],
+        },
+    )
+    jsonschema.validate(
+        json.loads((out / "report" / "metrics.json").read_text()), METRICS_SCHEMA
+    )
     assert m["classifier"]["name"] == "sgd" and m["pca"]["method"] == "incremental_pca"
     assert m["pca"]["n_components"] == 2  # linear PCA of 2-D data has 2 components
     assert m["sweep"]["n_components"] == [1, 2, 4] and m["sweep"]["skipped"] == [8]
@@ -197,8 +246,15 @@ def test_sgd_and_incremental_baseline_paths(tmp_path):
 def test_unlabelled_run_is_skipped_in_auto_mode(tmp_path):
     """enabled='auto' and no labels: nothing is written, the reason is returned."""
     X, y = make_circles(200, noise=0.05, random_state=0)
-    out = build_run(tmp_path / "r", X, y, ["a", "b"], np.ones(200, np.uint8),
-                    KernelPCA(2, kernel="rbf", gamma=2.0), labels=False)
+    out = build_run(
+        tmp_path / "r",
+        X,
+        y,
+        ["a", "b"],
+        np.ones(200, np.uint8),
+        KernelPCA(2, kernel="rbf", gamma=2.0),
+        labels=False,
+    )
     res = evaluate_run(out)
     assert res["status"] == "skipped" and "label" in res["reason"]
     assert not (out / "report").exists()
@@ -210,8 +266,14 @@ def test_unlabelled_run_is_skipped_in_auto_mode(tmp_path):
 def test_empty_side_of_split_is_an_error(tmp_path):
     """A split with no held-out rows cannot be evaluated; the message says why."""
     X, y = make_circles(200, noise=0.05, random_state=0)
-    out = build_run(tmp_path / "r", X, y, ["a", "b"], np.ones(200, np.uint8),
-                    KernelPCA(2, kernel="rbf", gamma=2.0))
+    out = build_run(
+        tmp_path / "r",
+        X,
+        y,
+        ["a", "b"],
+        np.ones(200, np.uint8),
+        KernelPCA(2, kernel="rbf", gamma=2.0),
+    )
     with pytest.raises(EvaluationError, match="0 held-out rows"):
         evaluate_run(out)
 

@@ -32,8 +32,11 @@ def write_inputs(folder):
     df.insert(0, "row_id", np.arange(N) + 1000)
     df["species"] = LABELS
     df["comment"] = "text is ignored"
-    paths = {"csv": folder / "data.csv", "parquet": folder / "data.parquet",
-             "npy": folder / "data.npy"}
+    paths = {
+        "csv": folder / "data.csv",
+        "parquet": folder / "data.parquet",
+        "npy": folder / "data.npy",
+    }
     df.to_csv(paths["csv"], index=False)
     df.to_parquet(paths["parquet"], index=False)
     np.save(paths["npy"], X)
@@ -44,8 +47,12 @@ def config(tmp_path, path, **over):
     cfg = {
         "input": {"path": str(path)},
         "kernel": {"name": "rbf", "gamma": 0.1},
-        "solver": {"n_components": 4, "eigen_solver": "randomized", "dtype": "float64",
-                   "random_state": 0},
+        "solver": {
+            "n_components": 4,
+            "eigen_solver": "randomized",
+            "dtype": "float64",
+            "random_state": 0,
+        },
         "chunks": {"target_chunk_mb": 0.01, "block_rows": 128},  # several chunks and blocks
         "output": {"path": str(tmp_path / "out"), "parquet": True},
         "evaluate": {"enabled": False},
@@ -62,14 +69,17 @@ def inputs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference():
-    return KernelPCA(4, kernel="rbf", gamma=0.1, eigen_solver="randomized", random_state=0,
-                     chunk_size=128).fit(X)
+    return KernelPCA(
+        4, kernel="rbf", gamma=0.1, eigen_solver="randomized", random_state=0, chunk_size=128
+    ).fit(X)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "npy"])
 def test_each_input_format_gives_the_in_memory_result(tmp_path, inputs, reference, fmt):
     """CSV, Parquet and NPY inputs end in the same artifacts as the in-memory estimator."""
-    tab = {"columns": [f"f{i}" for i in range(D)], "id_column": "row_id"} if fmt != "npy" else {}
+    tab = (
+        {"columns": [f"f{i}" for i in range(D)], "id_column": "row_id"} if fmt != "npy" else {}
+    )
     cfg = config(tmp_path, inputs[fmt], input=tab)
     summary = run_pipeline(cfg)
     out = tmp_path / "out"
@@ -77,7 +87,9 @@ def test_each_input_format_gives_the_in_memory_result(tmp_path, inputs, referenc
     assert manifest["status"] == "complete" == summary.manifest["status"]
     assert manifest["input"]["n_rows"] == N and manifest["input"]["n_features"] == D
     g = zarr.open_group(str(out), mode="r")
-    np.testing.assert_allclose(g["spectrum/eigenvalues"][...], reference.eigenvalues_, rtol=1e-9)
+    np.testing.assert_allclose(
+        g["spectrum/eigenvalues"][...], reference.eigenvalues_, rtol=1e-9
+    )
     emb = g["embedding"][...]
     np.testing.assert_allclose(emb, reference.fit_transform(X), atol=1e-9)
     # the saved model transforms the training rows into the stored embedding (to the
@@ -101,10 +113,14 @@ def test_materialised_kernel_matches_recomputed(tmp_path, inputs, reference):
     ks = summary.manifest["kernel_store"]
     assert ks["materialized"] and ks["computed"] == ks["n_blocks"] == 8 * 9 // 2
     g = zarr.open_group(str(tmp_path / "out"), mode="r")
-    np.testing.assert_allclose(g["spectrum/eigenvalues"][...], reference.eigenvalues_, rtol=1e-9)
+    np.testing.assert_allclose(
+        g["spectrum/eigenvalues"][...], reference.eigenvalues_, rtol=1e-9
+    )
     np.testing.assert_allclose(g["embedding"][...], reference.fit_transform(X), atol=1e-9)
     K = zarr.open_group(str(tmp_path / "out/work/kernel.zarr"), mode="r")["K"]
-    np.testing.assert_allclose(K[:128, 128:256], RBFKernel(0.1)(X[:128], X[128:256]), rtol=1e-12)
+    np.testing.assert_allclose(
+        K[:128, 128:256], RBFKernel(0.1)(X[:128], X[128:256]), rtol=1e-12
+    )
     assert not np.any(K[128:256, :128])  # lower blocks are never computed
 
 
@@ -137,8 +153,9 @@ def test_kernel_build_resumes_after_a_failure(tmp_path):
         store = Location(str(tmp_path / "k.zarr"))
         FlakyRBF.calls = 0
         with pytest.raises(OSError, match="injected failure"):
-            build_kernel_store(Xd, FlakyRBF(0.1, fail_at=12), "float64", store,
-                               input_fingerprint=fp)
+            build_kernel_store(
+                Xd, FlakyRBF(0.1, fail_at=12), "float64", store, input_fingerprint=fp
+            )
         done = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")["done"][...]
         finished = int(np.count_nonzero(done))
         assert 0 < finished < 36
@@ -170,6 +187,7 @@ def test_kernel_reader_reads_verified_blocks_and_refuses_a_rebuilt_store(tmp_pat
     K = RBFKernel(0.1)(X[:128], X[128:256], dtype=np.float32)
     # whole blocks are read raw (the chunk's bytes in place), edge blocks through zarr
     from pipeline.kernel import _raw_layout
+
     assert _raw_layout(reader._open().K, 128)
     np.testing.assert_array_equal(reader(0, 1), K)
     np.testing.assert_array_equal(reader(0, 1), K)  # from the handles opened once
@@ -184,14 +202,16 @@ def test_kernel_reader_reads_verified_blocks_and_refuses_a_rebuilt_store(tmp_pat
     with pytest.raises(KernelStoreError, match="checksum"):
         reader(0, 1)
     from pipeline.kernel import _DONE, _crc
+
     g["done"][0, 1] = _DONE | np.uint64(_crc(K + 1))  # as a resumed build rewrites a block
     np.testing.assert_array_equal(reader(0, 1), K + 1)
     g["K"][0:128, 128:256] = K
     g["done"][0, 1] = _DONE | np.uint64(_crc(K))
     nb = -(-X.shape[0] // 128)
     assert X.shape[0] % 128  # the last block row is an edge block
-    np.testing.assert_array_equal(reader(0, nb - 1),
-                                  RBFKernel(0.1)(X[:128], X[(nb - 1) * 128:], dtype=np.float32))
+    np.testing.assert_array_equal(
+        reader(0, nb - 1), RBFKernel(0.1)(X[:128], X[(nb - 1) * 128 :], dtype=np.float32)
+    )
     # another input: the store is rebuilt under a new build id, and a reader made for
     # the old build refuses it rather than mixing two builds' blocks
     build_kernel_store(Xd, RBFKernel(0.1), "float32", store, input_fingerprint="blake2b:b")
@@ -208,7 +228,9 @@ def test_pipeline_rerun_reuses_kernel_store_and_gives_identical_artifacts(tmp_pa
     cfg.output.overwrite = True
     second = run_pipeline(cfg)
     assert second.manifest["kernel_store"]["computed"] == 0
-    assert second.manifest["kernel_store"]["skipped"] == first.manifest["kernel_store"]["n_blocks"]
+    assert (
+        second.manifest["kernel_store"]["skipped"] == first.manifest["kernel_store"]["n_blocks"]
+    )
     emb2 = zarr.open_group(str(tmp_path / "out"), mode="r")["embedding"][...]
     np.testing.assert_array_equal(emb1, emb2)
     assert second.manifest["checksums"] == first.manifest["checksums"]
@@ -242,10 +264,16 @@ def test_nan_rows_error_or_drop(tmp_path):
 
 def test_labels_split_and_parquet(tmp_path, inputs):
     """With a label column, a seeded held-out split is made before fitting."""
-    cfg = config(tmp_path, inputs["parquet"], input={"label_column": "species",
-                                                      "id_column": "row_id",
-                                                      "columns": [f"f{i}" for i in range(D)]},
-                 evaluate={"enabled": True, "test_fraction": 0.25})
+    cfg = config(
+        tmp_path,
+        inputs["parquet"],
+        input={
+            "label_column": "species",
+            "id_column": "row_id",
+            "columns": [f"f{i}" for i in range(D)],
+        },
+        evaluate={"enabled": True, "test_fraction": 0.25},
+    )
     run_pipeline(cfg)
     g = zarr.open_group(str(tmp_path / "out"), mode="r")
     split = g["split"][...]
@@ -282,14 +310,17 @@ def test_readers_refuse_incomplete_or_tampered_runs(tmp_path, inputs):
         verify_run(out)
 
 
-@pytest.mark.parametrize("bad,msg", [
-    ({"input": {"path": "x.csv"}, "kernel": {"gamma": -1}}, "kernel.gamma"),
-    ({"input": {"path": "x.csv"}, "solver": {"n_componets": 3}}, "unknown field"),
-    ({"input": {"path": "x.csv", "storage_options": {"secret": "s3cr3t"}}}, "credentials"),
-    ({"input": {"path": "s3://user:pw@bucket/x.csv"}}, "embedded credentials"),
-    ({"input": {"path": "x.csv"}, "cluster": {"address": "localhost:8786"}}, "tcp://"),
-    ({}, "input: required field is missing"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ({"input": {"path": "x.csv"}, "kernel": {"gamma": -1}}, "kernel.gamma"),
+        ({"input": {"path": "x.csv"}, "solver": {"n_componets": 3}}, "unknown field"),
+        ({"input": {"path": "x.csv", "storage_options": {"secret": "s3cr3t"}}}, "credentials"),
+        ({"input": {"path": "s3://user:pw@bucket/x.csv"}}, "embedded credentials"),
+        ({"input": {"path": "x.csv"}, "cluster": {"address": "localhost:8786"}}, "tcp://"),
+        ({}, "input: required field is missing"),
+    ],
+)
 def test_config_errors_name_the_field(bad, msg):
     with pytest.raises(ConfigError, match=msg):
         load_config(bad)
@@ -313,7 +344,8 @@ def test_config_reference_is_up_to_date():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
     assert doc.read_text().strip() == reference_markdown().strip(), (
-        "docs/config.md is stale: run `python -m pipeline.config > docs/config.md`")
+        "docs/config.md is stale: run `python -m pipeline.config > docs/config.md`"
+    )
 
 
 def test_example_config_validates():

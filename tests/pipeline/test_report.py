@@ -24,8 +24,13 @@ from pipeline.report import (
 from tests.pipeline.test_evaluate_run import circles_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-EXPECTED_PX = {"scree": (800, 450), "scatter": (700, 600), "accuracy_vs_components": (800, 450),
-               "novelty": (800, 450), "gamma_cv": (800, 450)}
+EXPECTED_PX = {
+    "scree": (800, 450),
+    "scatter": (700, 600),
+    "accuracy_vs_components": (800, 450),
+    "novelty": (800, 450),
+    "gamma_cv": (800, 450),
+}
 
 
 def png_header_size(data: bytes) -> tuple[int, int]:
@@ -33,8 +38,8 @@ def png_header_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == PNG_SIGNATURE, "not a PNG"
     length, kind = struct.unpack(">I4s", data[8:16])
     assert kind == b"IHDR" and length == 13
-    body = data[16:16 + length]
-    (crc,) = struct.unpack(">I", data[16 + length:20 + length])
+    body = data[16 : 16 + length]
+    (crc,) = struct.unpack(">I", data[16 + length : 20 + length])
     assert zlib.crc32(kind + body) == crc, "corrupt IHDR"
     w, h = struct.unpack(">II", body[:8])
     return w, h
@@ -56,8 +61,16 @@ def assert_real_plot(path: Path, name: str) -> None:
 @pytest.fixture(scope="module")
 def circles(tmp_path_factory):
     out = circles_run(tmp_path_factory.mktemp("report") / "run")
-    metrics = evaluate_run(out, {"report": False, "gamma_sweep": [0.5, 2.0],
-                                 "cv_max_rows": 120, "cv_folds": 2, "max_novelty_points": 100})
+    metrics = evaluate_run(
+        out,
+        {
+            "report": False,
+            "gamma_sweep": [0.5, 2.0],
+            "cv_max_rows": 120,
+            "cv_folds": 2,
+            "max_novelty_points": 100,
+        },
+    )
     root = zarr.open_group(str(out), mode="r")
     emb = np.asarray(root["embedding"][...])
     labels = np.asarray(root["labels"][...])
@@ -69,8 +82,14 @@ def circles(tmp_path_factory):
 @pytest.fixture(scope="module")
 def written(circles):
     out, metrics, emb, labels, nov = circles
-    files = write_report(out, metrics, scatter=(emb, labels), novelty=nov, title="circles",
-                         description="two concentric circles")
+    files = write_report(
+        out,
+        metrics,
+        scatter=(emb, labels),
+        novelty=nov,
+        title="circles",
+        description="two concentric circles",
+    )
     return out, metrics, files
 
 
@@ -82,8 +101,14 @@ def test_figure_sizes_are_documented_constants():
 def test_write_report_pngs_exist_with_expected_size_and_content(written):
     """Every plot is a decodable PNG of its fixed size with real content."""
     out, _, files = written
-    assert set(files) == {"scree", "scatter", "accuracy_vs_components", "novelty", "gamma_cv",
-                          "report"}
+    assert set(files) == {
+        "scree",
+        "scatter",
+        "accuracy_vs_components",
+        "novelty",
+        "gamma_cv",
+        "report",
+    }
     for name in EXPECTED_PX:
         assert_real_plot(out / "report" / f"{name}.png", name)
     assert Path(files["report"]) == out / "report" / "report.md"
@@ -98,9 +123,14 @@ def test_report_markdown_ties_the_plots_together(written):
     kp, pc = metrics["kpca"]["accuracy"], metrics["pca"]["accuracy"]
     assert f"{100 * kp:.2f}%" in md and f"{100 * pc:.2f}%" in md
     assert f"Margin: {100 * (kp - pc):+.2f} percentage points" in md
-    for section in ("## Accuracy vs number of components", "## Spectrum",
-                    "## First two components", "## Novelty scores",
-                    "## Kernel coefficient by cross-validation", "How to read"):
+    for section in (
+        "## Accuracy vs number of components",
+        "## Spectrum",
+        "## First two components",
+        "## Novelty scores",
+        "## Kernel coefficient by cross-validation",
+        "How to read",
+    ):
         assert section in md
     for name in EXPECTED_PX:
         assert f"]({name}.png)" in md
@@ -121,8 +151,9 @@ def test_scatter_subsamples_and_handles_many_classes_and_one_component(tmp_path)
     rng = np.random.default_rng(0)
     y = rng.integers(0, 25, 20_000)
     E = rng.normal(size=(20_000, 2)) + y[:, None]
-    plot_scatter(E, y, tmp_path / "many.png", classes=[f"c{i}" for i in range(25)],
-                 max_points=2000)
+    plot_scatter(
+        E, y, tmp_path / "many.png", classes=[f"c{i}" for i in range(25)], max_points=2000
+    )
     assert_real_plot(tmp_path / "many.png", "scatter")
     plot_scatter(E[:, :1], y % 3, tmp_path / "strip.png", classes=["a", "b", "c"])
     assert_real_plot(tmp_path / "strip.png", "scatter")
@@ -130,8 +161,13 @@ def test_scatter_subsamples_and_handles_many_classes_and_one_component(tmp_path)
 
 def test_accuracy_plot_without_pca_points_above_dimension(tmp_path):
     """Linear PCA stops at d; the plot draws what exists and returns PNG bytes."""
-    sweep = {"n_components": [1, 2, 4, 8], "kpca_accuracy": [0.5, 0.9, 0.95, 0.97],
-             "pca_accuracy": [0.5, 0.6, None, None], "skipped": [], "pca_max_components": 2}
+    sweep = {
+        "n_components": [1, 2, 4, 8],
+        "kpca_accuracy": [0.5, 0.9, 0.95, 0.97],
+        "pca_accuracy": [0.5, 0.6, None, None],
+        "skipped": [],
+        "pca_max_components": 2,
+    }
     data = plot_accuracy(sweep, tmp_path / "acc.png", majority=0.5)
     assert data == (tmp_path / "acc.png").read_bytes()
     assert_real_plot(tmp_path / "acc.png", "accuracy_vs_components")
@@ -157,22 +193,47 @@ def test_artifact_summary_for_prefect(circles):
 def test_report_markdown_marks_undefined_values():
     """None (undefined precision, missing baseline point) shows as a dash, not 'None'."""
     metrics = {
-        "data": {"n_rows": 10, "n_train": 6, "n_test": 4, "n_features": 2,
-                 "classes": ["a", "b"], "test_class_counts": [4, 0]},
-        "model": {"kernel": {"name": "rbf", "gamma": 1.0}, "n_components": 2,
-                  "eigen_solver": "dense"},
+        "data": {
+            "n_rows": 10,
+            "n_train": 6,
+            "n_test": 4,
+            "n_features": 2,
+            "classes": ["a", "b"],
+            "test_class_counts": [4, 0],
+        },
+        "model": {
+            "kernel": {"name": "rbf", "gamma": 1.0},
+            "n_components": 2,
+            "eigen_solver": "dense",
+        },
         "classifier": {"name": "logistic", "C": 1.0, "standardize": True},
-        "kpca": {"n_components": 2, "accuracy": 1.0, "balanced_accuracy": 1.0, "macro_f1": 1.0,
-                 "converged": True, "confusion_matrix": [[4, 0], [0, 0]],
-                 "per_class": [{"class": "a", "precision": 1.0, "recall": 1.0, "f1": 1.0,
-                                "support": 4},
-                               {"class": "b", "precision": None, "recall": None, "f1": None,
-                                "support": 0}]},
-        "pca": {"n_components": 1, "accuracy": 0.5, "balanced_accuracy": 0.5, "macro_f1": 0.3,
-                "converged": True, "method": "pca"},
+        "kpca": {
+            "n_components": 2,
+            "accuracy": 1.0,
+            "balanced_accuracy": 1.0,
+            "macro_f1": 1.0,
+            "converged": True,
+            "confusion_matrix": [[4, 0], [0, 0]],
+            "per_class": [
+                {"class": "a", "precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 4},
+                {"class": "b", "precision": None, "recall": None, "f1": None, "support": 0},
+            ],
+        },
+        "pca": {
+            "n_components": 1,
+            "accuracy": 0.5,
+            "balanced_accuracy": 0.5,
+            "macro_f1": 0.3,
+            "converged": True,
+            "method": "pca",
+        },
         "margin": 0.5,
-        "sweep": {"n_components": [1, 2], "kpca_accuracy": [0.5, 1.0],
-                  "pca_accuracy": [0.5, None], "skipped": []},
+        "sweep": {
+            "n_components": [1, 2],
+            "kpca_accuracy": [0.5, 1.0],
+            "pca_accuracy": [0.5, None],
+            "skipped": [],
+        },
         "spectrum": {"eigenvalues": [2.0, 1.0], "explained_variance_ratio": [0.5, 0.25]},
     }
     md = report_markdown(metrics, images={"scree": "scree.png"})

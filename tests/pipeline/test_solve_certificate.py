@@ -15,10 +15,18 @@ X = make_blobs(600, n_features=4, centers=6, random_state=0)[0]
 
 
 def _cfg(tmp_path, **solver):
-    return load_config({"input": {"path": str(tmp_path / "x.npy")},
-                        "kernel": {"name": "rbf", "gamma": 0.1},
-                        "solver": {"n_components": 4, "eigen_solver": "randomized",
-                                   "dtype": "float64", **solver}})
+    return load_config(
+        {
+            "input": {"path": str(tmp_path / "x.npy")},
+            "kernel": {"name": "rbf", "gamma": 0.1},
+            "solver": {
+                "n_components": 4,
+                "eigen_solver": "randomized",
+                "dtype": "float64",
+                **solver,
+            },
+        }
+    )
 
 
 def test_convergence_warning_is_logged_not_raised(tmp_path, caplog):
@@ -26,21 +34,26 @@ def test_convergence_warning_is_logged_not_raised(tmp_path, caplog):
     stage let the ConvergenceWarning through."""
     cfg = _cfg(tmp_path, n_power_iter=0, max_residual=None)
     with caplog.at_level(logging.WARNING, logger="pipeline"):
-        est, info = solve(da.from_array(X, chunks=(200, -1)), cfg, Location(str(tmp_path / "m")))
+        est, info = solve(
+            da.from_array(X, chunks=(200, -1)), cfg, Location(str(tmp_path / "m"))
+        )
     assert info["converged"] is False
     assert any("did not certify" in r.getMessage() for r in caplog.records)
 
 
 def test_uncertified_fit_above_max_residual_is_refused(tmp_path, caplog):
     cfg = _cfg(tmp_path, n_power_iter=0, max_residual=1e-6)
-    with caplog.at_level(logging.WARNING, logger="pipeline"), \
-            pytest.raises(SolveError, match="exceeds solver.max_residual"):
+    with (
+        caplog.at_level(logging.WARNING, logger="pipeline"),
+        pytest.raises(SolveError, match="exceeds solver.max_residual"),
+    ):
         solve(da.from_array(X, chunks=(200, -1)), cfg, Location(str(tmp_path / "m")))
 
 
 def test_certified_fit_passes(tmp_path):
-    est, info = solve(da.from_array(X, chunks=(200, -1)), _cfg(tmp_path),
-                      Location(str(tmp_path / "m")))
+    est, info = solve(
+        da.from_array(X, chunks=(200, -1)), _cfg(tmp_path), Location(str(tmp_path / "m"))
+    )
     assert info["converged"] is True and est.converged_
     # 6 blobs, 4 components: k cuts the flat run of the 5 leading eigenvalues, a
     # tail certified by its eigenvalues (to 1 %: residuals within the default

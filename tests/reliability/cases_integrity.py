@@ -8,14 +8,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
-import yaml
 
-from .catalogue import D, N, RUN_D, Case, _new_rows
+from .catalogue import RUN_D, Case, D, N, _new_rows
 from .helpers import blobs
 
 AWS_KEY_ID = "AKIA" + "IOSFODNN7EXAMPLE"  # AWS's documented example id, split for scanners
@@ -28,8 +26,10 @@ def _zarr_missing_chunk(ctx, **input_over):
     z = zarr.create_array(str(ctx.dir / "x.zarr"), shape=(N, D), chunks=(50, D), dtype="f8")
     z[...] = blobs(N, D)
     (ctx.dir / "x.zarr" / "c" / "2" / "0").unlink()
-    return ["run", ctx.config(ctx.dir / "x.zarr", **({"input": input_over} if input_over
-                                                      else {}))]
+    return [
+        "run",
+        ctx.config(ctx.dir / "x.zarr", **({"input": input_over} if input_over else {})),
+    ]
 
 
 def _estimator_missing_chunk(ctx):
@@ -71,6 +71,7 @@ def _edited_model_run(ctx, reseal):
 def _no_value(secret):
     def check(message):
         assert secret not in message, "the credential was echoed in the message"
+
     return check
 
 
@@ -79,8 +80,12 @@ def _secret(ctx, options):
 
 
 def _alias_bomb(ctx):
-    lines = ["input:", "  path: x.npy", "  storage_options:",
-             "    a0: &a0 [x, x, x, x, x, x, x, x]"]
+    lines = [
+        "input:",
+        "  path: x.npy",
+        "  storage_options:",
+        "    a0: &a0 [x, x, x, x, x, x, x, x]",
+    ]
     for i in range(1, 25):
         refs = ", ".join([f"*a{i - 1}"] * 8)
         lines.append(f"    a{i}: &a{i} [{refs}]")
@@ -112,22 +117,32 @@ def _http_scheduler(ctx):
     ctx.cleanups.append(server.shutdown)
     ctx.cleanups.append(server.server_close)
     port = server.server_address[1]
-    return ["run", ctx.config(ctx.npy(blobs(N, D)), cluster={
-        "address": f"tcp://127.0.0.1:{port}", "connect_timeout": 2})]
+    return [
+        "run",
+        ctx.config(
+            ctx.npy(blobs(N, D)),
+            cluster={"address": f"tcp://127.0.0.1:{port}", "connect_timeout": 2},
+        ),
+    ]
 
 
 def _huge_values(ctx):
     X = 1e300 * (1.0 + np.random.default_rng(0).random((N, D)))
-    return ["run", ctx.config(ctx.npy(X), solver={"eigen_solver": "nystroem",
-                                                 "n_landmarks": 50})]
+    return [
+        "run",
+        ctx.config(ctx.npy(X), solver={"eigen_solver": "nystroem", "n_landmarks": 50}),
+    ]
 
 
 # ------------------------------------------------------------------ raw exceptions
 def _read_only_output(ctx):
     ro = ctx.dir / "ro"
     ro.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         raise PermissionError(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     ctx.cleanups.append(lambda: subprocess.run(["umount", "-l", str(ro)], check=True))
@@ -141,60 +156,156 @@ def _npz_as_npy(ctx):
 
 
 CASES = [
-    Case("int-zarr-missing-chunk", "input", "zarr input with a chunk file missing",
-         _zarr_missing_chunk,
-         ("1 of 4 chunks is missing (the first: 'c/2/0', rows 100-149)",
-          "zarr would read them as zeros", "set input.missing_chunks: fill")),
-    Case("int-est-missing-chunk", "estimator", "KernelPCA.fit on a zarr array with a chunk "
-         "file missing", _estimator_missing_chunk,
-         ("lacks chunks: 1 of 3 chunks is missing", "rows 20-39", "dask.array.from_zarr(X)")),
-    Case("int-zarr-group", "input", "zarr group where the array is expected", _zarr_subgroup,
-         ("'X' is a zarr group, not an array", "set input.zarr_array")),
-    Case("int-model-edited", "info", "model attribute (gamma) edited in model/zarr.json",
-         lambda c: ["info", _edited_model_run(c, reseal=False)],
-         ("attribute checksum mismatch", "Re-create it")),
-    Case("int-model-resealed", "transform", "model attribute edited and its checksum "
-         "recomputed", lambda c: ["transform", _edited_model_run(c, reseal=True),
-                                  _new_rows(c, RUN_D), c.dir / "emb.zarr"],
-         ("the model was replaced after the run was published", "re-run the pipeline")),
-    Case("int-secret-api-key", "config", "api_key in storage_options",
-         lambda c: _secret(c, {"api_key": "s3cr3t-value"}),
-         ("must not hold credentials", "api_key", "set them in the environment"),
-         check=_no_value("s3cr3t-value")),
-    Case("int-secret-header", "config", "Authorization header in storage_options",
-         lambda c: _secret(c, {"client_kwargs": {"headers": {"Authorization": "Bearer abc"}}}),
-         ("must not hold credentials", "client_kwargs.headers.Authorization"),
-         check=_no_value("Bearer abc")),
-    Case("int-secret-connection-string", "config", "connection_string in storage_options",
-         lambda c: _secret(c, {"connection_string": "DefaultEndpointsProtocol=https;"
-                                                    "AccountKey=abc"}),
-         ("must not hold credentials", "connection_string"), check=_no_value("AccountKey")),
-    Case("int-secret-value", "config", "an AWS key id under an innocent name",
-         lambda c: _secret(c, {"profile_hint": AWS_KEY_ID}),
-         ("must not hold credentials", "profile_hint (its value looks like an AWS access key "
-          "id)"), check=_no_value(AWS_KEY_ID)),
-    Case("int-url-api-key", "config", "?api_key= in the input URL",
-         lambda c: ["run", c.config("https://example.org/x.csv?api_key=s3cr3t-value")],
-         ("credentials in the query string (['api_key'])", "use the environment"),
-         check=_no_value("s3cr3t-value")),
-    Case("int-yaml-alias-bomb", "config", "YAML alias bomb under storage_options", _alias_bomb,
-         ("more than 100 YAML aliases", "an alias bomb?")),
-    Case("int-yaml-too-big", "config", "config file over 1 MiB", _huge_config,
-         ("is larger than a config can be (1048576 bytes)",)),
-    Case("int-cluster-http", "cluster", "an HTTP server at cluster.address", _http_scheduler,
-         ("accepts connections but did not complete a Dask handshake within 2 s",
-          "check cluster.address")),
-    Case("int-nystroem-huge", "fit", "values near 1e300 (Nyström: the kernel overflows)",
-         _huge_values, ("The kernel returned NaN or infinity on the data", "scale the data")),
-    Case("int-read-only-output", "output", "output on a read-only filesystem",
-         _read_only_output, ("read-only", "output.path"), needs_root=True),
-    Case("int-memory-limit", "config", "cluster.memory_limit far too small",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={"address": "",
-                                                                 "memory_limit": "1MiB"})],
-         ("cluster.memory_limit", "at least 256 MiB")),
-    Case("int-npz-as-npy", "input", "an NPZ archive renamed .npy",
-         lambda c: _npz_as_npy(c), ("is an NPZ archive", "input.path")),
-    Case("int-block-rows-0", "config", "chunks.block_rows: 0",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), chunks={"block_rows": 0})],
-         ("chunks.block_rows",)),
+    Case(
+        "int-zarr-missing-chunk",
+        "input",
+        "zarr input with a chunk file missing",
+        _zarr_missing_chunk,
+        (
+            "1 of 4 chunks is missing (the first: 'c/2/0', rows 100-149)",
+            "zarr would read them as zeros",
+            "set input.missing_chunks: fill",
+        ),
+    ),
+    Case(
+        "int-est-missing-chunk",
+        "estimator",
+        "KernelPCA.fit on a zarr array with a chunk file missing",
+        _estimator_missing_chunk,
+        ("lacks chunks: 1 of 3 chunks is missing", "rows 20-39", "dask.array.from_zarr(X)"),
+    ),
+    Case(
+        "int-zarr-group",
+        "input",
+        "zarr group where the array is expected",
+        _zarr_subgroup,
+        ("'X' is a zarr group, not an array", "set input.zarr_array"),
+    ),
+    Case(
+        "int-model-edited",
+        "info",
+        "model attribute (gamma) edited in model/zarr.json",
+        lambda c: ["info", _edited_model_run(c, reseal=False)],
+        ("attribute checksum mismatch", "Re-create it"),
+    ),
+    Case(
+        "int-model-resealed",
+        "transform",
+        "model attribute edited and its checksum recomputed",
+        lambda c: [
+            "transform",
+            _edited_model_run(c, reseal=True),
+            _new_rows(c, RUN_D),
+            c.dir / "emb.zarr",
+        ],
+        ("the model was replaced after the run was published", "re-run the pipeline"),
+    ),
+    Case(
+        "int-secret-api-key",
+        "config",
+        "api_key in storage_options",
+        lambda c: _secret(c, {"api_key": "s3cr3t-value"}),
+        ("must not hold credentials", "api_key", "set them in the environment"),
+        check=_no_value("s3cr3t-value"),
+    ),
+    Case(
+        "int-secret-header",
+        "config",
+        "Authorization header in storage_options",
+        lambda c: _secret(c, {"client_kwargs": {"headers": {"Authorization": "Bearer abc"}}}),
+        ("must not hold credentials", "client_kwargs.headers.Authorization"),
+        check=_no_value("Bearer abc"),
+    ),
+    Case(
+        "int-secret-connection-string",
+        "config",
+        "connection_string in storage_options",
+        lambda c: _secret(
+            c, {"connection_string": "DefaultEndpointsProtocol=https;AccountKey=abc"}
+        ),
+        ("must not hold credentials", "connection_string"),
+        check=_no_value("AccountKey"),
+    ),
+    Case(
+        "int-secret-value",
+        "config",
+        "an AWS key id under an innocent name",
+        lambda c: _secret(c, {"profile_hint": AWS_KEY_ID}),
+        (
+            "must not hold credentials",
+            "profile_hint (its value looks like an AWS access key id)",
+        ),
+        check=_no_value(AWS_KEY_ID),
+    ),
+    Case(
+        "int-url-api-key",
+        "config",
+        "?api_key= in the input URL",
+        lambda c: ["run", c.config("https://example.org/x.csv?api_key=s3cr3t-value")],
+        ("credentials in the query string (['api_key'])", "use the environment"),
+        check=_no_value("s3cr3t-value"),
+    ),
+    Case(
+        "int-yaml-alias-bomb",
+        "config",
+        "YAML alias bomb under storage_options",
+        _alias_bomb,
+        ("more than 100 YAML aliases", "an alias bomb?"),
+    ),
+    Case(
+        "int-yaml-too-big",
+        "config",
+        "config file over 1 MiB",
+        _huge_config,
+        ("is larger than a config can be (1048576 bytes)",),
+    ),
+    Case(
+        "int-cluster-http",
+        "cluster",
+        "an HTTP server at cluster.address",
+        _http_scheduler,
+        (
+            "accepts connections but did not complete a Dask handshake within 2 s",
+            "check cluster.address",
+        ),
+    ),
+    Case(
+        "int-nystroem-huge",
+        "fit",
+        "values near 1e300 (Nyström: the kernel overflows)",
+        _huge_values,
+        ("The kernel returned NaN or infinity on the data", "scale the data"),
+    ),
+    Case(
+        "int-read-only-output",
+        "output",
+        "output on a read-only filesystem",
+        _read_only_output,
+        ("read-only", "output.path"),
+        needs_root=True,
+    ),
+    Case(
+        "int-memory-limit",
+        "config",
+        "cluster.memory_limit far too small",
+        lambda c: [
+            "run",
+            c.config(c.npy(blobs(N, D)), cluster={"address": "", "memory_limit": "1MiB"}),
+        ],
+        ("cluster.memory_limit", "at least 256 MiB"),
+    ),
+    Case(
+        "int-npz-as-npy",
+        "input",
+        "an NPZ archive renamed .npy",
+        lambda c: _npz_as_npy(c),
+        ("is an NPZ archive", "input.path"),
+    ),
+    Case(
+        "int-block-rows-0",
+        "config",
+        "chunks.block_rows: 0",
+        lambda c: ["run", c.config(c.npy(blobs(N, D)), chunks={"block_rows": 0})],
+        ("chunks.block_rows",),
+    ),
 ]

@@ -24,8 +24,11 @@ def _hashes(root: Path) -> dict[str, str]:
     for dirpath, dirs, files in os.walk(root, followlinks=False):
         for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
             p = os.path.join(dirpath, name)
-            out[p] = ("link:" + os.readlink(p)) if os.path.islink(p) else \
-                hashlib.sha256(Path(p).read_bytes()).hexdigest()
+            out[p] = (
+                ("link:" + os.readlink(p))
+                if os.path.islink(p)
+                else hashlib.sha256(Path(p).read_bytes()).hexdigest()
+            )
     return out
 
 
@@ -37,6 +40,7 @@ def _guard(c: Ctx, *paths: Path) -> None:
         for p in paths:
             now = _hashes(p) if p.is_dir() else Path(p).read_bytes()
             assert now == before[str(p)], f"{p} changed"
+
     c.cleanups.append(check)
 
 
@@ -123,6 +127,7 @@ def _run_linked_file(name: str):
         if name == "manifest.json":  # what "published" compares with: unchanged is not new
             c.existing_manifest = (c.out / name).read_text()
         return ["run", c.config(c.npy(blobs(200, RUN_D))), "--overwrite"]
+
     return make
 
 
@@ -166,47 +171,120 @@ def _run_link_output(c: Ctx):
 
 
 CASES = [
-    Case("safe-tr-empty-output", "transform", "transform output \"\" (an unset shell variable) "
-         "with --overwrite", lambda c: _cwd(c, ""),
-         ("names no new folder", "give the output a name of its own")),
-    Case("safe-tr-dot-output", "transform", "transform output \".\" with --overwrite",
-         lambda c: _cwd(c, "."), ("names no new folder", "give the output a name of its own")),
-    Case("safe-tr-output-is-input", "transform", "transform output equal to its input, "
-         "--overwrite", _tr_input,
-         ("lies inside the input", "write the output somewhere else")),
-    Case("safe-tr-output-is-model-run", "transform", "transform output equal to the model's "
-         "run folder", _tr_model_run,
-         ("lies inside the model's run or folder", "write the output somewhere else")),
-    Case("safe-tr-output-is-a-run", "transform", "transform output equal to another run folder",
-         _tr_other_run, ("is a kpca run folder", "write the transform output somewhere else")),
-    Case("safe-tr-output-foreign", "transform", "transform output is a folder kpca did not "
-         "write, --overwrite", _tr_foreign,
-         ("was not written by kpca transform", "choose another output path")),
-    Case("safe-tr-output-link", "transform", "transform output is a symbolic link to a folder",
-         _tr_link, ("is a symbolic link", "choose another output path")),
-    Case("safe-tr-concurrent", "transform", "a second transform to an output another "
-         "transform is writing", _tr_locked,
-         ("is being written by another transform", "wait for it to finish")),
-    Case("safe-run-link-inside", "output", "embedding.parquet inside the output is a link to "
-         "another folder, --overwrite", _run_link_inside,
-         ("holds embedding.parquet, a symbolic link", "remove the link")),
-    Case("safe-run-linked-lock", "output", ".kpca-run.lock is a link to a file of the user's",
-         _run_linked_file(".kpca-run.lock"),
-         ("holds .kpca-run.lock, a symbolic link", "remove the link")),
-    Case("safe-run-linked-manifest", "output", "manifest.json is a link to a file of the "
-         "user's, --overwrite", _run_linked_file("manifest.json"),
-         ("holds manifest.json, a symbolic link", "remove the link")),
-    Case("safe-run-users-folder", "output", "output.path is a folder of the user's with their "
-         "own model/ and embedding.parquet/, --overwrite", _run_users_folder,
-         ("is not a kpca-dask run folder but holds 'embedding.parquet'",
-          "choose an empty or new output.path")),
-    Case("safe-run-output-over-input", "output", "output.path is the folder holding the input",
-         _run_over_input, ("lies inside the input", "write the output somewhere else")),
-    Case("safe-run-typo-overwrite", "output", "--overwrite of a published run with a typo in "
-         "input.path (the published run stays)", _run_typo,
-         ("does not exist", "check input.path")),
-    Case("safe-run-dot-output", "output", "output.path \".\"", _run_dot,
-         ("names no folder of its own", "set output.path to a new folder")),
-    Case("safe-run-link-output", "output", "output.path is a symbolic link to a folder",
-         _run_link_output, ("is a symbolic link", "set output.path to the real folder")),
+    Case(
+        "safe-tr-empty-output",
+        "transform",
+        'transform output "" (an unset shell variable) with --overwrite',
+        lambda c: _cwd(c, ""),
+        ("names no new folder", "give the output a name of its own"),
+    ),
+    Case(
+        "safe-tr-dot-output",
+        "transform",
+        'transform output "." with --overwrite',
+        lambda c: _cwd(c, "."),
+        ("names no new folder", "give the output a name of its own"),
+    ),
+    Case(
+        "safe-tr-output-is-input",
+        "transform",
+        "transform output equal to its input, --overwrite",
+        _tr_input,
+        ("lies inside the input", "write the output somewhere else"),
+    ),
+    Case(
+        "safe-tr-output-is-model-run",
+        "transform",
+        "transform output equal to the model's run folder",
+        _tr_model_run,
+        ("lies inside the model's run or folder", "write the output somewhere else"),
+    ),
+    Case(
+        "safe-tr-output-is-a-run",
+        "transform",
+        "transform output equal to another run folder",
+        _tr_other_run,
+        ("is a kpca run folder", "write the transform output somewhere else"),
+    ),
+    Case(
+        "safe-tr-output-foreign",
+        "transform",
+        "transform output is a folder kpca did not write, --overwrite",
+        _tr_foreign,
+        ("was not written by kpca transform", "choose another output path"),
+    ),
+    Case(
+        "safe-tr-output-link",
+        "transform",
+        "transform output is a symbolic link to a folder",
+        _tr_link,
+        ("is a symbolic link", "choose another output path"),
+    ),
+    Case(
+        "safe-tr-concurrent",
+        "transform",
+        "a second transform to an output another transform is writing",
+        _tr_locked,
+        ("is being written by another transform", "wait for it to finish"),
+    ),
+    Case(
+        "safe-run-link-inside",
+        "output",
+        "embedding.parquet inside the output is a link to another folder, --overwrite",
+        _run_link_inside,
+        ("holds embedding.parquet, a symbolic link", "remove the link"),
+    ),
+    Case(
+        "safe-run-linked-lock",
+        "output",
+        ".kpca-run.lock is a link to a file of the user's",
+        _run_linked_file(".kpca-run.lock"),
+        ("holds .kpca-run.lock, a symbolic link", "remove the link"),
+    ),
+    Case(
+        "safe-run-linked-manifest",
+        "output",
+        "manifest.json is a link to a file of the user's, --overwrite",
+        _run_linked_file("manifest.json"),
+        ("holds manifest.json, a symbolic link", "remove the link"),
+    ),
+    Case(
+        "safe-run-users-folder",
+        "output",
+        "output.path is a folder of the user's with their "
+        "own model/ and embedding.parquet/, --overwrite",
+        _run_users_folder,
+        (
+            "is not a kpca-dask run folder but holds 'embedding.parquet'",
+            "choose an empty or new output.path",
+        ),
+    ),
+    Case(
+        "safe-run-output-over-input",
+        "output",
+        "output.path is the folder holding the input",
+        _run_over_input,
+        ("lies inside the input", "write the output somewhere else"),
+    ),
+    Case(
+        "safe-run-typo-overwrite",
+        "output",
+        "--overwrite of a published run with a typo in input.path (the published run stays)",
+        _run_typo,
+        ("does not exist", "check input.path"),
+    ),
+    Case(
+        "safe-run-dot-output",
+        "output",
+        'output.path "."',
+        _run_dot,
+        ("names no folder of its own", "set output.path to a new folder"),
+    ),
+    Case(
+        "safe-run-link-output",
+        "output",
+        "output.path is a symbolic link to a folder",
+        _run_link_output,
+        ("is a symbolic link", "set output.path to the real folder"),
+    ),
 ]

@@ -54,30 +54,61 @@ def _one_sample(ctx):
 
 def _inverse_precomputed(ctx):
     K = _gram()
-    return lambda: _kpca(n_components=2, kernel="precomputed",
-                         fit_inverse_transform=True).fit(K)
+    return lambda: _kpca(n_components=2, kernel="precomputed", fit_inverse_transform=True).fit(
+        K
+    )
 
 
 CASES = [
-    Case("est-precomputed-square", "estimator", "kernel='precomputed' with a non-square matrix",
-         _precomputed_not_square,
-         ("Precomputed matrix must be a square matrix", "40x30", "n x n kernel matrix")),
-    Case("est-precomputed-columns", "estimator",
-         "kernel='precomputed': transform with the wrong number of training columns",
-         _precomputed_wrong_columns,
-         ("X has 30 features, but KernelPCA is expecting 40", "one column per training row")),
-    Case("est-indefinite", "estimator",
-         "n_components reaches the negative eigenvalues of an indefinite kernel matrix",
-         _indefinite,
-         ("There are significant negative eigenvalues", "1 significantly negative, 3 positive",
-          "Ask for n_components=3 or fewer", "remove_zero_eig=True")),
-    Case("est-columns-order", "estimator", "DataFrame columns in another order than at fit",
-         _columns_reordered,
-         ("feature names should match", "same order as they were in fit",
-          "X[model.feature_names_in_]")),
-    Case("est-one-sample", "estimator", "a single sample", _one_sample,
-         ("n_samples=1", "at least 2 samples", "Pass more rows")),
-    Case("est-precomputed-inverse", "estimator",
-         "fit_inverse_transform with kernel='precomputed'", _inverse_precomputed,
-         ("Cannot fit_inverse_transform with a precomputed kernel", "named kernel")),
+    Case(
+        "est-precomputed-square",
+        "estimator",
+        "kernel='precomputed' with a non-square matrix",
+        _precomputed_not_square,
+        ("Precomputed matrix must be a square matrix", "40x30", "n x n kernel matrix"),
+    ),
+    Case(
+        "est-precomputed-columns",
+        "estimator",
+        "kernel='precomputed': transform with the wrong number of training columns",
+        _precomputed_wrong_columns,
+        ("X has 30 features, but KernelPCA is expecting 40", "one column per training row"),
+    ),
+    Case(
+        "est-indefinite",
+        "estimator",
+        "n_components reaches the negative eigenvalues of an indefinite kernel matrix",
+        _indefinite,
+        (
+            "There are significant negative eigenvalues",
+            "1 significantly negative, 3 positive",
+            "Ask for n_components=3 or fewer",
+            "remove_zero_eig=True",
+        ),
+    ),
+    Case(
+        "est-columns-order",
+        "estimator",
+        "DataFrame columns in another order than at fit",
+        _columns_reordered,
+        (
+            "feature names should match",
+            "same order as they were in fit",
+            "X[model.feature_names_in_]",
+        ),
+    ),
+    Case(
+        "est-one-sample",
+        "estimator",
+        "a single sample",
+        _one_sample,
+        ("n_samples=1", "at least 2 samples", "Pass more rows"),
+    ),
+    Case(
+        "est-precomputed-inverse",
+        "estimator",
+        "fit_inverse_transform with kernel='precomputed'",
+        _inverse_precomputed,
+        ("Cannot fit_inverse_transform with a precomputed kernel", "named kernel"),
+    ),
 ]

@@ -84,7 +84,9 @@ class Ctx:
 @dataclass
 class Case:
     key: str
-    layer: str  # "estimator", "config", "input", "fit", "output", "cluster", "transform", "info"
+    layer: (
+        str  # "estimator", "config", "input", "fit", "output", "cluster", "transform", "info"
+    )
     title: str
     make: Callable[[Ctx], Any]  # -> argv (list) for the CLI, or a callable that must raise
     expect: tuple[str, ...]  # fragments of the message: the problem and the fix
@@ -122,9 +124,18 @@ def run_case(case: Case, ctx: Ctx) -> Outcome:
         rc, err = _cli(argv)
         lines = [ln for ln in err.splitlines() if ln.startswith(f"kpca {argv[0]}: error: ")]
         others = [ln for ln in err.splitlines() if ln.startswith("  ") or "Traceback" in ln]
-        msg = lines[0].split(": error: ", 1)[1] if lines else f"(no error line; stderr: {err[-500:]})"
-        return Outcome(case, msg, f"exit {rc}", _published(ctx), others if len(lines) == 1 else
-                       lines[1:] + others)
+        msg = (
+            lines[0].split(": error: ", 1)[1]
+            if lines
+            else f"(no error line; stderr: {err[-500:]})"
+        )
+        return Outcome(
+            case,
+            msg,
+            f"exit {rc}",
+            _published(ctx),
+            others if len(lines) == 1 else lines[1:] + others,
+        )
     finally:
         for fn in reversed(ctx.cleanups):
             fn()
@@ -157,8 +168,12 @@ def _cli(argv: list[str]) -> tuple[int, str]:
 def normalise(message: str, ctx: Ctx) -> str:
     """The message with this machine's specifics (folders, host, pids, times, ports) masked."""
     m = message.replace(str(ctx.dir), "<dir>").replace(str(ctx.run), "<run>")
-    m = re.sub(r"host \S+, pid \d+, started [0-9T:+\-]+( by \w+)?", "host <host>, pid <pid>, "
-               r"started <time>", m)
+    m = re.sub(
+        r"host \S+, pid \d+, started [0-9T:+\-]+( by \w+)?",
+        "host <host>, pid <pid>, "
+        r"started <time>",
+        m,
+    )
     m = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", m)
     m = re.sub(r"\.tmp[\w.-]*|\.[0-9a-f]{8,}\b", "<tmp>", m)
     # numbers that depend on the CPU's rounding (AVX2 vs AVX-512 BLAS kernels)
@@ -189,7 +204,9 @@ def kept_between(low: int, high: int) -> Callable[[str], None]:
     def check(message: str) -> None:
         ks = re.findall(r"only (\d+) eigenvalues|n_components to (\d+) or less", message)
         ks = {int(a or b) for a, b in ks}
-        assert len(ks) == 1 and low <= ks.pop() <= high, f"{message!r}: K not in [{low}, {high}]"
+        assert len(ks) == 1 and low <= ks.pop() <= high, (
+            f"{message!r}: K not in [{low}, {high}]"
+        )
 
     return check
 
@@ -225,8 +242,9 @@ def _wrong_features(ctx):
 
 
 def _corrupt_model(ctx):
-    import kpca_dask
     import zarr
+
+    import kpca_dask
 
     m = _fit(blobs(60, 3))
     m.save(ctx.dir / "model")
@@ -242,30 +260,83 @@ def _not_fitted(ctx):
 
 
 ESTIMATOR = [
-    Case("est-nan", "estimator", "NaN deep inside one chunk (dask array)", _nan_chunk,
-         ("NaN or infinity", "rows 40-59", "Remove or impute")),
-    Case("est-inf", "estimator", "-inf in a zarr array", _inf_zarr,
-         ("NaN or infinity", "rows 0-19", "Remove or impute")),
-    Case("est-empty", "estimator", "0 samples", lambda c: lambda: _fit(np.empty((0, 3))),
-         ("empty: shape (0, 3)", "need at least 1 sample")),
-    Case("est-1d", "estimator", "1-D data", lambda c: lambda: _fit(np.ones(10)),
-         ("Expected a 2-D array", "X.reshape(-1, 1)")),
-    Case("est-text", "estimator", "string data", lambda c: lambda: _fit(np.array([["a", "b"]])),
-         ("not numeric", "convert it to float")),
-    Case("est-ncomp", "estimator", "n_components larger than the data",
-         lambda c: lambda: _fit(blobs(60, 3), n_components=61),
-         ("n_components=61 must be <= n_samples=60", "ask for fewer components")),
-    Case("est-gamma", "estimator", "gamma <= 0", lambda c: lambda: _fit(blobs(60, 3), gamma=0.0),
-         ("'gamma' parameter of KernelPCA must be a float in the range (0, inf)", "Got 0.0")),
-    Case("est-constant", "estimator", "zero-variance data (every row identical)",
-         lambda c: lambda: _fit(np.ones((50, 3))),
-         ("no positive eigenvalue", "all rows identical", "Check the data and the kernel")),
-    Case("est-features", "estimator", "wrong feature count at transform", _wrong_features,
-         ("4 features", "fitted with 3")),
-    Case("est-not-fitted", "estimator", "transform before fit", _not_fitted,
-         ("not fitted yet", "Call 'fit'")),
-    Case("est-corrupt-model", "estimator", "load a model whose array was modified",
-         _corrupt_model, ("checksum mismatch for 'eigenvectors'", "Re-create it")),
+    Case(
+        "est-nan",
+        "estimator",
+        "NaN deep inside one chunk (dask array)",
+        _nan_chunk,
+        ("NaN or infinity", "rows 40-59", "Remove or impute"),
+    ),
+    Case(
+        "est-inf",
+        "estimator",
+        "-inf in a zarr array",
+        _inf_zarr,
+        ("NaN or infinity", "rows 0-19", "Remove or impute"),
+    ),
+    Case(
+        "est-empty",
+        "estimator",
+        "0 samples",
+        lambda c: lambda: _fit(np.empty((0, 3))),
+        ("empty: shape (0, 3)", "need at least 1 sample"),
+    ),
+    Case(
+        "est-1d",
+        "estimator",
+        "1-D data",
+        lambda c: lambda: _fit(np.ones(10)),
+        ("Expected a 2-D array", "X.reshape(-1, 1)"),
+    ),
+    Case(
+        "est-text",
+        "estimator",
+        "string data",
+        lambda c: lambda: _fit(np.array([["a", "b"]])),
+        ("not numeric", "convert it to float"),
+    ),
+    Case(
+        "est-ncomp",
+        "estimator",
+        "n_components larger than the data",
+        lambda c: lambda: _fit(blobs(60, 3), n_components=61),
+        ("n_components=61 must be <= n_samples=60", "ask for fewer components"),
+    ),
+    Case(
+        "est-gamma",
+        "estimator",
+        "gamma <= 0",
+        lambda c: lambda: _fit(blobs(60, 3), gamma=0.0),
+        ("'gamma' parameter of KernelPCA must be a float in the range (0, inf)", "Got 0.0"),
+    ),
+    Case(
+        "est-constant",
+        "estimator",
+        "zero-variance data (every row identical)",
+        lambda c: lambda: _fit(np.ones((50, 3))),
+        ("no positive eigenvalue", "all rows identical", "Check the data and the kernel"),
+    ),
+    Case(
+        "est-features",
+        "estimator",
+        "wrong feature count at transform",
+        _wrong_features,
+        ("4 features", "fitted with 3"),
+    ),
+    Case(
+        "est-not-fitted",
+        "estimator",
+        "transform before fit",
+        _not_fitted,
+        ("not fitted yet", "Call 'fit'"),
+    ),
+    Case(
+        "est-corrupt-model",
+        "estimator",
+        "load a model whose array was modified",
+        _corrupt_model,
+        ("checksum mismatch for 'eigenvectors'", "Re-create it"),
+    ),
 ]
 
 
@@ -277,39 +348,93 @@ def _yaml(ctx, text):
 
 
 CONFIG = [
-    Case("cfg-gamma", "config", "kernel.gamma <= 0",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), kernel={"gamma": 0})],
-         ("kernel.gamma", "gamma must be > 0")),
-    Case("cfg-ncomp", "config", "solver.n_components < 1",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), solver={"n_components": 0})],
-         ("solver.n_components", "greater than or equal to 1")),
-    Case("cfg-typo", "config", "misspelt field",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), solver={"n_componets": 3})],
-         ("solver.n_componets", "unknown field", "docs/config.md")),
-    Case("cfg-secret", "config", "credentials in storage_options (nested)",
-         lambda c: ["run", c.config("s3://bucket/x.parquet", input={"storage_options": {
-             "client_kwargs": {"aws_secret_access_key": "abc"}}})],
-         ("must not hold credentials", "client_kwargs.aws_secret_access_key",
-          "set them in the environment")),
-    Case("cfg-url-credentials", "config", "URL with user:password@",
-         lambda c: ["run", c.config("s3://user:pw@bucket/x.parquet")],
-         ("embedded credentials", "use the environment")),
-    Case("cfg-zarr-escape", "config", "input.zarr_array escaping its store",
-         lambda c: ["run", c.config(c.dir / "x.zarr", input={"zarr_array": "../../etc"})],
-         ("input.zarr_array", "must be a relative path inside the input store")),
-    Case("cfg-address", "config", "scheduler address without a scheme",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={"address": "localhost:8786"})],
-         ("must start with tcp:// or tls://",)),
-    Case("cfg-tls-section", "config", "tls:// address without certificates",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={"address": "tls://h:8786"})],
-         ("a tls:// address needs the 'tls' section",)),
-    Case("cfg-missing", "config", "config file does not exist",
-         lambda c: ["run", c.dir / "nowhere.yaml"], ("does not exist",)),
-    Case("cfg-yaml", "config", "config is not valid YAML",
-         lambda c: _yaml(c, "input: [unclosed\n"),
-         ("is not valid YAML", "at line 2, column 1", "fix its syntax")),
-    Case("cfg-not-mapping", "config", "config is a list, not a mapping",
-         lambda c: _yaml(c, "- input\n- kernel\n"), ("must hold a mapping at the top level",)),
+    Case(
+        "cfg-gamma",
+        "config",
+        "kernel.gamma <= 0",
+        lambda c: ["run", c.config(c.npy(blobs(N, D)), kernel={"gamma": 0})],
+        ("kernel.gamma", "gamma must be > 0"),
+    ),
+    Case(
+        "cfg-ncomp",
+        "config",
+        "solver.n_components < 1",
+        lambda c: ["run", c.config(c.npy(blobs(N, D)), solver={"n_components": 0})],
+        ("solver.n_components", "greater than or equal to 1"),
+    ),
+    Case(
+        "cfg-typo",
+        "config",
+        "misspelt field",
+        lambda c: ["run", c.config(c.npy(blobs(N, D)), solver={"n_componets": 3})],
+        ("solver.n_componets", "unknown field", "docs/config.md"),
+    ),
+    Case(
+        "cfg-secret",
+        "config",
+        "credentials in storage_options (nested)",
+        lambda c: [
+            "run",
+            c.config(
+                "s3://bucket/x.parquet",
+                input={"storage_options": {"client_kwargs": {"aws_secret_access_key": "abc"}}},
+            ),
+        ],
+        (
+            "must not hold credentials",
+            "client_kwargs.aws_secret_access_key",
+            "set them in the environment",
+        ),
+    ),
+    Case(
+        "cfg-url-credentials",
+        "config",
+        "URL with user:password@",
+        lambda c: ["run", c.config("s3://user:pw@bucket/x.parquet")],
+        ("embedded credentials", "use the environment"),
+    ),
+    Case(
+        "cfg-zarr-escape",
+        "config",
+        "input.zarr_array escaping its store",
+        lambda c: ["run", c.config(c.dir / "x.zarr", input={"zarr_array": "../../etc"})],
+        ("input.zarr_array", "must be a relative path inside the input store"),
+    ),
+    Case(
+        "cfg-address",
+        "config",
+        "scheduler address without a scheme",
+        lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={"address": "localhost:8786"})],
+        ("must start with tcp:// or tls://",),
+    ),
+    Case(
+        "cfg-tls-section",
+        "config",
+        "tls:// address without certificates",
+        lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={"address": "tls://h:8786"})],
+        ("a tls:// address needs the 'tls' section",),
+    ),
+    Case(
+        "cfg-missing",
+        "config",
+        "config file does not exist",
+        lambda c: ["run", c.dir / "nowhere.yaml"],
+        ("does not exist",),
+    ),
+    Case(
+        "cfg-yaml",
+        "config",
+        "config is not valid YAML",
+        lambda c: _yaml(c, "input: [unclosed\n"),
+        ("is not valid YAML", "at line 2, column 1", "fix its syntax"),
+    ),
+    Case(
+        "cfg-not-mapping",
+        "config",
+        "config is a list, not a mapping",
+        lambda c: _yaml(c, "- input\n- kernel\n"),
+        ("must hold a mapping at the top level",),
+    ),
 ]
 
 
@@ -385,84 +510,207 @@ def _zarr_input(ctx, corrupt):
 
 
 INPUT = [
-    Case("in-nan", "input", "NaN in an NPY file", _nan_npy,
-         ("contains NaN or infinity (1 value; the first in rows 124-185)",
-          "set input.nonfinite: drop")),
-    Case("in-inf", "input", "inf in a CSV column", _inf_csv,
-         ("contains NaN or infinity", "set input.nonfinite: drop")),
-    Case("in-empty", "input", "empty file (0 bytes)", lambda c: _csv(c, ""),
-         ("is empty (no header, no rows)", "point input.path at a file with data")),
-    Case("in-header-only", "input", "CSV with a header and no rows",
-         lambda c: _csv(c, "a,b,c\n"), ("has a header", "but no data rows")),
-    Case("in-ragged", "input", "ragged CSV",
-         lambda c: _csv(c, "a,b,c\n1,2,3\n4,5,6,7\n8,9,10\n"),
-         ("is ragged", "Expected 3 fields in line 3, saw 4", "Every row needs the same number")),
-    Case("in-late-text", "input", "text in a numeric column, past dask's dtype sample",
-         _late_text, ("column(s) ['b'] hold text where numbers are expected", "'oops'",
-                      "clean the file")),
-    Case("in-text-columns", "input", "non-numeric column chosen as a feature",
-         lambda c: _table(c, input={"columns": ["a", "note"]}),
-         ("input.columns ['note'] are not numeric", "encode them as numbers")),
-    Case("in-no-numeric", "input", "no numeric columns at all",
-         lambda c: _csv(c, "name,city\nann,oslo\nbob,rome\n"),
-         ("has no numeric feature columns", "set input.columns")),
-    Case("in-label-missing", "input", "missing label column",
-         lambda c: _table(c, input={"label_column": "class"}),
-         ("input.label_column 'class' is not a column", "available")),
-    Case("in-one-class", "input", "label column with a single class",
-         lambda c: _csv(c, "a,b,y\n" + "".join(f"{i},{i % 7},z\n" for i in range(50)),
-                        input={"label_column": "y"}),
-         ("has 1 class(es)", "drop input.label_column")),
-    Case("in-missing", "input", "input file does not exist",
-         lambda c: ["run", c.config(c.dir / "nowhere.parquet")],
-         ("does not exist", "check input.path")),
-    Case("in-pickle", "input", "NPY holding pickled objects", _pickle_npy,
-         ("object arrays are refused", "would unpickle", "save numeric data")),
-    Case("in-1d", "input", "1-D NPY", lambda c: ["run", c.config(c.npy(np.ones(N)))],
-         ("need 2-D (n_samples, n_features)",)),
-    Case("in-complex", "input", "complex NPY",
-         lambda c: ["run", c.config(c.npy(np.ones((N, D), dtype=complex)))],
-         ("complex values", "real numbers")),
-    Case("in-zarr-metadata", "input", "unreadable zarr store (corrupt metadata)",
-         lambda c: _zarr_input(c, "metadata"),
-         ("is not a readable zarr store", "restore it from a good copy")),
-    Case("in-zarr-chunk", "input", "corrupt zarr chunk", lambda c: _zarr_input(c, "chunk"),
-         ("failed part way", "the input is damaged", "restore it from a good copy")),
+    Case(
+        "in-nan",
+        "input",
+        "NaN in an NPY file",
+        _nan_npy,
+        (
+            "contains NaN or infinity (1 value; the first in rows 124-185)",
+            "set input.nonfinite: drop",
+        ),
+    ),
+    Case(
+        "in-inf",
+        "input",
+        "inf in a CSV column",
+        _inf_csv,
+        ("contains NaN or infinity", "set input.nonfinite: drop"),
+    ),
+    Case(
+        "in-empty",
+        "input",
+        "empty file (0 bytes)",
+        lambda c: _csv(c, ""),
+        ("is empty (no header, no rows)", "point input.path at a file with data"),
+    ),
+    Case(
+        "in-header-only",
+        "input",
+        "CSV with a header and no rows",
+        lambda c: _csv(c, "a,b,c\n"),
+        ("has a header", "but no data rows"),
+    ),
+    Case(
+        "in-ragged",
+        "input",
+        "ragged CSV",
+        lambda c: _csv(c, "a,b,c\n1,2,3\n4,5,6,7\n8,9,10\n"),
+        ("is ragged", "Expected 3 fields in line 3, saw 4", "Every row needs the same number"),
+    ),
+    Case(
+        "in-late-text",
+        "input",
+        "text in a numeric column, past dask's dtype sample",
+        _late_text,
+        ("column(s) ['b'] hold text where numbers are expected", "'oops'", "clean the file"),
+    ),
+    Case(
+        "in-text-columns",
+        "input",
+        "non-numeric column chosen as a feature",
+        lambda c: _table(c, input={"columns": ["a", "note"]}),
+        ("input.columns ['note'] are not numeric", "encode them as numbers"),
+    ),
+    Case(
+        "in-no-numeric",
+        "input",
+        "no numeric columns at all",
+        lambda c: _csv(c, "name,city\nann,oslo\nbob,rome\n"),
+        ("has no numeric feature columns", "set input.columns"),
+    ),
+    Case(
+        "in-label-missing",
+        "input",
+        "missing label column",
+        lambda c: _table(c, input={"label_column": "class"}),
+        ("input.label_column 'class' is not a column", "available"),
+    ),
+    Case(
+        "in-one-class",
+        "input",
+        "label column with a single class",
+        lambda c: _csv(
+            c,
+            "a,b,y\n" + "".join(f"{i},{i % 7},z\n" for i in range(50)),
+            input={"label_column": "y"},
+        ),
+        ("has 1 class(es)", "drop input.label_column"),
+    ),
+    Case(
+        "in-missing",
+        "input",
+        "input file does not exist",
+        lambda c: ["run", c.config(c.dir / "nowhere.parquet")],
+        ("does not exist", "check input.path"),
+    ),
+    Case(
+        "in-pickle",
+        "input",
+        "NPY holding pickled objects",
+        _pickle_npy,
+        ("object arrays are refused", "would unpickle", "save numeric data"),
+    ),
+    Case(
+        "in-1d",
+        "input",
+        "1-D NPY",
+        lambda c: ["run", c.config(c.npy(np.ones(N)))],
+        ("need 2-D (n_samples, n_features)",),
+    ),
+    Case(
+        "in-complex",
+        "input",
+        "complex NPY",
+        lambda c: ["run", c.config(c.npy(np.ones((N, D), dtype=complex)))],
+        ("complex values", "real numbers"),
+    ),
+    Case(
+        "in-zarr-metadata",
+        "input",
+        "unreadable zarr store (corrupt metadata)",
+        lambda c: _zarr_input(c, "metadata"),
+        ("is not a readable zarr store", "restore it from a good copy"),
+    ),
+    Case(
+        "in-zarr-chunk",
+        "input",
+        "corrupt zarr chunk",
+        lambda c: _zarr_input(c, "chunk"),
+        ("failed part way", "the input is damaged", "restore it from a good copy"),
+    ),
 ]
 
 
 # ------------------------------------------------------------------ fit
 FIT = [
-    Case("fit-ncomp", "fit", "n_components larger than the data",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), solver={"n_components": N + 1})],
-         (f"solver.n_components={N + 1} exceeds the {N} training rows",
-          "ask for fewer components")),
-    Case("fit-constant", "fit", "zero-variance data (every row identical), gamma 'scale'",
-         lambda c: ["run", c.config(c.npy(np.ones((N, D))), kernel={"gamma": "scale"})],
-         ("gamma='scale' needs distinct rows", "Pass a numeric gamma")),
-    Case("fit-constant-gamma", "fit", "zero-variance data, numeric gamma",
-         lambda c: ["run", c.config(c.npy(np.full((N, D), 3.0)))],
-         ("the data are constant in feature space", "check the input and kernel.gamma")),
-    Case("fit-duplicates", "fit", "duplicate rows only (3 distinct rows, 4 components)",
-         lambda c: ["run", c.config(c.npy(np.repeat(blobs(3, D), N // 3, axis=0)),
-                                    solver={"n_components": 4, "eigen_solver": "dense"})],
-         ("solver.n_components=4", "only 2 clearly positive eigenvalues", "duplicate rows",
-          "set solver.n_components to 2 or less")),
+    Case(
+        "fit-ncomp",
+        "fit",
+        "n_components larger than the data",
+        lambda c: ["run", c.config(c.npy(blobs(N, D)), solver={"n_components": N + 1})],
+        (
+            f"solver.n_components={N + 1} exceeds the {N} training rows",
+            "ask for fewer components",
+        ),
+    ),
+    Case(
+        "fit-constant",
+        "fit",
+        "zero-variance data (every row identical), gamma 'scale'",
+        lambda c: ["run", c.config(c.npy(np.ones((N, D))), kernel={"gamma": "scale"})],
+        ("gamma='scale' needs distinct rows", "Pass a numeric gamma"),
+    ),
+    Case(
+        "fit-constant-gamma",
+        "fit",
+        "zero-variance data, numeric gamma",
+        lambda c: ["run", c.config(c.npy(np.full((N, D), 3.0)))],
+        ("the data are constant in feature space", "check the input and kernel.gamma"),
+    ),
+    Case(
+        "fit-duplicates",
+        "fit",
+        "duplicate rows only (3 distinct rows, 4 components)",
+        lambda c: [
+            "run",
+            c.config(
+                c.npy(np.repeat(blobs(3, D), N // 3, axis=0)),
+                solver={"n_components": 4, "eigen_solver": "dense"},
+            ),
+        ],
+        (
+            "solver.n_components=4",
+            "only 2 clearly positive eigenvalues",
+            "duplicate rows",
+            "set solver.n_components to 2 or less",
+        ),
+    ),
     # One pass and no oversampling is inaccurate by construction (residual ~0.5 here), on
     # every CPU and whatever the randomized solver's stopping rule: the case stays provocable.
-    Case("fit-inaccurate", "fit", "randomized solver inaccurate (one pass, no oversampling)",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), kernel={"gamma": 0.5},
-                                    solver={"n_components": 4, "n_power_iter": 0,
-                                            "n_oversamples": 0})],
-         ("certified residual <residual> exceeds solver.max_residual=0.01",
-          "use eigen_solver: dense"), check=residual_above(0.01)),
-    Case("fit-non-psd", "fit", "non-PSD kernel (sigmoid) with fewer positive eigenvalues than "
-         "components",
-         lambda c: ["run", c.config(c.npy(np.random.default_rng(0).standard_normal((N, 2))),
-                                    kernel={"name": "sigmoid", "gamma": 5.0, "coef0": -5.0},
-                                    solver={"n_components": 150, "eigen_solver": "dense"})],
-         ("sigmoid kernel is not positive semi-definite", "set solver.n_components to <k>"),
-         check=kept_between(2, 149)),
+    Case(
+        "fit-inaccurate",
+        "fit",
+        "randomized solver inaccurate (one pass, no oversampling)",
+        lambda c: [
+            "run",
+            c.config(
+                c.npy(blobs(N, D)),
+                kernel={"gamma": 0.5},
+                solver={"n_components": 4, "n_power_iter": 0, "n_oversamples": 0},
+            ),
+        ],
+        (
+            "certified residual <residual> exceeds solver.max_residual=0.01",
+            "use eigen_solver: dense",
+        ),
+        check=residual_above(0.01),
+    ),
+    Case(
+        "fit-non-psd",
+        "fit",
+        "non-PSD kernel (sigmoid) with fewer positive eigenvalues than components",
+        lambda c: [
+            "run",
+            c.config(
+                c.npy(np.random.default_rng(0).standard_normal((N, 2))),
+                kernel={"name": "sigmoid", "gamma": 5.0, "coef0": -5.0},
+                solver={"n_components": 150, "eigen_solver": "dense"},
+            ),
+        ],
+        ("sigmoid kernel is not positive semi-definite", "set solver.n_components to <k>"),
+        check=kept_between(2, 149),
+    ),
 ]
 
 
@@ -474,11 +722,19 @@ def _complete_run_exists(ctx):
 
 
 def _locked(ctx):
-    script = ("import sys\nfrom pipeline.lock import RunLock\nfrom pipeline.store import Location"
-              f"\nlock = RunLock(Location({str(ctx.out)!r})).acquire()\nprint('held', flush=True)"
-              "\nsys.stdin.read()\nlock.release()\n")
-    p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env(), text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    script = (
+        "import sys\nfrom pipeline.lock import RunLock\nfrom pipeline.store import Location"
+        f"\nlock = RunLock(Location({str(ctx.out)!r})).acquire()\nprint('held', flush=True)"
+        "\nsys.stdin.read()\nlock.release()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env(),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert p.stdout.readline().strip() == "held"
     ctx.cleanups.append(lambda: p.communicate("", timeout=30))
     return ["run", ctx.config(ctx.npy(blobs(N, D)))]
@@ -486,8 +742,16 @@ def _locked(ctx):
 
 def _foreign_lock(ctx):
     ctx.out.mkdir()
-    (ctx.out / ".kpca-run.lock").write_text(json.dumps(
-        {"host": "node-17", "pid": 4242, "started": "2026-11-20T23:00:00+00:00", "user": "etl"}))
+    (ctx.out / ".kpca-run.lock").write_text(
+        json.dumps(
+            {
+                "host": "node-17",
+                "pid": 4242,
+                "started": "2026-11-20T23:00:00+00:00",
+                "user": "etl",
+            }
+        )
+    )
     return ["run", ctx.config(ctx.npy(blobs(N, D)))]
 
 
@@ -499,8 +763,11 @@ def _out_is_file(ctx):
 def _tmpfs(ctx):
     small = ctx.dir / "small"
     small.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         raise PermissionError(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     ctx.cleanups.append(lambda: subprocess.run(["umount", "-l", str(small)], check=True))
@@ -517,8 +784,11 @@ def _assert_unpublished(out):
 def _fsize_limit(ctx):
     """RLIMIT_FSIZE (what works without root): the whole job in a subprocess, local cluster."""
     data = ctx.npy(blobs(20000, 4))
-    cfg = ctx.config(data, cluster={"address": "", "n_workers": 1, "dashboard_address": None},
-                     chunks={"target_chunk_mb": 1})  # one 640 kB chunk: over the limit
+    cfg = ctx.config(
+        data,
+        cluster={"address": "", "n_workers": 1, "dashboard_address": None},
+        chunks={"target_chunk_mb": 1},
+    )  # one 640 kB chunk: over the limit
 
     def run():
         import resource
@@ -526,8 +796,15 @@ def _fsize_limit(ctx):
         def limit():
             resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
-        res = subprocess.run(run_command(cfg), cwd=ROOT, env=env(), capture_output=True,
-                             text=True, timeout=300, preexec_fn=limit)
+        res = subprocess.run(
+            run_command(cfg),
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=limit,
+        )
         lines = [ln for ln in res.stderr.splitlines() if ": error: " in ln]
         if res.returncode != 2 or len(lines) != 1:
             raise AssertionError(f"exit {res.returncode}: {res.stderr[-2000:]}")
@@ -537,21 +814,55 @@ def _fsize_limit(ctx):
 
 
 OUTPUT = [
-    Case("out-is-file", "output", "output path is a file", _out_is_file,
-         ("is a file, not a folder", "choose another output.path")),
-    Case("out-exists", "output", "a complete run is already there (no --overwrite)",
-         _complete_run_exists, ("already holds a complete run", "--overwrite")),
-    Case("out-locked", "output", "another run holds the output's lock", _locked,
-         ("is locked by a running job (host <host>, pid <pid>, started <time>",
-          "choose another output.path")),
-    Case("out-foreign-lock", "output", "lock held from another host", _foreign_lock,
-         ("locked by a run on another host (host <host>, pid <pid>, started <time>",
-          "kpca unlock")),
-    Case("out-disk-full", "output", "disk full (a 256 KiB tmpfs as output)", _tmpfs,
-         ("out of disk space", "No space left on device", "re-run the same command to resume"),
-         needs_root=True),
-    Case("out-fsize", "output", "file size limit (RLIMIT_FSIZE 200 kB, no root needed)",
-         _fsize_limit, ("out of disk space", "File too large", "free space")),
+    Case(
+        "out-is-file",
+        "output",
+        "output path is a file",
+        _out_is_file,
+        ("is a file, not a folder", "choose another output.path"),
+    ),
+    Case(
+        "out-exists",
+        "output",
+        "a complete run is already there (no --overwrite)",
+        _complete_run_exists,
+        ("already holds a complete run", "--overwrite"),
+    ),
+    Case(
+        "out-locked",
+        "output",
+        "another run holds the output's lock",
+        _locked,
+        (
+            "is locked by a running job (host <host>, pid <pid>, started <time>",
+            "choose another output.path",
+        ),
+    ),
+    Case(
+        "out-foreign-lock",
+        "output",
+        "lock held from another host",
+        _foreign_lock,
+        (
+            "locked by a run on another host (host <host>, pid <pid>, started <time>",
+            "kpca unlock",
+        ),
+    ),
+    Case(
+        "out-disk-full",
+        "output",
+        "disk full (a 256 KiB tmpfs as output)",
+        _tmpfs,
+        ("out of disk space", "No space left on device", "re-run the same command to resume"),
+        needs_root=True,
+    ),
+    Case(
+        "out-fsize",
+        "output",
+        "file size limit (RLIMIT_FSIZE 200 kB, no root needed)",
+        _fsize_limit,
+        ("out of disk space", "File too large", "free space"),
+    ),
 ]
 
 
@@ -559,27 +870,63 @@ OUTPUT = [
 def _no_workers(ctx):
     from distributed import LocalCluster
 
-    cluster = LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address=None,
-                           processes=True)
+    cluster = LocalCluster(
+        n_workers=0, host="127.0.0.1", dashboard_address=None, processes=True
+    )
     ctx.cleanups.append(cluster.close)
-    return ["run", ctx.config(ctx.npy(blobs(N, D)), cluster={
-        "address": cluster.scheduler_address, "connect_timeout": 2})]
+    return [
+        "run",
+        ctx.config(
+            ctx.npy(blobs(N, D)),
+            cluster={"address": cluster.scheduler_address, "connect_timeout": 2},
+        ),
+    ]
 
 
 CLUSTER = [
-    Case("cl-unreachable", "cluster", "unreachable scheduler address",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={
-             "address": f"tcp://127.0.0.1:{free_port()}", "connect_timeout": 2})],
-         ("cannot reach the Dask scheduler at tcp://127.0.0.1:<port> within 2 s",
-          "check cluster.address")),
-    Case("cl-no-workers", "cluster", "scheduler without workers", _no_workers,
-         ("has no workers after 2 s", "start workers")),
-    Case("cl-tls-files", "cluster", "TLS certificate files missing",
-         lambda c: ["run", c.config(c.npy(blobs(N, D)), cluster={
-             "address": "tls://127.0.0.1:8786", "tls": {
-                 "ca_file": str(c.dir / "ca.pem"), "client_cert": str(c.dir / "c.pem"),
-                 "client_key": str(c.dir / "c.key")}})],
-         ("TLS file <dir>/ca.pem does not exist", "cluster.tls")),
+    Case(
+        "cl-unreachable",
+        "cluster",
+        "unreachable scheduler address",
+        lambda c: [
+            "run",
+            c.config(
+                c.npy(blobs(N, D)),
+                cluster={"address": f"tcp://127.0.0.1:{free_port()}", "connect_timeout": 2},
+            ),
+        ],
+        (
+            "cannot reach the Dask scheduler at tcp://127.0.0.1:<port> within 2 s",
+            "check cluster.address",
+        ),
+    ),
+    Case(
+        "cl-no-workers",
+        "cluster",
+        "scheduler without workers",
+        _no_workers,
+        ("has no workers after 2 s", "start workers"),
+    ),
+    Case(
+        "cl-tls-files",
+        "cluster",
+        "TLS certificate files missing",
+        lambda c: [
+            "run",
+            c.config(
+                c.npy(blobs(N, D)),
+                cluster={
+                    "address": "tls://127.0.0.1:8786",
+                    "tls": {
+                        "ca_file": str(c.dir / "ca.pem"),
+                        "client_cert": str(c.dir / "c.pem"),
+                        "client_key": str(c.dir / "c.key"),
+                    },
+                },
+            ),
+        ],
+        ("TLS file <dir>/ca.pem does not exist", "cluster.tls"),
+    ),
 ]
 
 
@@ -623,26 +970,58 @@ def _kept_and_removed(path):
 
 
 TRANSFORM = [
-    Case("tr-features", "transform", "wrong feature count at transform",
-         lambda c: ["transform", c.run, _new_rows(c, RUN_D + 2), c.dir / "emb.zarr"],
-         (f"has {RUN_D + 2} feature columns but the model was fitted on {RUN_D}",
-          "select the same columns")),
-    Case("tr-incomplete", "transform", "model of a run that did not finish (no manifest)",
-         lambda c: ["transform", _incomplete_run(c) / "model", _new_rows(c), c.dir / "emb.zarr"],
-         ("has no manifest.json: the run did not finish", "Re-run the pipeline")),
-    Case("tr-tampered", "transform", "run whose embedding changed after publishing",
-         lambda c: ["transform", _tampered_run(c), _new_rows(c), c.dir / "emb.zarr"],
-         ("checksum mismatch for 'embedding'", "re-run the pipeline")),
-    Case("tr-no-model", "transform", "model path does not exist",
-         lambda c: ["transform", c.dir / "nothing", _new_rows(c), c.dir / "emb.zarr"],
-         ("No saved model at <dir>/nothing", "does not exist")),
-    Case("tr-output-exists", "transform", "transform output already exists", _existing_output,
-         ("exists and was not written by kpca transform", "choose another output path")),
-    Case("info-schema", "info", "manifest of an unknown schema version",
-         lambda c: ["info", _schema_run(c)],
-         ("schema_version 7", "Use a matching kpca-dask version")),
-    Case("info-not-a-run", "info", "folder that is not a run",
-         lambda c: ["info", c.dir], ("has no manifest.json", "it is not a result")),
+    Case(
+        "tr-features",
+        "transform",
+        "wrong feature count at transform",
+        lambda c: ["transform", c.run, _new_rows(c, RUN_D + 2), c.dir / "emb.zarr"],
+        (
+            f"has {RUN_D + 2} feature columns but the model was fitted on {RUN_D}",
+            "select the same columns",
+        ),
+    ),
+    Case(
+        "tr-incomplete",
+        "transform",
+        "model of a run that did not finish (no manifest)",
+        lambda c: ["transform", _incomplete_run(c) / "model", _new_rows(c), c.dir / "emb.zarr"],
+        ("has no manifest.json: the run did not finish", "Re-run the pipeline"),
+    ),
+    Case(
+        "tr-tampered",
+        "transform",
+        "run whose embedding changed after publishing",
+        lambda c: ["transform", _tampered_run(c), _new_rows(c), c.dir / "emb.zarr"],
+        ("checksum mismatch for 'embedding'", "re-run the pipeline"),
+    ),
+    Case(
+        "tr-no-model",
+        "transform",
+        "model path does not exist",
+        lambda c: ["transform", c.dir / "nothing", _new_rows(c), c.dir / "emb.zarr"],
+        ("No saved model at <dir>/nothing", "does not exist"),
+    ),
+    Case(
+        "tr-output-exists",
+        "transform",
+        "transform output already exists",
+        _existing_output,
+        ("exists and was not written by kpca transform", "choose another output path"),
+    ),
+    Case(
+        "info-schema",
+        "info",
+        "manifest of an unknown schema version",
+        lambda c: ["info", _schema_run(c)],
+        ("schema_version 7", "Use a matching kpca-dask version"),
+    ),
+    Case(
+        "info-not-a-run",
+        "info",
+        "folder that is not a run",
+        lambda c: ["info", c.dir],
+        ("has no manifest.json", "it is not a result"),
+    ),
 ]
 
 CASES = ESTIMATOR + CONFIG + INPUT + FIT + OUTPUT + CLUSTER + TRANSFORM
@@ -780,8 +1159,10 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
     """)
     rows = ["## Cases", "", "| # | layer | case | result | message |", "|---|---|---|---|---|"]
     for i, (o, msg) in enumerate(outcomes, 1):
-        rows.append(f"| {i} | {o.case.layer} | {o.case.title} (`{o.case.key}`) | {o.status} | "
-                    f"{_message_cell(msg)} |")
+        rows.append(
+            f"| {i} | {o.case.layer} | {o.case.title} (`{o.case.key}`) | {o.status} | "
+            f"{_message_cell(msg)} |"
+        )
     return head + "\n".join(rows) + "\n"
 
 
@@ -789,8 +1170,9 @@ def documented_messages(doc: str) -> dict[str, str]:
     """key -> message from a generated table."""
     found = {}
     for line in doc.splitlines():
-        m = re.match(r"\| \d+ \| [^|]+ \| .*\(`([\w-]+)`\) \| [^|]+ \| (`` (.*) ``|`(.*)`) \|$",
-                     line)
+        m = re.match(
+            r"\| \d+ \| [^|]+ \| .*\(`([\w-]+)`\) \| [^|]+ \| (`` (.*) ``|`(.*)`) \|$", line
+        )
         if m:
             found[m.group(1)] = (m.group(3) or m.group(4)).replace("\\|", "|")
     return found
@@ -805,9 +1187,16 @@ def _main() -> None:  # pragma: no cover - the docs generator
     from .helpers import make_published_run
 
     logging.disable(logging.WARNING)
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None,
-            processes=True) as cluster:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=None,
+            processes=True,
+        ) as cluster,
+    ):
         tmp = Path(tmp)
         with Client(cluster):
             run = make_published_run(tmp / "published")

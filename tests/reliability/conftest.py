@@ -23,7 +23,8 @@ def reference_run(e2e_data, tmp_path_factory):
     """The artifacts of an undisturbed run (local cluster of 2 worker processes)."""
     folder = tmp_path_factory.mktemp("reference")
     cfg = write_config(folder / "run.yaml", e2e_data, folder / "out")
-    res = subprocess.run(run_command(cfg), cwd=ROOT, env=env(), capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        run_command(cfg), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return artifacts(folder / "out")

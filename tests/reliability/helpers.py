@@ -23,8 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 #: BLAS single-threaded in every process we start (the nanny does this for its
 #: workers; ``--no-nanny`` workers and the driver get it here), so that results
 #: never depend on how BLAS splits a product across threads.
-SINGLE_THREADED = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                      "MKL_NUM_THREADS", "BLIS_NUM_THREADS")}
+SINGLE_THREADED = {
+    v: "1"
+    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+}
 
 
 def _dask_cli() -> str:
@@ -47,14 +49,28 @@ def env(**extra: str) -> dict[str, str]:
 def run_command(config: Path, *extra: str) -> list[str]:
     """``kpca run CONFIG`` as a batch job runs it, without the Prefect flow (the flows have
     their own tests; here the subject is the pipeline process and its cluster)."""
-    return [sys.executable, "-m", "flows.cli", "run", str(config), "--no-progress",
-            "--no-prefect", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "run",
+        str(config),
+        "--no-progress",
+        "--no-prefect",
+        *extra,
+    ]
 
 
 def kpca(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """The ``kpca`` command line in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=ROOT,
-                          env=env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *map(str, args)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ------------------------------------------------------------------ data and config
@@ -69,8 +85,12 @@ def write_config(path: Path, data: Path, out: Path, **sections: dict) -> Path:
     cfg = {
         "input": {"path": str(data)},
         "kernel": {"name": "rbf", "gamma": 0.002},
-        "solver": {"n_components": 4, "eigen_solver": "randomized", "dtype": "float64",
-                   "random_state": 0},
+        "solver": {
+            "n_components": 4,
+            "eigen_solver": "randomized",
+            "dtype": "float64",
+            "random_state": 0,
+        },
         "chunks": {"target_chunk_mb": 0.2, "block_rows": 200},
         "kernel_store": {"materialize": "always"},
         "output": {"path": str(out), "parquet": True},
@@ -87,13 +107,15 @@ def small_config(folder: Path, out: Path, **over: dict):
     """A validated config for 300 x 5 rows at ``folder/x.npy`` (recomputed kernel, Parquet)."""
     from pipeline.config import load_config
 
-    cfg: dict = {"input": {"path": str(folder / "x.npy")},
-                 "kernel": {"name": "rbf", "gamma": 0.05},
-                 "solver": {"n_components": 3, "eigen_solver": "randomized", "dtype": "float64"},
-                 "chunks": {"target_chunk_mb": 0.01, "block_rows": 100},
-                 "kernel_store": {"materialize": "never"},
-                 "output": {"path": str(out), "parquet": True},
-                 "evaluate": {"enabled": False}}
+    cfg: dict = {
+        "input": {"path": str(folder / "x.npy")},
+        "kernel": {"name": "rbf", "gamma": 0.05},
+        "solver": {"n_components": 3, "eigen_solver": "randomized", "dtype": "float64"},
+        "chunks": {"target_chunk_mb": 0.01, "block_rows": 100},
+        "kernel_store": {"materialize": "never"},
+        "output": {"path": str(out), "parquet": True},
+        "evaluate": {"enabled": False},
+    }
     for k, v in over.items():
         cfg.setdefault(k, {}).update(v)
     return load_config(cfg)
@@ -138,8 +160,12 @@ def artifacts(out: Path) -> dict:
     from pipeline.export import verify_run
 
     m = verify_run(out)
-    res = {"arrays": m["checksums"], "model": m["model"]["checksums"],
-           "input": m["input"]["fingerprint"], "n_components": m["model"]["n_components"]}
+    res = {
+        "arrays": m["checksums"],
+        "model": m["model"]["checksums"],
+        "input": m["input"]["fingerprint"],
+        "n_components": m["model"]["n_components"],
+    }
     k = out / "work" / "kernel.zarr"
     if k.exists():
         K = zarr.open_group(str(k), mode="r")["K"][...]
@@ -147,7 +173,9 @@ def artifacts(out: Path) -> dict:
     pq = out / "embedding.parquet"
     if pq.exists():
         df = pd.read_parquet(pq).sort_values("id").reset_index(drop=True)
-        res["parquet"] = hashlib.sha256(pd.util.hash_pandas_object(df).values.tobytes()).hexdigest()
+        res["parquet"] = hashlib.sha256(
+            pd.util.hash_pandas_object(df).values.tobytes()
+        ).hexdigest()
     return res
 
 
@@ -180,9 +208,15 @@ class ExternalCluster:
 
 
 @contextlib.contextmanager
-def external_cluster(tmp: Path, n_workers: int = 3, *, nanny: bool = False,
-                     tls: dict[str, Path] | None = None, memory_limit: str = "2GiB",
-                     wait: bool = True) -> Iterator[ExternalCluster]:
+def external_cluster(
+    tmp: Path,
+    n_workers: int = 3,
+    *,
+    nanny: bool = False,
+    tls: dict[str, Path] | None = None,
+    memory_limit: str = "2GiB",
+    wait: bool = True,
+) -> Iterator[ExternalCluster]:
     """Start a scheduler and ``n_workers`` single-threaded workers on 127.0.0.1.
 
     ``tls``: {"ca", "cert", "key"} PEM files; the scheduler then listens on
@@ -198,10 +232,20 @@ def external_cluster(tmp: Path, n_workers: int = 3, *, nanny: bool = False,
     if tls:
         from distributed import Security
 
-        tls_args = ["--tls-ca-file", str(tls["ca"]), "--tls-cert", str(tls["cert"]),
-                    "--tls-key", str(tls["key"])]
-        security = Security(tls_ca_file=str(tls["ca"]), tls_client_cert=str(tls["cert"]),
-                            tls_client_key=str(tls["key"]), require_encryption=True)
+        tls_args = [
+            "--tls-ca-file",
+            str(tls["ca"]),
+            "--tls-cert",
+            str(tls["cert"]),
+            "--tls-key",
+            str(tls["key"]),
+        ]
+        security = Security(
+            tls_ca_file=str(tls["ca"]),
+            tls_client_cert=str(tls["cert"]),
+            tls_client_key=str(tls["key"]),
+            require_encryption=True,
+        )
     logs = tmp / "logs"
     logs.mkdir(exist_ok=True)
     procs: list[subprocess.Popen] = []
@@ -213,14 +257,43 @@ def external_cluster(tmp: Path, n_workers: int = 3, *, nanny: bool = False,
         return p
 
     try:
-        sched = start([_dask_cli(), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                       "--protocol", proto, "--no-dashboard", *tls_args],
-                      "scheduler")
-        workers = [start([_dask_cli(), "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
-                          "--memory-limit", memory_limit, "--no-dashboard",
-                          "--local-directory", str(tmp / f"w{i}"),
-                          "--nanny" if nanny else "--no-nanny", *tls_args], f"worker{i}")
-                   for i in range(n_workers)]
+        sched = start(
+            [
+                _dask_cli(),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--protocol",
+                proto,
+                "--no-dashboard",
+                *tls_args,
+            ],
+            "scheduler",
+        )
+        workers = [
+            start(
+                [
+                    _dask_cli(),
+                    "worker",
+                    address,
+                    "--host",
+                    "127.0.0.1",
+                    "--nthreads",
+                    "1",
+                    "--memory-limit",
+                    memory_limit,
+                    "--no-dashboard",
+                    "--local-directory",
+                    str(tmp / f"w{i}"),
+                    "--nanny" if nanny else "--no-nanny",
+                    *tls_args,
+                ],
+                f"worker{i}",
+            )
+            for i in range(n_workers)
+        ]
         cluster = ExternalCluster(address, sched, workers, security)
         if wait:
             t_end = time.monotonic() + 60
@@ -229,10 +302,12 @@ def external_cluster(tmp: Path, n_workers: int = 3, *, nanny: bool = False,
                     with cluster.client() as c:
                         c.wait_for_workers(n_workers, timeout=max(1, t_end - time.monotonic()))
                     break
-                except OSError:
+                except OSError as err:
                     if time.monotonic() > t_end or sched.poll() is not None:
-                        raise RuntimeError("scheduler did not start: "
-                                           + (logs / "scheduler.log").read_text()[-2000:])
+                        raise RuntimeError(
+                            "scheduler did not start: "
+                            + (logs / "scheduler.log").read_text()[-2000:]
+                        ) from err
                     time.sleep(0.3)
         yield cluster
     finally:

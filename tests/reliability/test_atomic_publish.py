@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import zarr
 
@@ -78,7 +77,8 @@ def fsync_then_die(fd):
     real_fsync(fd)  # the whole manifest is on disk under its temporary name
     os.kill(os.getpid(), signal.SIGKILL)
 os.fsync = fsync_then_die
-atomic_write_json(Location({str(out / MANIFEST)!r}), {{"status": "complete", "pad": "x" * 100000}})
+manifest = Location({str(out / MANIFEST)!r})
+atomic_write_json(manifest, {{"status": "complete", "pad": "x" * 100000}})
 """
     res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env(), timeout=60)
     assert res.returncode == -signal.SIGKILL
@@ -133,19 +133,32 @@ def _tamper_parquet(out):
 
 
 DEFECTS = {
-    "missing manifest": (lambda out: (out / MANIFEST).unlink(),
-                         "no manifest.json: the run did not finish"),
-    "truncated manifest": (lambda out: (out / MANIFEST).write_text(
-        (out / MANIFEST).read_text()[:200]), "is not valid JSON"),
-    "manifest without checksums": (lambda out: _rewrite_manifest(
-        out, lambda m: {k: v for k, v in m.items() if k != "checksums"}),
-        "the manifest is incomplete (missing checksums)"),
-    "unknown schema version": (lambda out: _rewrite_manifest(
-        out, lambda m: {**m, "schema_version": 99}), "schema_version 99; this kpca-dask reads"),
-    "status not complete": (lambda out: _rewrite_manifest(
-        out, lambda m: {**m, "status": "running"}), "status is 'running', not 'complete'"),
-    "embedding changed": (lambda out: zarr.open_group(str(out), mode="r+")["embedding"]
-                          .__setitem__((0, 0), 42.0), "checksum mismatch for 'embedding'"),
+    "missing manifest": (
+        lambda out: (out / MANIFEST).unlink(),
+        "no manifest.json: the run did not finish",
+    ),
+    "truncated manifest": (
+        lambda out: (out / MANIFEST).write_text((out / MANIFEST).read_text()[:200]),
+        "is not valid JSON",
+    ),
+    "manifest without checksums": (
+        lambda out: _rewrite_manifest(
+            out, lambda m: {k: v for k, v in m.items() if k != "checksums"}
+        ),
+        "the manifest is incomplete (missing checksums)",
+    ),
+    "unknown schema version": (
+        lambda out: _rewrite_manifest(out, lambda m: {**m, "schema_version": 99}),
+        "schema_version 99; this kpca-dask reads",
+    ),
+    "status not complete": (
+        lambda out: _rewrite_manifest(out, lambda m: {**m, "status": "running"}),
+        "status is 'running', not 'complete'",
+    ),
+    "embedding changed": (
+        lambda out: zarr.open_group(str(out), mode="r+")["embedding"].__setitem__((0, 0), 42.0),
+        "checksum mismatch for 'embedding'",
+    ),
     "parquet file changed": (_tamper_parquet, "checksum mismatch for file 'embedding.parquet/"),
     "model array changed": (_tamper_model_array, "checksum mismatch for 'eigenvalues'"),
     "model replaced": (_replace_model, "the model was replaced after the run was published"),

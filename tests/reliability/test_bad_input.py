@@ -49,4 +49,5 @@ def test_bad_input_is_refused_in_one_line(key, tmp_path, dask_cluster, published
     assert not outcome.published
     assert documented_messages(DOC.read_text()).get(key) == msg, (
         f"docs/failures.md is stale for {key}: regenerate it with "
-        "`python -m tests.reliability.catalogue > docs/failures.md`")
+        "`python -m tests.reliability.catalogue > docs/failures.md`"
+    )

@@ -15,15 +15,26 @@ import zarr
 
 from pipeline.lock import LOCK_NAME
 
-from .helpers import (ROOT, artifacts, done_blocks, env, kpca, read_json, run_command,
-                      wait_until, write_config)
+from .helpers import (
+    ROOT,
+    artifacts,
+    done_blocks,
+    env,
+    kpca,
+    read_json,
+    run_command,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.distributed
 
 N_BLOCKS = 12 * 13 // 2  # 2400 rows in blocks of 200: upper blocks
 
 
-def test_killed_job_resumes_and_publishes_identical_artifacts(tmp_path, e2e_data, reference_run):
+def test_killed_job_resumes_and_publishes_identical_artifacts(
+    tmp_path, e2e_data, reference_run
+):
     """The job (driver + local cluster: one process group, as a batch scheduler would kill
     it) dies by SIGKILL during the kernel build. Nothing is published and readers say so.
     Re-running the same command breaks the dead run's lock, reuses the ingest, verifies and
@@ -33,8 +44,9 @@ def test_killed_job_resumes_and_publishes_identical_artifacts(tmp_path, e2e_data
     cfg = write_config(tmp_path / "run.yaml", e2e_data, out)
     cmd = run_command(cfg)
     with open(tmp_path / "killed.log", "w") as f:
-        job = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=f, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+        job = subprocess.Popen(
+            cmd, cwd=ROOT, env=env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         ok = wait_until(lambda: done_blocks(out) >= N_BLOCKS // 4, 120, proc=job)
         group = [job.pid] + [c.pid for c in psutil.Process(job.pid).children(recursive=True)]
@@ -44,9 +56,15 @@ def test_killed_job_resumes_and_publishes_identical_artifacts(tmp_path, e2e_data
     assert ok, (tmp_path / "killed.log").read_text()[-3000:]
     assert job.returncode == -signal.SIGKILL
     assert len(group) >= 3  # the driver and its local cluster's processes died together
-    assert wait_until(lambda: not any(psutil.pid_exists(p) and
-                                      psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                      for p in group), 10)
+    assert wait_until(
+        lambda: (
+            not any(
+                psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                for p in group
+            )
+        ),
+        10,
+    )
 
     # the crash left work behind but published nothing
     done = zarr.open_group(str(out / "work" / "kernel.zarr"), mode="r")["done"][...]

@@ -19,8 +19,16 @@ import pytest
 from pipeline.lock import LOCK_NAME, LockHolder, OutputLockedError, RunLock, lock_status
 from pipeline.store import Location
 
-from .helpers import (ROOT, artifacts, done_blocks, env, read_json, run_command, wait_until,
-                      write_config)
+from .helpers import (
+    ROOT,
+    artifacts,
+    done_blocks,
+    env,
+    read_json,
+    run_command,
+    wait_until,
+    write_config,
+)
 
 
 def cli(*args) -> tuple[int, str, str]:
@@ -41,15 +49,27 @@ def test_second_run_to_the_same_output_is_refused(tmp_path, e2e_data, reference_
     out = tmp_path / "out"
     cfg = write_config(tmp_path / "run.yaml", e2e_data, out)
     with open(tmp_path / "first.log", "w") as f:
-        first = subprocess.Popen(run_command(cfg), cwd=ROOT, env=env(), stdout=f,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        first = subprocess.Popen(
+            run_command(cfg),
+            cwd=ROOT,
+            env=env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         assert wait_until(lambda: done_blocks(out) >= 1, 120, proc=first)
         os.killpg(first.pid, signal.SIGSTOP)  # the first job and its cluster, mid-stage
         try:
             holder = read_json(out / LOCK_NAME)
-            second = subprocess.run(run_command(cfg), cwd=ROOT, env=env(), capture_output=True,
-                                    text=True, timeout=300)
+            second = subprocess.run(
+                run_command(cfg),
+                cwd=ROOT,
+                env=env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert first.poll() is None
         finally:
             os.killpg(first.pid, signal.SIGCONT)
@@ -60,8 +80,10 @@ def test_second_run_to_the_same_output_is_refused(tmp_path, e2e_data, reference_
     assert second.returncode == 2, second.stderr[-3000:]
     line = [ln for ln in second.stderr.splitlines() if "error:" in ln]
     assert len(line) == 1 and "Traceback" not in second.stderr
-    assert (f"is locked by a running job (host {socket.gethostname()}, pid {first.pid}, "
-            f"started {holder['started']}") in line[0]
+    assert (
+        f"is locked by a running job (host {socket.gethostname()}, pid {first.pid}, "
+        f"started {holder['started']}"
+    ) in line[0]
     assert "choose another output.path" in line[0]
     assert rc == 0, (tmp_path / "first.log").read_text()[-3000:]
     assert not (out / LOCK_NAME).exists()  # released when the run finished
@@ -70,13 +92,21 @@ def test_second_run_to_the_same_output_is_refused(tmp_path, e2e_data, reference_
 
 def _hold_lock_in_a_process(out, *, die: bool) -> subprocess.Popen:
     """A real process that takes the lock, then either dies by SIGKILL or waits on stdin."""
-    end = ("os.kill(os.getpid(), signal.SIGKILL)" if die else "sys.stdin.read()")
-    script = (f"import os, signal, sys\nfrom pipeline.lock import RunLock\n"
-              f"from pipeline.store import Location\n"
-              f"lock = RunLock(Location({str(out)!r})).acquire()\nprint('held', flush=True)\n"
-              f"{end}\nlock.release()\n")
-    p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env(), text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    end = "os.kill(os.getpid(), signal.SIGKILL)" if die else "sys.stdin.read()"
+    script = (
+        f"import os, signal, sys\nfrom pipeline.lock import RunLock\n"
+        f"from pipeline.store import Location\n"
+        f"lock = RunLock(Location({str(out)!r})).acquire()\nprint('held', flush=True)\n"
+        f"{end}\nlock.release()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env(),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert p.stdout.readline().strip() == "held" or die
     return p
 
@@ -92,8 +122,10 @@ def test_dead_holders_lock_is_broken_with_a_warning(tmp_path, caplog):
         with RunLock(Location(str(out))) as lock:
             assert read_json(out / LOCK_NAME)["pid"] == os.getpid()
             assert lock.holder.pid == os.getpid()
-    assert f"breaking the stale lock of {out}: its holder (host {socket.gethostname()}, " \
-           f"pid {p.pid}" in caplog.text
+    assert (
+        f"breaking the stale lock of {out}: its holder (host {socket.gethostname()}, "
+        f"pid {p.pid}" in caplog.text
+    )
     assert not (out / LOCK_NAME).exists()
 
 
@@ -106,8 +138,10 @@ def test_live_holder_blocks_runs_and_unlock(tmp_path):
         with pytest.raises(OutputLockedError, match=f"pid {p.pid}, started"):
             RunLock(Location(str(out))).acquire()
         rc, _, err = cli("unlock", out)
-        assert rc == 2 and f"locked by a live process (host {socket.gethostname()}, pid {p.pid}" \
-            in err
+        assert (
+            rc == 2
+            and f"locked by a live process (host {socket.gethostname()}, pid {p.pid}" in err
+        )
         assert (out / LOCK_NAME).exists()
     finally:
         p.communicate("", timeout=30)
@@ -119,15 +153,23 @@ def test_lock_from_another_host_needs_kpca_unlock(tmp_path):
     out in the message; ``kpca unlock`` breaks it, then the output is free."""
     out = tmp_path / "out"
     out.mkdir()
-    record = {"host": "node-17", "pid": 4242, "started": "2026-11-20T23:00:00+00:00",
-              "process_started": 1.0, "boot_id": "other-boot", "user": "etl", "token": "t"}
+    record = {
+        "host": "node-17",
+        "pid": 4242,
+        "started": "2026-11-20T23:00:00+00:00",
+        "process_started": 1.0,
+        "boot_id": "other-boot",
+        "user": "etl",
+        "token": "t",
+    }
     (out / LOCK_NAME).write_text(json.dumps(record))
     with pytest.raises(OutputLockedError) as err:
         RunLock(Location(str(out))).acquire()
     assert str(err.value) == (
         f"output {out} is locked by a run on another host (host node-17, pid 4242, started "
         f"2026-11-20T23:00:00+00:00 by etl); if that run is no longer running, break the "
-        f"lock with `kpca unlock {out}` and re-run.")
+        f"lock with `kpca unlock {out}` and re-run."
+    )
     rc, stdout, _ = cli("unlock", out)
     assert rc == 0 and "removed the lock" in stdout and "node-17" in stdout
     assert not (out / LOCK_NAME).exists()
@@ -141,8 +183,10 @@ def test_pid_reuse_and_reboot_make_a_record_stale():
     reboot, is not a live holder."""
     me = LockHolder.me()
     assert me.alive() is True
-    assert LockHolder(**{**me.__dict__, "process_started": me.process_started - 1000}).alive() \
+    assert (
+        LockHolder(**{**me.__dict__, "process_started": me.process_started - 1000}).alive()
         is False
+    )
     assert LockHolder(**{**me.__dict__, "boot_id": "a-previous-boot"}).alive() is False
     assert LockHolder(**{**me.__dict__, "host": "elsewhere"}).alive() is None
 

@@ -15,8 +15,9 @@ def test_npy_input_graph_holds_the_path_not_the_array(tmp_path):
     whole memmapped array, and a worker with a small memory limit died receiving it)."""
     X = np.random.default_rng(0).standard_normal((50_000, 64))  # 25.6 MB
     np.save(tmp_path / "x.npy", X)
-    cfg = load_config({"input": {"path": str(tmp_path / "x.npy")},
-                       "chunks": {"target_chunk_mb": 4}})
+    cfg = load_config(
+        {"input": {"path": str(tmp_path / "x.npy")}, "chunks": {"target_chunk_mb": 4}}
+    )
     src = read_input(cfg.input, cfg.chunks)
     graph = dict(src.X.__dask_graph__())
     assert len(cloudpickle.dumps(graph)) < 20_000
@@ -35,13 +36,25 @@ def test_workers_paused_for_good_fail_the_run_with_the_fix():
     from pipeline.cluster import ClusterError, dask_client
     from pipeline.config import ClusterConfig
 
-    cfg = ClusterConfig(n_workers=1, threads_per_worker=1, memory_limit="1GiB",
-                        dashboard_address=None, paused_timeout=3)
-    with dask.config.set({"distributed.worker.memory.pause": 0.01,
-                          "distributed.worker.memory.terminate": False,
-                          "distributed.worker.memory.monitor-interval": "50ms"}):
-        with pytest.raises(ClusterError, match=r"every worker has been paused at its memory "
-                           r"limit \(1\.00 GiB\) for 3 s.*cluster\.memory_limit"):
+    cfg = ClusterConfig(
+        n_workers=1,
+        threads_per_worker=1,
+        memory_limit="1GiB",
+        dashboard_address=None,
+        paused_timeout=3,
+    )
+    with dask.config.set(
+        {
+            "distributed.worker.memory.pause": 0.01,
+            "distributed.worker.memory.terminate": False,
+            "distributed.worker.memory.monitor-interval": "50ms",
+        }
+    ):
+        with pytest.raises(
+            ClusterError,
+            match=r"every worker has been paused at its memory "
+            r"limit \(1\.00 GiB\) for 3 s.*cluster\.memory_limit",
+        ):
             with dask_client(cfg) as client:
                 client.compute(da.ones((100, 100), chunks=10).sum()).result(timeout=120)
 

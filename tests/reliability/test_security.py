@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-import zarr
 
 import kpca_dask
 from pipeline.cluster import ClusterError, dask_client
@@ -31,14 +30,42 @@ PACKAGES = ("kpca_dask", "pipeline", "flows")
 
 #: calls that deserialise code or evaluate text: never on a load path (anywhere in the packages)
 FORBIDDEN_CALLS = {
-    "eval", "exec", "compile", "__import__", "pickle.load", "pickle.loads", "cPickle.loads",
-    "cloudpickle.load", "cloudpickle.loads", "dill.load", "dill.loads", "joblib.load",
-    "marshal.load", "marshal.loads", "shelve.open", "pd.read_pickle", "pandas.read_pickle",
-    "yaml.load", "yaml.unsafe_load", "yaml.full_load", "yaml.load_all", "torch.load",
-    "importlib.import_module", "numcodecs.Pickle",
+    "eval",
+    "exec",
+    "compile",
+    "__import__",
+    "pickle.load",
+    "pickle.loads",
+    "cPickle.loads",
+    "cloudpickle.load",
+    "cloudpickle.loads",
+    "dill.load",
+    "dill.loads",
+    "joblib.load",
+    "marshal.load",
+    "marshal.loads",
+    "shelve.open",
+    "pd.read_pickle",
+    "pandas.read_pickle",
+    "yaml.load",
+    "yaml.unsafe_load",
+    "yaml.full_load",
+    "yaml.load_all",
+    "torch.load",
+    "importlib.import_module",
+    "numcodecs.Pickle",
 }
-FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "joblib", "shelve",
-                     "marshal", "skops"}
+FORBIDDEN_MODULES = {
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "cloudpickle",
+    "dill",
+    "joblib",
+    "shelve",
+    "marshal",
+    "skops",
+}
 
 
 def _dotted(node: ast.AST) -> str:
@@ -65,7 +92,8 @@ def test_no_pickle_joblib_or_eval_anywhere_in_the_packages():
                     if node.module.split(".")[0] in FORBIDDEN_MODULES:
                         problems.append(f"{where}:{node.lineno} imports from {node.module}")
                     if node.module == "prefect.serializers" and any(
-                            "Pickle" in a.name for a in node.names):
+                        "Pickle" in a.name for a in node.names
+                    ):
                         problems.append(f"{where}:{node.lineno} uses a pickle serializer")
                 elif isinstance(node, ast.Call):
                     name = _dotted(node.func)
@@ -75,11 +103,15 @@ def test_no_pickle_joblib_or_eval_anywhere_in_the_packages():
                         kw = {k.arg: k.value for k in node.keywords}
                         v = kw.get("allow_pickle")
                         if not (isinstance(v, ast.Constant) and v.value is False):
-                            problems.append(f"{where}:{node.lineno} np.load without "
-                                            "allow_pickle=False")
+                            problems.append(
+                                f"{where}:{node.lineno} np.load without allow_pickle=False"
+                            )
                     for k in node.keywords:
-                        if k.arg in ("serializer", "result_serializer") and isinstance(
-                                k.value, ast.Constant) and "pickle" in str(k.value.value):
+                        if (
+                            k.arg in ("serializer", "result_serializer")
+                            and isinstance(k.value, ast.Constant)
+                            and "pickle" in str(k.value.value)
+                        ):
                             problems.append(f"{where}:{node.lineno} {k.arg}={k.value.value!r}")
     assert not problems, "\n".join(problems)
 
@@ -103,23 +135,48 @@ def test_model_with_a_pickled_array_is_refused_and_runs_nothing(tmp_path):
     evil[:] = [Payload(), 1.0]
     shutil.rmtree(model / "eigenvalues")
     (model / "eigenvalues").mkdir()
-    (model / "eigenvalues" / ".zarray").write_text(json.dumps({
-        "zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "|O", "compressor": None,
-        "fill_value": 0, "filters": [{"id": "pickle", "protocol": 5}], "order": "C"}))
+    (model / "eigenvalues" / ".zarray").write_text(
+        json.dumps(
+            {
+                "zarr_format": 2,
+                "shape": [2],
+                "chunks": [2],
+                "dtype": "|O",
+                "compressor": None,
+                "fill_value": 0,
+                "filters": [{"id": "pickle", "protocol": 5}],
+                "order": "C",
+            }
+        )
+    )
     (model / "eigenvalues" / "0").write_bytes(numcodecs.Pickle().encode(evil))
     assert not sentinel.exists()
     with pytest.raises(ValueError):
         kpca_dask.load(model)
     np.save(tmp_path / "new.npy", X[:5])
-    res = subprocess.run([os.sys.executable, "-m", "flows.cli", "transform", str(model),
-                          str(tmp_path / "new.npy"), str(tmp_path / "emb.zarr")], cwd=ROOT,
-                         env=env(), capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            os.sys.executable,
+            "-m",
+            "flows.cli",
+            "transform",
+            str(model),
+            str(tmp_path / "new.npy"),
+            str(tmp_path / "emb.zarr"),
+        ],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert not sentinel.exists() and not (tmp_path / "emb.zarr").exists()
 
 
-@pytest.mark.parametrize("part", ["..", "../x", "a/../../x", "/etc", "\\\\server\\share",
-                                  "s3://other-bucket/x"])
+@pytest.mark.parametrize(
+    "part", ["..", "../x", "a/../../x", "/etc", "\\\\server\\share", "s3://other-bucket/x"]
+)
 def test_store_paths_cannot_leave_their_root(tmp_path, part):
     for root in (Location(str(tmp_path / "out")), Location("s3://bucket/runs/out")):
         with pytest.raises(PathEscapeError, match="escapes its root"):
@@ -135,15 +192,18 @@ def test_every_store_of_a_run_is_inside_its_output_root(tmp_path):
         load_config({"input": {"path": "x.zarr", "zarr_array": "/abs/X"}})
 
 
-@pytest.mark.parametrize("url,opts,what", [
-    ("s3://b/x.parquet", {"key": "AKIA", "secret": "s"}, "storage_options"),
-    ("s3://b/x.parquet", {"client_kwargs": {"aws_session_token": "t"}}, "storage_options"),
-    ("gs://b/x.parquet", {"token": "/home/me/creds.json"}, "storage_options"),
-    ("abfs://c/x.parquet", {"account_key": "k"}, "storage_options"),
-    ("s3://AKIA:secret@b/x.parquet", {}, "embedded credentials"),
-    ("https://h/x.csv?sig=abc&se=2030", {}, "query string"),
-    ("s3://b/x.csv?X-Amz-Credential=a&X-Amz-Signature=b", {}, "query string"),
-])
+@pytest.mark.parametrize(
+    "url,opts,what",
+    [
+        ("s3://b/x.parquet", {"key": "AKIA", "secret": "s"}, "storage_options"),
+        ("s3://b/x.parquet", {"client_kwargs": {"aws_session_token": "t"}}, "storage_options"),
+        ("gs://b/x.parquet", {"token": "/home/me/creds.json"}, "storage_options"),
+        ("abfs://c/x.parquet", {"account_key": "k"}, "storage_options"),
+        ("s3://AKIA:secret@b/x.parquet", {}, "embedded credentials"),
+        ("https://h/x.csv?sig=abc&se=2030", {}, "query string"),
+        ("s3://b/x.csv?X-Amz-Credential=a&X-Amz-Signature=b", {}, "query string"),
+    ],
+)
 def test_credentials_are_refused_in_config(url, opts, what):
     with pytest.raises(ConfigError, match=what):
         load_config({"input": {"path": url, "storage_options": opts}})
@@ -159,18 +219,28 @@ def test_environment_credentials_never_reach_the_artifacts(tmp_path):
     secret = "kpca-test-secret-7f3a9c"
     np.save(tmp_path / "x.npy", blobs(300, 5))
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({
-        "input": {"path": str(tmp_path / "x.npy")},
-        "solver": {"n_components": 2, "eigen_solver": "dense"},
-        "output": {"path": str(tmp_path / "out")},
-        "evaluate": {"enabled": False},
-        "cluster": {"n_workers": 1, "dashboard_address": None}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "input": {"path": str(tmp_path / "x.npy")},
+                "solver": {"n_components": 2, "eigen_solver": "dense"},
+                "output": {"path": str(tmp_path / "out")},
+                "evaluate": {"enabled": False},
+                "cluster": {"n_workers": 1, "dashboard_address": None},
+            }
+        )
+    )
     from .helpers import run_command
 
-    e = env(AWS_ACCESS_KEY_ID="AKIA" + secret, AWS_SECRET_ACCESS_KEY=secret,
-            AZURE_STORAGE_KEY=secret, GOOGLE_APPLICATION_CREDENTIALS=f"/tmp/{secret}.json")
-    res = subprocess.run(run_command(cfg), cwd=ROOT, env=e, capture_output=True, text=True,
-                         timeout=300)
+    e = env(
+        AWS_ACCESS_KEY_ID="AKIA" + secret,
+        AWS_SECRET_ACCESS_KEY=secret,
+        AZURE_STORAGE_KEY=secret,
+        GOOGLE_APPLICATION_CREDENTIALS=f"/tmp/{secret}.json",
+    )
+    res = subprocess.run(
+        run_command(cfg), cwd=ROOT, env=e, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     verify_run(tmp_path / "out")
     files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
@@ -188,37 +258,62 @@ def _certificates(folder: Path, name: str) -> dict[str, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def cert(subject, issuer, key, signer, *, ca):
-        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
-             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-             .not_valid_before(now - datetime.timedelta(minutes=5))
-             .not_valid_after(now + datetime.timedelta(days=1))
-             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if not ca:
-            b = (b.add_extension(x509.SubjectAlternativeName([
-                    x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                    critical=False)
-                 .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                        ExtendedKeyUsageOID.CLIENT_AUTH]),
-                                critical=False))
+            b = b.add_extension(
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    ]
+                ),
+                critical=False,
+            ).add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
         return b.sign(signer, hashes.SHA256())
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"kpca test CA {name}")])
     ca = cert(ca_name, ca_name, ca_key, ca_key, ca=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    leaf = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name,
-                key, ca_key, ca=False)
+    leaf = cert(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]),
+        ca_name,
+        key,
+        ca_key,
+        ca=False,
+    )
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {"ca": folder / f"{name}-ca.pem", "cert": folder / f"{name}.pem",
-             "key": folder / f"{name}.key"}
+    paths = {
+        "ca": folder / f"{name}-ca.pem",
+        "cert": folder / f"{name}.pem",
+        "key": folder / f"{name}.key",
+    }
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    paths["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     os.chmod(paths["key"], 0o600)
     return paths
 
@@ -233,8 +328,9 @@ def test_pipeline_runs_over_tls_and_refuses_plain_or_foreign_clients(tmp_path):
     np.save(tmp_path / "x.npy", blobs(300, 5))
     with external_cluster(tmp_path / "cluster", n_workers=1, tls=good) as cluster:
         assert cluster.address.startswith("tls://")
-        tls = TLSConfig(ca_file=str(good["ca"]), client_cert=str(good["cert"]),
-                        client_key=str(good["key"]))
+        tls = TLSConfig(
+            ca_file=str(good["ca"]), client_cert=str(good["cert"]), client_key=str(good["key"])
+        )
         cfg = small_config(tmp_path, tmp_path / "out")
         cfg.cluster = ClusterConfig(address=cluster.address, tls=tls, connect_timeout=20)
         with dask_client(cfg.cluster) as client:
@@ -245,16 +341,24 @@ def test_pipeline_runs_over_tls_and_refuses_plain_or_foreign_clients(tmp_path):
         assert verify_run(tmp_path / "out")["status"] == "complete"
 
         plain = cluster.address.replace("tls://", "tcp://")
-        with pytest.raises(ClusterError, match="cannot reach the Dask scheduler|did not "
-                                               "complete a Dask handshake"):
+        with pytest.raises(
+            ClusterError,
+            match="cannot reach the Dask scheduler|did not complete a Dask handshake",
+        ):
             with dask_client(ClusterConfig(address=plain, connect_timeout=3)):
                 pass
-        foreign = TLSConfig(ca_file=str(good["ca"]), client_cert=str(rogue["cert"]),
-                            client_key=str(rogue["key"]))
-        with pytest.raises(ClusterError, match="cannot reach the Dask scheduler|did not "
-                                               "complete a Dask handshake"):
-            with dask_client(ClusterConfig(address=cluster.address, tls=foreign,
-                                           connect_timeout=3)):
+        foreign = TLSConfig(
+            ca_file=str(good["ca"]),
+            client_cert=str(rogue["cert"]),
+            client_key=str(rogue["key"]),
+        )
+        with pytest.raises(
+            ClusterError,
+            match="cannot reach the Dask scheduler|did not complete a Dask handshake",
+        ):
+            with dask_client(
+                ClusterConfig(address=cluster.address, tls=foreign, connect_timeout=3)
+            ):
                 pass
         assert cluster.n_workers() == 1  # the refused clients did not disturb the cluster
 
@@ -283,8 +387,11 @@ def test_local_cluster_and_dashboard_bind_to_localhost_unless_configured(dashboa
     nannies and the dashboard (default) or the scheduler's bare HTTP endpoint (dashboard
     null). Asking for 0.0.0.0 is honoured, for the dashboard alone."""
     before = _listening(_tree())
-    cfg = ClusterConfig(n_workers=1) if dashboard == "default" else \
-        ClusterConfig(n_workers=1, dashboard_address=dashboard)
+    cfg = (
+        ClusterConfig(n_workers=1)
+        if dashboard == "default"
+        else ClusterConfig(n_workers=1, dashboard_address=dashboard)
+    )
     with dask_client(cfg) as client:
         opened = _listening(_tree()) - before
         link = client.dashboard_link

@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 from kpca_dask import UnsafeRemovalError
-from kpca_dask.removal import remove_owned, removal_refusal
+from kpca_dask.removal import removal_refusal, remove_owned
 from pipeline.export import verify_run
 from pipeline.publish import OutputLock
 from pipeline.run import run_pipeline
@@ -56,8 +56,12 @@ def test_transform_output_in_a_run_folder_is_refused(world, dask_client, where):
     refused; the run still verifies, byte for byte."""
     other = world.tmp / "other"
     shutil.copytree(world.run, other, symlinks=True)
-    target = {"run": world.run, "run/model": world.run / "model",
-              "run/inside.zarr": world.run / "inside.zarr", "other run": other}[where]
+    target = {
+        "run": world.run,
+        "run/model": world.run / "model",
+        "run/inside.zarr": world.run / "inside.zarr",
+        "other run": other,
+    }[where]
     before, run, run2 = world.user_files(), tree_hashes(world.run), tree_hashes(other)
     rc, err = kpca("transform", world.run, world.new, target, "--overwrite", "--no-progress")
     assert rc == 2
@@ -128,8 +132,14 @@ def test_concurrent_transforms_to_one_output_cannot_both_publish(world, dask_cli
     assert kpca("transform", world.run, world.new, out, "--no-progress")[0] == 0
     prev = tree_hashes(out)
     with OutputLock(Location(str(out))):
-        rc, err = kpca("transform", world.run, new_batch(world.tmp, seed=4), out,
-                       "--overwrite", "--no-progress")
+        rc, err = kpca(
+            "transform",
+            world.run,
+            new_batch(world.tmp, seed=4),
+            out,
+            "--overwrite",
+            "--no-progress",
+        )
     assert rc == 2 and "another transform" in error_line(err)
     assert tree_hashes(out) == prev
     assert not (world.tmp / ".kpca-lock.emb.zarr").exists()  # released, removed
@@ -139,8 +149,15 @@ def test_transform_inverse_output_is_checked_the_same_way(world, dask_client):
     """`kpca transform --inverse` (denoise) refuses "" and the input like a transform."""
     before = world.user_files()
     for target in ("", world.new):
-        rc, err = kpca("transform", world.run, world.new, target, "--inverse", "--overwrite",
-                       "--no-progress")
+        rc, err = kpca(
+            "transform",
+            world.run,
+            world.new,
+            target,
+            "--inverse",
+            "--overwrite",
+            "--no-progress",
+        )
         assert rc == 2, err
     _survived(world, before)
 
@@ -231,8 +248,14 @@ def test_overwrite_with_a_typo_in_the_input_keeps_the_published_run(world, dask_
     published manifest before checking the input: now the input is checked first."""
     before, manifest = world.user_files(), world.run_manifest()
     with pytest.raises(Exception, match="does not exist"):
-        run_pipeline(_cfg(world, world.run, output={"overwrite": True},
-                          input={"path": str(world.data / "x-typo.npy")}))
+        run_pipeline(
+            _cfg(
+                world,
+                world.run,
+                output={"overwrite": True},
+                input={"path": str(world.data / "x-typo.npy")},
+            )
+        )
     assert world.run_manifest() == manifest
     _survived(world, before)
 
@@ -242,10 +265,13 @@ def test_a_failed_run_puts_the_previous_run_back(world, dask_client, caplog):
     stage) restores the previous run, which verifies byte for byte as before."""
     run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     before = world.user_files()
-    with caplog.at_level(logging.INFO, logger="pipeline"), \
-            pytest.raises(ValueError, match="exceeds"):
-        run_pipeline(_cfg(world, world.run, output={"overwrite": True},
-                          solver={"n_components": 400}))
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline"),
+        pytest.raises(ValueError, match="exceeds"),
+    ):
+        run_pipeline(
+            _cfg(world, world.run, output={"overwrite": True}, solver={"n_components": 400})
+        )
     # un-published (kept in .kpca-prev) and put back, not merely left alone
     assert "the previous run of" in caplog.text and "is published again" in caplog.text
     after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
@@ -256,8 +282,7 @@ def test_a_failed_run_puts_the_previous_run_back(world, dask_client, caplog):
 
 def test_a_good_rerun_replaces_the_run_and_retires_the_kept_one(world, dask_client):
     before = world.user_files()
-    run_pipeline(_cfg(world, world.run, output={"overwrite": True},
-                      solver={"n_components": 2}))
+    run_pipeline(_cfg(world, world.run, output={"overwrite": True}, solver={"n_components": 2}))
     m = verify_run(world.run)
     assert m["model"]["n_components"] == 2
     assert not (world.run / ".kpca-prev").exists()
@@ -270,8 +295,9 @@ def test_a_link_inside_our_model_is_not_followed_when_the_model_is_replaced(worl
     (world.run / "model" / "planted").symlink_to(world.victim, target_is_directory=True)
     before = world.user_files()
     with pytest.raises((UnsafeRemovalError, ValueError), match="symbolic link"):
-        run_pipeline(_cfg(world, world.run, output={"overwrite": True},
-                          solver={"n_components": 2}))
+        run_pipeline(
+            _cfg(world, world.run, output={"overwrite": True}, solver={"n_components": 2})
+        )
     assert world.user_files() == before
     assert (world.run / "model" / "planted").is_symlink()
     (world.run / "model" / "planted").unlink()
@@ -283,6 +309,7 @@ def test_a_link_inside_our_model_is_not_followed_when_the_model_is_replaced(worl
 def test_the_primitive_refuses_what_is_not_ours(world):
     """remove_owned refuses "", ".", "/", home, the current folder and its parents, the
     input, anything outside its root and anything its ownership check rejects."""
+
     def yes(_):
         return True
 
@@ -361,8 +388,9 @@ def test_two_transforms_at_once_never_publish_a_broken_output(world, dask_client
         from pipeline.transform import transform_to_store
 
         try:
-            results[i] = transform_to_store(str(world.run), InputConfig(path=str(batches[i])),
-                                            str(out), overwrite=True)
+            results[i] = transform_to_store(
+                str(world.run), InputConfig(path=str(batches[i])), str(out), overwrite=True
+            )
         except Exception as exc:  # noqa: BLE001 - the refusal is the result
             results[i] = exc
 

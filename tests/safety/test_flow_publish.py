@@ -17,17 +17,20 @@ from .conftest import tree_hashes
 pytestmark = pytest.mark.flows
 
 
-def test_a_failed_flow_run_puts_the_previous_run_back(
-        world, dask_cluster, prefect_api):  # noqa: F811
+def test_a_failed_flow_run_puts_the_previous_run_back(world, dask_cluster, prefect_api):  # noqa: F811
     """The flow un-publishes the run when its first writing task starts (claim_output);
     the solve then fails: the previous run is published again, byte for byte."""
     from flows.pipeline_flow import kpca_pipeline
 
     run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     before = world.user_files()
-    cfg = small_config(world.data, world.run, output={"overwrite": True},
-                       solver={"n_components": 400},
-                       cluster={"address": dask_cluster.scheduler_address})
+    cfg = small_config(
+        world.data,
+        world.run,
+        output={"overwrite": True},
+        solver={"n_components": 400},
+        cluster={"address": dask_cluster.scheduler_address},
+    )
     # it was un-published (kept in .kpca-prev) and put back, not left alone: the record
     # of the "pipeline" logger says so (a handler of our own: other tests and Prefect
     # reconfigure the console and propagation, so neither capfd nor caplog is reliable)
@@ -41,8 +44,9 @@ def test_a_failed_flow_run_puts_the_previous_run_back(
             kpca_pipeline(cfg)
     finally:
         log.removeHandler(handler)
-    assert any("is published again" in r.getMessage() for r in records), \
-        [r.getMessage() for r in records]
+    assert any("is published again" in r.getMessage() for r in records), [
+        r.getMessage() for r in records
+    ]
     after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     assert after == run_before
     verify_run(world.run)
@@ -51,11 +55,17 @@ def test_a_failed_flow_run_puts_the_previous_run_back(
 
 @pytest.mark.parametrize("output", ["", "."])
 def test_the_transform_flow_refuses_an_empty_or_dot_output(
-        world, dask_cluster, prefect_api, output):  # noqa: F811
+    world, dask_cluster, prefect_api, output
+):  # noqa: F811
     from flows.transform_flow import kpca_transform
 
     before = world.user_files()
     with pytest.raises(ValueError, match="names no new folder"):
-        kpca_transform(model=str(world.run), input={"path": str(world.new)}, output=output,
-                       cluster={"address": dask_cluster.scheduler_address}, overwrite=True)
+        kpca_transform(
+            model=str(world.run),
+            input={"path": str(world.new)},
+            output=output,
+            cluster={"address": dask_cluster.scheduler_address},
+            overwrite=True,
+        )
     assert world.user_files() == before

@@ -19,30 +19,58 @@ PACKAGES = ("kpca_dask", "pipeline", "flows")
 PRIMITIVE = "kpca_dask/removal.py"
 
 #: attribute calls that delete (``shutil.rmtree``, ``os.unlink``, ``Path.unlink``, ``fs.rm``...)
-DELETING = {"rmtree", "remove", "unlink", "rmdir", "removedirs", "rm", "rm_file", "delete_dir",
-            "rm_rf", "delete"}
+DELETING = {
+    "rmtree",
+    "remove",
+    "unlink",
+    "rmdir",
+    "removedirs",
+    "rm",
+    "rm_file",
+    "delete_dir",
+    "rm_rf",
+    "delete",
+}
 #: calls that replace what is at their target
 REPLACING = {"replace", "rename", "renames", "move"}
 
 #: (file, function, call) -> why it is safe
 ALLOWED = {
-    ("pipeline/store.py", "atomic_write_json", "unlink"):
-        "its own mkstemp temporary file, on failure",
-    ("pipeline/store.py", "atomic_write_json", "replace"):
-        "publishes a JSON file by rename; replaces a link as a link, never its target",
+    (
+        "pipeline/store.py",
+        "atomic_write_json",
+        "unlink",
+    ): "its own mkstemp temporary file, on failure",
+    (
+        "pipeline/store.py",
+        "atomic_write_json",
+        "replace",
+    ): "publishes a JSON file by rename; replaces a link as a link, never its target",
     ("pipeline/report.py", "_write_bytes", "unlink"): "its own mkstemp temporary file",
     ("pipeline/report.py", "_write_bytes", "replace"): "report file inside our run folder",
     ("pipeline/demo_data.py", "write_table", "unlink"): "its own mkstemp temporary file",
-    ("pipeline/demo_data.py", "write_table", "replace"):
-        "the demo's data file in <output>-data (kpca demo); noted as a gap in issue 19",
+    (
+        "pipeline/demo_data.py",
+        "write_table",
+        "replace",
+    ): "the demo's data file in <output>-data (kpca demo); noted as a gap in issue 19",
     ("pipeline/kernel.py", "_write_raw", "unlink"): "its own uuid-named .partial chunk file",
     ("pipeline/kernel.py", "_write_raw", "replace"): "a chunk file of our kernel store",
-    ("kpca_dask/persistence.py", "save_state", "replace"):
-        "renames its own temporary model onto a path emptied by remove_owned",
-    ("pipeline/publish.py", "restore_previous", "rename"):
-        "moves the kept run back onto names just removed by remove_owned",
-    ("pipeline/publish.py", "publish_beside", "rename"):
-        "swaps a verified new output in; the old one (checked ours) is renamed aside first",
+    (
+        "kpca_dask/persistence.py",
+        "save_state",
+        "replace",
+    ): "renames its own temporary model onto a path emptied by remove_owned",
+    (
+        "pipeline/publish.py",
+        "restore_previous",
+        "rename",
+    ): "moves the kept run back onto names just removed by remove_owned",
+    (
+        "pipeline/publish.py",
+        "publish_beside",
+        "rename",
+    ): "swaps a verified new output in; the old one (checked ours) is renamed aside first",
 }
 
 
@@ -54,8 +82,11 @@ def _calls(path: Path):
             func = node.name
         if isinstance(node, ast.Call):
             f = node.func
-            name = f.attr if isinstance(f, ast.Attribute) else (
-                f.id if isinstance(f, ast.Name) else None)
+            name = (
+                f.attr
+                if isinstance(f, ast.Attribute)
+                else (f.id if isinstance(f, ast.Name) else None)
+            )
             if name in DELETING | REPLACING:
                 owner = ast.unparse(f.value) if isinstance(f, ast.Attribute) else ""
                 yield func, name, owner, node.lineno
@@ -66,8 +97,16 @@ def _calls(path: Path):
 
 
 def _is_file_op(name: str, owner: str) -> bool:
-    if name in {"rmtree", "unlink", "rmdir", "removedirs", "rm", "rm_file", "delete_dir",
-                "rm_rf"}:
+    if name in {
+        "rmtree",
+        "unlink",
+        "rmdir",
+        "removedirs",
+        "rm",
+        "rm_file",
+        "delete_dir",
+        "rm_rf",
+    }:
         return True
     if name in {"rename", "renames"}:
         return True  # os.rename and Path.rename alike (no other .rename in these packages)
@@ -106,19 +145,25 @@ def test_the_allow_list_has_no_stale_entries():
     for pkg in PACKAGES:
         for f in sorted((ROOT / pkg).rglob("*.py")):
             rel = str(f.relative_to(ROOT))
-            seen |= {(rel, func, name) for func, name, owner, _ in _calls(f)
-                     if _is_file_op(name, owner)}
+            seen |= {
+                (rel, func, name)
+                for func, name, owner, _ in _calls(f)
+                if _is_file_op(name, owner)
+            }
     assert set(ALLOWED) <= seen, sorted(set(ALLOWED) - seen)
 
 
-@pytest.mark.parametrize("snippet", [
-    "import shutil\ndef f(p):\n    shutil.rmtree(p)\n",
-    "import os\ndef f(p):\n    os.remove(p)\n",
-    "from pathlib import Path\ndef f(p):\n    Path(p).unlink()\n",
-    "def f(fs, p):\n    fs.rm(p, recursive=True)\n",
-    "import os\ndef f(p):\n    os.rmdir(p)\n",
-    "def f(p, q):\n    p.rename(q)\n",
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import shutil\ndef f(p):\n    shutil.rmtree(p)\n",
+        "import os\ndef f(p):\n    os.remove(p)\n",
+        "from pathlib import Path\ndef f(p):\n    Path(p).unlink()\n",
+        "def f(fs, p):\n    fs.rm(p, recursive=True)\n",
+        "import os\ndef f(p):\n    os.rmdir(p)\n",
+        "def f(p, q):\n    p.rename(q)\n",
+    ],
+)
 def test_the_scan_sees_each_kind_of_deletion(tmp_path, snippet):
     """The scan is not blind: each forbidden call in a scratch module is found."""
     f = tmp_path / "m.py"

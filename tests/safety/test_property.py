@@ -21,9 +21,22 @@ from tests.reliability.helpers import small_config
 
 from .conftest import kpca, tree_hashes
 
-STATES = ["missing", "empty", "foreign", "foreign beside", "our run", "model run",
-          "our transform", "link out", "run with link in", "input", "input folder", "file",
-          "empty path", "dot"]
+STATES = [
+    "missing",
+    "empty",
+    "foreign",
+    "foreign beside",
+    "our run",
+    "model run",
+    "our transform",
+    "link out",
+    "run with link in",
+    "input",
+    "input folder",
+    "file",
+    "empty path",
+    "dot",
+]
 COMMANDS = ["transform", "transform parquet", "run"]
 
 
@@ -38,8 +51,11 @@ def _make(ex: Path, state: str, command: str, published_transform: Path) -> tupl
         target.mkdir()
     elif state in ("foreign", "foreign beside"):
         target.mkdir()
-        names = ["notes.txt"] if state == "foreign beside" else ["model", "embedding.parquet",
-                                                                  "notes.txt"]
+        names = (
+            ["notes.txt"]
+            if state == "foreign beside"
+            else ["model", "embedding.parquet", "notes.txt"]
+        )
         for n in names:
             if n.endswith(".txt"):
                 (target / n).write_bytes(b"user notes\n")
@@ -80,19 +96,36 @@ def published_transform(published, tmp_path_factory, dask_cluster):
 
     folder = tmp_path_factory.mktemp("transform")
     with Client(dask_cluster):
-        rc, err = kpca("transform", published / "out", published / "new.npy",
-                       folder / "emb.zarr", "--no-progress")
+        rc, err = kpca(
+            "transform",
+            published / "out",
+            published / "new.npy",
+            folder / "emb.zarr",
+            "--no-progress",
+        )
     assert rc == 0, err
     return folder / "emb.zarr"
 
 
-@settings(max_examples=100, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(state=st.sampled_from(STATES), command=st.sampled_from(COMMANDS),
-       overwrite=st.booleans())
+@settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    state=st.sampled_from(STATES), command=st.sampled_from(COMMANDS), overwrite=st.booleans()
+)
 def test_no_file_outside_the_output_or_of_the_user_inside_it_changes(
-        published, published_transform, dask_client, tmp_path, monkeypatch, state, command,
-        overwrite):
+    published,
+    published_transform,
+    dask_client,
+    tmp_path,
+    monkeypatch,
+    state,
+    command,
+    overwrite,
+):
     ex = Path(tempfile.mkdtemp(dir=tmp_path))
     shutil.copytree(published, ex / "data", symlinks=True)
     (ex / "victim" / "deep").mkdir(parents=True)
@@ -105,29 +138,47 @@ def test_no_file_outside_the_output_or_of_the_user_inside_it_changes(
 
     out_path = Path(os.path.abspath(output)) if output else None
     everything = tree_hashes(ex)
+
     # outside the output: every path not at or below it (lexically: a link's target is
     # outside, and must not change)
     def outside(h):
         if out_path is None or output in ("", "."):
             return dict(h)
-        return {k: v for k, v in h.items()
-                if not (k == str(out_path) or k.startswith(str(out_path) + os.sep))}
+        return {
+            k: v
+            for k, v in h.items()
+            if not (k == str(out_path) or k.startswith(str(out_path) + os.sep))
+        }
+
     mine_before = {k: everything[k] for k in foreign if k in everything}
-    ours_before = {k: v for k, v in everything.items()
-                   if out_path is not None and k.startswith(str(out_path) + os.sep)
-                   and "/work/" not in k and k not in foreign}
+    ours_before = {
+        k: v
+        for k, v in everything.items()
+        if out_path is not None
+        and k.startswith(str(out_path) + os.sep)
+        and "/work/" not in k
+        and k not in foreign
+    }
 
     if command == "run":
         try:
-            run_pipeline(small_config(ex / "data", ex / "unused",
-                                      output={"path": output, "overwrite": overwrite}))
+            run_pipeline(
+                small_config(
+                    ex / "data", ex / "unused", output={"path": output, "overwrite": overwrite}
+                )
+            )
             ok = True
         except Exception as exc:  # refused or failed: one line of our own
             ok = False
             assert "\n" not in str(exc).strip(), exc
     else:
-        args = ["transform", ex / "data" / "out", ex / "data" / "new.npy", output,
-                "--no-progress"] + (["--overwrite"] if overwrite else [])
+        args = [
+            "transform",
+            ex / "data" / "out",
+            ex / "data" / "new.npy",
+            output,
+            "--no-progress",
+        ] + (["--overwrite"] if overwrite else [])
         rc, err = kpca(*args)
         ok = rc == 0
         if not ok:
@@ -141,9 +192,18 @@ def test_no_file_outside_the_output_or_of_the_user_inside_it_changes(
     if ok and command == "run":
         verify_run(output)
     # unsafe states never succeed
-    unsafe = {"empty path", "dot", "input", "input folder", "link out", "run with link in",
-              "file", "foreign"}
-    unsafe |= {"our transform"} if command == "run" else {"model run", "our run",
-                                                          "foreign beside"}
+    unsafe = {
+        "empty path",
+        "dot",
+        "input",
+        "input folder",
+        "link out",
+        "run with link in",
+        "file",
+        "foreign",
+    }
+    unsafe |= (
+        {"our transform"} if command == "run" else {"model run", "our run", "foreign beside"}
+    )
     if state in unsafe:
         assert not ok, (state, command, overwrite)
