@@ -645,7 +645,8 @@ def stage_evaluate(
         return None
     from .evaluate import evaluate_run
 
-    return evaluate_run(run_layout(cfg).out.url, cfg.evaluate)
+    # the run folder with its storage options (evaluate_run takes a Location)
+    return evaluate_run(run_layout(cfg).out, cfg.evaluate)
 
 
 def _fingerprint_evaluate(cfg: Any, res: dict | None) -> dict | None:
