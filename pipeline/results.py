@@ -23,6 +23,7 @@ from .store import Location
 __all__ = [
     "IngestResult",
     "KernelResult",
+    "ProjectResult",
     "SolveResult",
     "SplitResult",
     "from_json",
@@ -125,6 +126,19 @@ class SolveResult:
         if model is None:
             raise ValueError("a solve result names no model path")
         return cls(model=model, model_checksums=d.pop("model_checksums", None), info=d)
+
+
+@dataclass(frozen=True)
+class ProjectResult(_Flat):
+    """The project stage: the embedding (``<out>/embedding``) and, with
+    ``output.parquet``, its Parquet copy (``parquet``: where it was written)."""
+
+    rows: int
+    components: int
+    seconds: float
+    parquet: str | None = None
+    checksums: dict[str, str] | None = None
+    files: dict[str, str] | None = None
 
 
 def to_json(value: Any) -> Any:

@@ -63,7 +63,14 @@ from .layout import (
     run_layout,
 )
 from .project import write_embedding, write_parquet
-from .results import KernelResult, SolveResult, SplitResult, from_json, to_json
+from .results import (
+    KernelResult,
+    ProjectResult,
+    SolveResult,
+    SplitResult,
+    from_json,
+    to_json,
+)
 from .solve import make_planner, solve
 from .stage_data import ingested, read_split
 from .store import array_checksum, json_default, read_json
@@ -573,7 +580,7 @@ _PROJECT_ARRAYS = (EMBEDDING, *SPECTRUM_ARRAYS)
 
 def stage_project(
     cfg: Any, ing: IngestResult, split: SplitResult, solved: SolveResult
-) -> dict[str, Any]:
+) -> ProjectResult:
     """Embedding of every row (zarr, optional Parquet) and the spectrum."""
     import kpca_dask
 
@@ -582,7 +589,7 @@ def stage_project(
     _, src = ingested(ing)
     model = kpca_dask.load(solved.model.zarr_source())
     mask = read_split(layout, split)
-    info = write_embedding(model, src.X, out, split=mask)
+    result = ProjectResult(**write_embedding(model, src.X, out, split=mask))
     write_spectrum(out, model)
     if cfg.output.parquet:
         g = out.open_group("r")
@@ -594,8 +601,8 @@ def stage_project(
             classes=src.classes,
             split=None if mask is None else da.from_array(mask, chunks=src.X.chunks[0]),
         )
-        info["parquet"] = pq["path"]
-    return info
+        result = replace(result, parquet=pq["path"])
+    return result
 
 
 def _fingerprint_project(cfg: Any, res: dict) -> dict:
@@ -634,7 +641,11 @@ def _fresh_denoise(cfg: Any, inputs: dict, res: dict) -> str | None:
 
 
 def stage_evaluate(
-    cfg: Any, ing: IngestResult, split: SplitResult, solved: SolveResult, projected: dict
+    cfg: Any,
+    ing: IngestResult,
+    split: SplitResult,
+    solved: SolveResult,
+    projected: ProjectResult,
 ) -> dict[str, Any] | None:
     """Classifier on the embedding vs linear PCA, and the report (labelled input only).
 
@@ -646,7 +657,8 @@ def stage_evaluate(
         return None
     from .evaluate import evaluate_run
 
-    return evaluate_run(run_layout(cfg).out.url, cfg.evaluate)
+    # the run folder with its storage options (evaluate_run takes a Location)
+    return evaluate_run(run_layout(cfg).out, cfg.evaluate)
 
 
 def _fingerprint_evaluate(cfg: Any, res: dict | None) -> dict | None:
@@ -674,7 +686,7 @@ def stage_export(
     split: SplitResult,
     kernel: KernelResult,
     solved: SolveResult,
-    projected: dict,
+    projected: ProjectResult,
     evaluation: dict | None,
     denoised: dict | None,
     timings: dict[str, float],
@@ -806,6 +818,7 @@ REGISTRY = Registry(
             stage_project,
             inputs=("ing", "split", "solved"),
             result="projected",
+            result_type=ProjectResult,
             config=("output.parquet",),
             publishes=(EMBEDDING, "spectrum", PARQUET),
             fingerprint=_fingerprint_project,

@@ -47,8 +47,14 @@ def test_ingest_descriptor_reopens_the_store_with_its_options(tmp_path):
 
 def test_ingest_result_is_frozen():
     res = IngestResult.from_dict(
-        {"path": "p", "n_rows": 1, "n_features": 1, "columns": ["a"], "rows_per_chunk": 1,
-         "fingerprint": "f"}
+        {
+            "path": "p",
+            "n_rows": 1,
+            "n_features": 1,
+            "columns": ["a"],
+            "rows_per_chunk": 1,
+            "fingerprint": "f",
+        }
     )
     with pytest.raises(AttributeError):
         res.n_rows = 2  # type: ignore[misc]
@@ -99,7 +105,7 @@ def test_a_real_run_passes_json_that_round_trips_to_the_typed_results(tmp_path):
         stage_begin(cfg)
         results = run_stages(REGISTRY, call, timings={}, t_run=time.perf_counter())
     assert results["manifest"]["status"] == "complete"
-    assert set(seen) == {"ing", "split", "kernel", "solved"}
+    assert set(seen) == {"ing", "split", "kernel", "solved", "projected"}
     layout = run_layout(cfg)
     assert seen["kernel"]["materialized"] and seen["kernel"]["path"] == str(layout.kernel)
     assert seen["solved"]["path"] == str(layout.model)
@@ -128,7 +134,11 @@ def test_the_kernel_and_model_descriptors_reopen_with_their_options():
 
     s = SolveResult(Location("memory://bucket/run/model", dict(OPTS)), {"solver": "dense"})
     d = s.to_dict()
-    assert d == {"solver": "dense", "path": "memory://bucket/run/model", "storage_options": OPTS}
+    assert d == {
+        "solver": "dense",
+        "path": "memory://bucket/run/model",
+        "storage_options": OPTS,
+    }
     back = SolveResult.from_dict(_via_json(d))
     assert back == s and back.to_dict() == d
     # what kpca_dask.load is given: a store opened with the descriptor's options
