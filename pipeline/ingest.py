@@ -3,8 +3,8 @@
 ``read_input`` (pipeline/readers.py) turns a source (local path or fsspec URL)
 into lazy dask arrays: the float64 feature matrix, optional class labels (int
 codes plus the class names) and optional row ids. ``ingest`` validates them
-(shape, numeric columns, NaN/inf policy), writes them to ``<work>/ingest.zarr`` in row chunks of about
-``target_chunk_mb`` and records a content fingerprint -- all in one pass over
+(shape, numeric columns, NaN/inf policy), writes them to ``<work>/ingest.zarr`` in
+row chunks of about ``target_chunk_mb`` and records a content fingerprint -- all in one pass over
 the input. Re-running with an unchanged source and config is a no-op (the
 store's attributes record both).
 """
@@ -85,8 +85,11 @@ class IngestResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("store")
-        return {"path": self.store.url, "storage_options": dict(self.store.storage_options),
-                **d}
+        return {
+            "path": self.store.url,
+            "storage_options": dict(self.store.storage_options),
+            **d,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IngestResult:
@@ -108,11 +111,26 @@ def _source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
     loc = Location(cfg.path, cfg.storage_options)
     fs, path = loc.fs, loc.fs_path
     files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
-    stats = sorted((str(k), v.get("size"), str(v.get("mtime") or v.get("LastModified") or
-                                                 v.get("ETag") or v.get("created") or ""))
-                   for k, v in files.items())
-    sig = {"config": cfg.model_dump(mode="json"), "target_chunk_mb": chunks.target_chunk_mb,
-           "files": stats, "content": _content_hash(loc, sorted(files)) if loc.is_local else None}
+    stats = sorted(
+        (
+            str(k),
+            v.get("size"),
+            str(
+                v.get("mtime")
+                or v.get("LastModified")
+                or v.get("ETag")
+                or v.get("created")
+                or ""
+            ),
+        )
+        for k, v in files.items()
+    )
+    sig = {
+        "config": cfg.model_dump(mode="json"),
+        "target_chunk_mb": chunks.target_chunk_mb,
+        "files": stats,
+        "content": _content_hash(loc, sorted(files)) if loc.is_local else None,
+    }
     return json.loads(json.dumps(sig))  # the form it takes once stored in zarr attributes
 
 
@@ -122,7 +140,7 @@ def _content_hash(loc: Location, files: list[str]) -> str:
     h = hashlib.blake2b(digest_size=20)
     root = loc.fs_path.rstrip("/")
     for f in files:
-        h.update(str(f)[len(root):].encode() + b"\0")
+        h.update(str(f)[len(root) :].encode() + b"\0")
         with loc.fs.open(f, "rb") as fh:
             while block := fh.read(1 << 22):
                 h.update(block)
@@ -150,8 +168,11 @@ def _store_problem(store: Location, attrs: dict[str, Any]) -> str | None:
         if missing:
             return f"array {name!r}: {describe_missing_chunks(g[name], missing)}"
         arrays[name] = da.from_zarr(g[name])
-    got = _hex(dict(zip(arrays, compute(*_store_digests(arrays).values(), label="verify")))
-               ) if arrays else {}
+    got = (
+        _hex(dict(zip(arrays, compute(*_store_digests(arrays).values(), label="verify"))))
+        if arrays
+        else {}
+    )
     bad = sorted(k for k in want if got.get(k) != want[k])
     return f"the content of {bad} differs from what was written" if bad else None
 
@@ -172,8 +193,9 @@ def stale_ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location) -> str 
     return f"the ingest store is damaged: {problem}" if problem else None
 
 
-def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
-           force: bool = False) -> IngestResult:
+def ingest(
+    cfg: InputConfig, chunks: ChunkConfig, store: Location, *, force: bool = False
+) -> IngestResult:
     """Validate the input and write it to ``store`` (a zarr group) in row chunks.
 
     Idempotent: if ``store`` holds a complete ingest of the same source (same
@@ -190,13 +212,18 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
                 problem = _store_problem(store, attrs)
                 if problem is None:
                     # the store where it is now (a copied run folder reuses its own copy)
-                    res = replace(IngestResult.from_dict(attrs["result"]), store=store,
-                                  reused=True)
-                    logger.info("ingest: reusing %s (unchanged source, fingerprint %s)", store,
-                                res.fingerprint)
+                    res = replace(
+                        IngestResult.from_dict(attrs["result"]), store=store, reused=True
+                    )
+                    logger.info(
+                        "ingest: reusing %s (unchanged source, fingerprint %s)",
+                        store,
+                        res.fingerprint,
+                    )
                     return res
-                logger.warning("ingest: not reusing %s: %s; rebuilding it from the input",
-                               store, problem)
+                logger.warning(
+                    "ingest: not reusing %s: %s; rebuilding it from the input", store, problem
+                )
         except Exception as exc:  # unreadable or partial store: rebuild it
             logger.info("ingest: not reusing %s (%s: %s)", store, type(exc).__name__, exc)
     src = read_input(cfg, chunks)
@@ -204,8 +231,14 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
     n, d = (int(s) for s in X.shape)
     if n == 0 or d == 0:
         raise InputError(f"{cfg.path} is empty: {n} rows x {d} feature columns.")
-    logger.info("ingest: %s -> %s: %d rows x %d features in chunks of %d rows", cfg.path, store,
-                n, d, X.chunks[0][0])
+    logger.info(
+        "ingest: %s -> %s: %d rows x %d features in chunks of %d rows",
+        cfg.path,
+        store,
+        n,
+        d,
+        X.chunks[0][0],
+    )
 
     bad_rows = X.map_blocks(_nonfinite_rows, drop_axis=1, dtype=bool)
     label_bad = (src.labels < 0) if src.labels is not None else None
@@ -218,19 +251,24 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
             nl = int(masks[1].sum())
             if nl and cfg.nonfinite != "drop":
                 first = int(np.flatnonzero(masks[1])[0])
-                raise InputError(f"label column {cfg.label_column!r} is missing in {nl} rows "
-                                 f"(first: row {first}); fill them or set input.nonfinite: drop.")
+                raise InputError(
+                    f"label column {cfg.label_column!r} is missing in {nl} rows "
+                    f"(first: row {first}); fill them or set input.nonfinite: drop."
+                )
             bad |= masks[1]
         if bad.any() and cfg.nonfinite == "error":
             first = int(np.flatnonzero(bad)[0])
-            raise InputError(f"{cfg.path} contains NaN or infinity in "
-                             f"{_count(int(bad.sum()), 'row')} "
-                             f"(first: row {first}); clean the data or set input.nonfinite: drop.")
+            raise InputError(
+                f"{cfg.path} contains NaN or infinity in "
+                f"{_count(int(bad.sum()), 'row')} "
+                f"(first: row {first}); clean the data or set input.nonfinite: drop."
+            )
         dropped = int(bad.sum())
         if dropped:
             keep = ~bad
-            logger.warning("ingest: dropping %d of %d rows with NaN/inf or missing labels",
-                           dropped, n)
+            logger.warning(
+                "ingest: dropping %d of %d rows with NaN/inf or missing labels", dropped, n
+            )
             X = X[keep]
             src.labels = src.labels[keep] if src.labels is not None else None
             src.ids = src.ids[keep] if src.ids is not None else None
@@ -253,15 +291,23 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
         dtype = str if arr.dtype.kind in "OUT" else arr.dtype
         # every chunk written, also one equal to the fill value: a missing chunk file is
         # then always damage, never "zeros" (missing_zarr_chunks on reuse and read)
-        z = g.create_array(name, shape=arr.shape, dtype=dtype,
-                           chunks=(arr.chunks[0][0],) + tuple(arr.shape[1:]),
-                           config={"write_empty_chunks": True})
+        z = g.create_array(
+            name,
+            shape=arr.shape,
+            dtype=dtype,
+            chunks=(arr.chunks[0][0],) + tuple(arr.shape[1:]),
+            config={"write_empty_chunks": True},
+        )
         targets.append(z)
         sources.append(arr)
     stored = da.store(sources, targets, lock=False, compute=False)
     digests = {k: _digest_blocks(a) for k, a in arrays.items()}
-    counts = X.map_blocks(lambda x: np.array([np.count_nonzero(~np.isfinite(x))]), drop_axis=1,
-                          chunks=((1,) * len(X.chunks[0]),), dtype=np.int64)
+    counts = X.map_blocks(
+        lambda x: np.array([np.count_nonzero(~np.isfinite(x))]),
+        drop_axis=1,
+        chunks=((1,) * len(X.chunks[0]),),
+        dtype=np.int64,
+    )
     try:
         _, digest_values, nonfinite = compute(stored, digests, counts, label="ingest")
     except (RuntimeError, ValueError, EOFError) as exc:
@@ -276,22 +322,45 @@ def ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location, *,
         raise InputError(
             f"{cfg.path} contains NaN or infinity ({_count(int(nonfinite.sum()), 'value')}; "
             "the first in "
-            f"rows {offs[b]}-{offs[b + 1] - 1}); clean the data or set input.nonfinite: drop.")
-    fingerprint = _fingerprint_from_digests(arrays, digest_values,
-                                            {"columns": src.columns, "classes": src.classes})
+            f"rows {offs[b]}-{offs[b + 1] - 1}); clean the data or set input.nonfinite: drop."
+        )
+    fingerprint = _fingerprint_from_digests(
+        arrays, digest_values, {"columns": src.columns, "classes": src.classes}
+    )
     if src.classes is not None:
         g["labels"].attrs["classes"] = src.classes
-    res = IngestResult(store=store, n_rows=n, n_features=d, columns=src.columns,
-                       rows_per_chunk=int(X.chunks[0][0]), fingerprint=fingerprint,
-                       dropped_rows=dropped, label_column=cfg.label_column,
-                       id_column=cfg.id_column, classes=src.classes,
-                       source={"path": cfg.path}, seconds=time.perf_counter() - t0)
+    res = IngestResult(
+        store=store,
+        n_rows=n,
+        n_features=d,
+        columns=src.columns,
+        rows_per_chunk=int(X.chunks[0][0]),
+        fingerprint=fingerprint,
+        dropped_rows=dropped,
+        label_column=cfg.label_column,
+        id_column=cfg.id_column,
+        classes=src.classes,
+        source={"path": cfg.path},
+        seconds=time.perf_counter() - t0,
+    )
     # the result as stored: its location is wherever the store is when it is reused
-    g.attrs.update({"status": "complete", "kind": "kpca-dask-ingest", "source": signature,
-                    "result": {**res.to_dict(), "path": "", "storage_options": {}}, "columns": src.columns,
-                    "digests": _hex({k: digest_values[k] for k in arrays})})
-    logger.info("ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)", n, d,
-                res.seconds, fingerprint)
+    g.attrs.update(
+        {
+            "status": "complete",
+            "kind": "kpca-dask-ingest",
+            "source": signature,
+            "result": {**res.to_dict(), "path": "", "storage_options": {}},
+            "columns": src.columns,
+            "digests": _hex({k: digest_values[k] for k in arrays}),
+        }
+    )
+    logger.info(
+        "ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)",
+        n,
+        d,
+        res.seconds,
+        fingerprint,
+    )
     return res
 
 
@@ -300,11 +369,17 @@ def _count(k: int, noun: str) -> str:
 
 
 def _damaged_message(path: str, exc: BaseException) -> str:
-    if "Expected" in str(exc) or "could not convert" in str(exc) or "Unable to parse" in str(exc):
+    if (
+        "Expected" in str(exc)
+        or "could not convert" in str(exc)
+        or "Unable to parse" in str(exc)
+    ):
         return explain_table_error(path, exc)  # type: ignore[arg-type]
     msg = " ".join(str(exc).split())[:300]
-    return (f"reading {path} failed part way ({type(exc).__name__}: {msg}): the input is "
-            "damaged (a corrupt chunk or a truncated file?); restore it from a good copy.")
+    return (
+        f"reading {path} failed part way ({type(exc).__name__}: {msg}): the input is "
+        "damaged (a corrupt chunk or a truncated file?); restore it from a good copy."
+    )
 
 
 def _fingerprint_from_digests(arrays, digest_values, extra) -> str:
@@ -327,9 +402,9 @@ def load_ingested(res: IngestResult) -> SourceData:
             raise InputError(
                 f"the ingest store {res.path} is damaged: array {name!r}: "
                 f"{describe_missing_chunks(g[name], missing)}; re-run: the ingest stage "
-                "rebuilds it from the input.")
+                "rebuilds it from the input."
+            )
     X = da.from_zarr(g["X"])
     labels = da.from_zarr(g["labels"]) if "labels" in g else None
     ids = da.from_zarr(g["ids"]) if "ids" in g else None
     return SourceData(X=X, columns=res.columns, labels=labels, classes=res.classes, ids=ids)
-

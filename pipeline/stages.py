@@ -48,7 +48,6 @@ from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
 from .evaluate import make_split
-from .errors import InternalError
 from .export import file_checksums, write_manifest, write_spectrum
 from .ingest import IngestResult, ingest, stale_ingest
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize

@@ -24,21 +24,47 @@ import fsspec
 import numpy as np
 import zarr
 
-from kpca_dask.removal import (MARKER_FILE, has_marker, placed_path, remove_owned,
-                                remove_owned_url, write_marker)
+from kpca_dask.removal import (
+    MARKER_FILE,
+    has_marker,
+    placed_path,
+    remove_owned,
+    remove_owned_url,
+    write_marker,
+)
 
 from .errors import UserError
 
-__all__ = ["Location", "atomic_write_json", "read_json", "fingerprint_arrays",
-           "array_checksum", "json_default", "PathEscapeError", "is_ours", "OUR_FILES",
-           "zarr_attrs", "mark_folder"]
+__all__ = [
+    "Location",
+    "atomic_write_json",
+    "read_json",
+    "fingerprint_arrays",
+    "array_checksum",
+    "json_default",
+    "PathEscapeError",
+    "is_ours",
+    "OUR_FILES",
+    "zarr_attrs",
+    "mark_folder",
+]
 
 #: files of ours inside a folder we marked (a run, a store)
 OUR_FILES = ("manifest.json", "zarr.json", ".kpca-run.lock", MARKER_FILE)
 #: folders a run writes at its top level: inside a run folder they are the run's, also
 #: half-written (a folder of the user's under these names is refused before a run starts)
-RUN_FOLDERS = ("report", "work", "embedding.parquet", "model", "embedding", "spectrum",
-               "labels", "ids", "split", "denoised")
+RUN_FOLDERS = (
+    "report",
+    "work",
+    "embedding.parquet",
+    "model",
+    "embedding",
+    "spectrum",
+    "labels",
+    "ids",
+    "split",
+    "denoised",
+)
 #: name prefixes of the temporary/retired entries we create beside what we publish
 OUR_PREFIXES = (".kpca-new-", ".kpca-old-", ".kpca-prev", ".kpca-lock.")
 
@@ -76,8 +102,10 @@ def _marked(p: Path) -> bool:
     if has_marker(p):
         return True
     attrs = zarr_attrs(p)
-    return attrs is not None and (attrs.get("format") == "kpca-dask-model"
-                                  or str(attrs.get("kind", "")).startswith("kpca-dask"))
+    return attrs is not None and (
+        attrs.get("format") == "kpca-dask-model"
+        or str(attrs.get("kind", "")).startswith("kpca-dask")
+    )
 
 
 def _inside_marked(p: Path) -> bool:
@@ -95,7 +123,8 @@ def _dask_parquet(p: Path) -> bool:
     return bool(entries) and all(
         e.is_file(follow_symlinks=False)
         and (e.name.endswith(".parquet") or e.name.startswith(("_", ".")))
-        for e in entries)
+        for e in entries
+    )
 
 
 def is_ours(p: Path) -> bool:
@@ -115,11 +144,15 @@ def is_ours(p: Path) -> bool:
         run_kind = (zarr_attrs(p.parent) or {}).get("kind")
         if p.name in RUN_FOLDERS and run_kind == "kpca-dask-run":
             return True
-        return (zarr_attrs(p) is not None or p.name.startswith(OUR_PREFIXES)
-                or (p.name.endswith(".parquet") and _dask_parquet(p))) and _inside_marked(p)
+        return (
+            zarr_attrs(p) is not None
+            or p.name.startswith(OUR_PREFIXES)
+            or (p.name.endswith(".parquet") and _dask_parquet(p))
+        ) and _inside_marked(p)
     if stat.S_ISREG(st.st_mode):
         return (p.name in OUR_FILES or p.name.startswith(OUR_PREFIXES)) and (
-            _marked(p.parent) or _inside_marked(p.parent))
+            _marked(p.parent) or _inside_marked(p.parent)
+        )
     return False
 
 
@@ -134,9 +167,13 @@ def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
 
     def marked(folder: str) -> bool:
         a = attrs(folder)
-        return fs.exists(f"{folder}/{MARKER_FILE}") or (a is not None and (
-            a.get("format") == "kpca-dask-model"
-            or str(a.get("kind", "")).startswith("kpca-dask")))
+        return fs.exists(f"{folder}/{MARKER_FILE}") or (
+            a is not None
+            and (
+                a.get("format") == "kpca-dask-model"
+                or str(a.get("kind", "")).startswith("kpca-dask")
+            )
+        )
 
     def inside_marked(folder: str) -> bool:
         while folder and "/" in folder.strip("/"):  # up to the bucket
@@ -147,8 +184,9 @@ def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
 
     name, parent = posixpath.basename(p), posixpath.dirname(p)
     if fs.isdir(p):
-        return marked(p) or ((attrs(p) is not None or name.startswith(OUR_PREFIXES))
-                             and inside_marked(parent))
+        return marked(p) or (
+            (attrs(p) is not None or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
+        )
     return (name in OUR_FILES or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
 
 
@@ -206,21 +244,32 @@ class Location:
         else:
             self.fs.makedirs(self.fs_path, exist_ok=True)
 
-    def remove(self, *, root: Location | None = None, protect: tuple = (),
-               owned: Any = None) -> bool:
+    def remove(
+        self, *, root: Location | None = None, protect: tuple = (), owned: Any = None
+    ) -> bool:
         """Remove this file/folder through the one deletion primitive
         (:func:`kpca_dask.removal.remove_owned`): only if kpca-dask wrote it
         (:func:`is_ours`, or the caller's ``owned`` check), only inside ``root`` (default:
         itself), never following links, never a ``protect``-ed path (the inputs)."""
         root = root or self
         if self.is_local:
-            return remove_owned(self.local_path, root=root.local_path, owned=owned or is_ours,
-                                protect=[Location(str(q)).local_path for q in protect
-                                         if Location(str(q)).is_local])
+            return remove_owned(
+                self.local_path,
+                root=root.local_path,
+                owned=owned or is_ours,
+                protect=[
+                    Location(str(q)).local_path for q in protect if Location(str(q)).is_local
+                ],
+            )
         r = root.fs_path.rstrip("/")
         check = owned or (lambda p: _remote_is_ours(self.fs, p, r))
-        return remove_owned_url(self.fs, self.fs_path, root=r, owned=check,
-                                protect=[str(q) for q in protect if "://" in str(q)])
+        return remove_owned_url(
+            self.fs,
+            self.fs_path,
+            root=r,
+            owned=check,
+            protect=[str(q) for q in protect if "://" in str(q)],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``url`` and ``storage_options``); :meth:`from_dict` inverts it."""
@@ -241,13 +290,15 @@ class Location:
             return self.zarr_store()
         from zarr.storage import FsspecStore
 
-        return FsspecStore.from_url(self.url, storage_options=dict(self.storage_options),
-                                    read_only=True)
+        return FsspecStore.from_url(
+            self.url, storage_options=dict(self.storage_options), read_only=True
+        )
 
     def open_group(self, mode: str = "r") -> zarr.Group:
         kw = {} if self.is_local else {"storage_options": self.storage_options}
-        return zarr.open_group(self.zarr_store(), mode=mode, zarr_format=3 if mode != "r" else None,
-                               **kw)
+        return zarr.open_group(
+            self.zarr_store(), mode=mode, zarr_format=3 if mode != "r" else None, **kw
+        )
 
     def __str__(self) -> str:
         return self.url

@@ -397,8 +397,7 @@ def accuracy_sweep(
 def load_model(run: RunFolder) -> Any:
     import kpca_dask
 
-    path = run.loc.child("model")
-    return kpca_dask.load(str(path.local_path) if path.is_local else path.url)
+    return kpca_dask.load(run.loc.child("model").zarr_source())  # with its storage options
 
 
 def novelty_scores(
