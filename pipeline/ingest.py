@@ -4,8 +4,8 @@
 into lazy dask arrays: the float64 feature matrix, optional class labels (int
 codes plus the class names) and optional row ids. ``ingest`` validates them
 (shape, numeric columns, NaN/inf policy), writes them to ``<work>/ingest.zarr`` in
-row chunks of about ``target_chunk_mb`` and records a content fingerprint -- all in one pass over
-the input. Re-running with an unchanged source and config is a no-op (the
+row chunks of about ``target_chunk_mb`` and records a content fingerprint -- all in
+one pass over the input. Re-running with an unchanged source and config is a no-op (the
 store's attributes record both).
 """
 
