@@ -184,8 +184,8 @@ config = {
 (work / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 EOF
 
-# the flow's stages (one Prefect task each): ingest ... export
-nstages=$(python -c "from flows.pipeline_flow import STAGES; print(len(STAGES))")
+# the registry's stages (one Prefect task each in the flow): ingest ... export
+nstages=$(python -c "from pipeline.stages import REGISTRY; print(len(REGISTRY))")
 
 log "kpca run (the kpca_pipeline flow) against $address"
 kpca run "$work/run.yaml" --no-progress > "$work/logs/run-1.log" 2>&1 || { cat "$work/logs/run-1.log"; exit 1; }
