@@ -279,3 +279,25 @@ def test_prefect_deploy_registers_every_deployment(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def test_the_local_cluster_scripts_python_one_liners_run():
+    """deploy/local-cluster.sh asks the packages for names (the stage count, the workers'
+    malloc settings) with ``python -c``: each one-liner runs against the code as it is now
+    (a renamed module once failed only in CI's deploy step, after the tests)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "deploy" / "local-cluster.sh").read_text()
+    snippets = re.findall(r"""python -c (?:'([^']*)'|"([^"]*)")""", script)
+    codes = [a or b for a, b in snippets]
+    assert len(codes) >= 2, "the script's python -c one-liners were not found"
+    for code in codes:
+        res = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 0, f"{code}\n{res.stderr}"
+        assert res.stdout.strip(), code
