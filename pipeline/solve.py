@@ -92,8 +92,9 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
         )
 
 
-def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> KernelPCA:
-    """The estimator the config describes (parameters are validated by it at fit)."""
+def _model_params(cfg: Any) -> dict[str, Any]:
+    """The kernel and the fields that choose the solver and its kernel partition: what
+    both the fit and the kernel stage's plan read (and so the plan's cache key)."""
     s, k = cfg.solver, cfg.kernel
     params: dict[str, Any] = dict(
         n_components=s.n_components,
@@ -103,21 +104,26 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
         coef0=k.coef0,
         eigen_solver=s.eigen_solver,
         n_oversamples=s.n_oversamples,
-        n_power_iter=s.n_power_iter,
-        tol=s.tol,
-        max_iter=s.max_iter,
         random_state=s.random_state,
         dtype=s.dtype,
-        chunk_size=block_rows,
         # the pipeline's contract: only positive components (check_fit says when fewer)
         remove_zero_eig=True,
+        landmark_method=s.landmark_method,
     )
     if s.n_landmarks is not None:
         params["n_landmarks"] = s.n_landmarks
-    params["landmark_method"] = s.landmark_method
+    return params
+
+
+def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> KernelPCA:
+    """The estimator the config describes (parameters are validated by it at fit)."""
+    s = cfg.solver
+    params = _model_params(cfg)
+    params.update(
+        n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter, chunk_size=block_rows
+    )
     params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
-    est = KernelPCA()
-    return est.set_params(**params)
+    return KernelPCA().set_params(**params)
 
 
 #: Share of the workers' memory (all workers' memory limits together; without a cluster,
@@ -171,23 +177,18 @@ def nystroem_rows(
     in_memory = nbytes <= budget
     if in_memory:
         X = X.persist()
-        logger.info(
-            "solve: Nyström passes over %d rows in blocks of %d, read once into "
-            "memory (%.2f GB of a %.2f GB budget)",
-            n,
-            r,
-            nbytes / 1e9,
-            budget / 1e9,
-        )
-    else:
-        logger.info(
-            "solve: Nyström passes over %d rows in blocks of %d, re-read from the "
-            "ingest store at every pass (%.2f GB > a %.2f GB memory budget)",
-            n,
-            r,
-            nbytes / 1e9,
-            budget / 1e9,
-        )
+    how = (
+        "read once into memory (%.2f GB of a %.2f GB budget)"
+        if in_memory
+        else "re-read from the ingest store at every pass (%.2f GB > a %.2f GB memory budget)"
+    )
+    logger.info(
+        "solve: Nyström passes over %d rows in blocks of %d, " + how,
+        n,
+        r,
+        nbytes / 1e9,
+        budget / 1e9,
+    )
     return X, {"block_rows": r, "rows_in_memory": in_memory}
 
 
@@ -195,23 +196,7 @@ def make_planner(cfg: Any) -> KernelPCA:
     """The estimator the kernel stage plans with: the kernel and the fields that choose the
     solver and its kernel partition (no stopping rule, no pre-image: those only matter to
     the fit, and the kernel stage's cache key must not depend on them)."""
-    s, k = cfg.solver, cfg.kernel
-    params: dict[str, Any] = dict(
-        n_components=s.n_components,
-        kernel=k.name,
-        gamma=k.gamma,
-        degree=k.degree,
-        coef0=k.coef0,
-        eigen_solver=s.eigen_solver,
-        n_oversamples=s.n_oversamples,
-        random_state=s.random_state,
-        dtype=s.dtype,
-        remove_zero_eig=True,
-        landmark_method=s.landmark_method,
-    )
-    if s.n_landmarks is not None:
-        params["n_landmarks"] = s.n_landmarks
-    return KernelPCA().set_params(**params)
+    return KernelPCA().set_params(**_model_params(cfg))
 
 
 def solve(
