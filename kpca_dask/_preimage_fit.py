@@ -26,9 +26,8 @@ from .preimage import (
     preimage_block,
     sample_indices,
 )
-from .solvers.nystroem import driver_blas
 from .solvers.randomized import _generator
-from .threads import blas_threads_for_dask
+from .threads import blas_threads_for_dask, blas_threads_for_driver
 
 __all__ = ["fit_preimage", "inverse_transform_graph", "preimage_constants"]
 
@@ -68,7 +67,7 @@ def fit_preimage(est: Any, Xb: da.Array, n: int) -> None:
             8 * len(idx) ** 2 / 1e9,
         )
     est.X_transformed_fit_ = np.ascontiguousarray(emb, dtype=np.float64)
-    with driver_blas():  # one BLAS thread: see solvers.nystroem.driver_blas
+    with blas_threads_for_driver():  # one BLAS thread for the driver's dense algebra
         est.dual_coef_ = fit_learned_preimage(
             est.kernel_, est.X_transformed_fit_, rows, float(est.alpha)
         )

@@ -329,7 +329,7 @@ def select_landmarks(
     S = gather_rows(X, sidx)
     info: dict[str, Any] = {"method": method, "sample_size": s}
     col_means = None
-    # One BLAS thread on the driver: see kpca_dask.solvers.nystroem.driver_blas.
+    # One BLAS thread on the driver: see kpca_dask.threads.blas_threads_for_driver.
     with threadpool_limits(limits=1, user_api="blas"):
         if method == "kmeans++":
             piv = kmeanspp_landmarks(S, m, rng)

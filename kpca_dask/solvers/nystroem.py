@@ -59,10 +59,9 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from scipy.linalg.blas import dsyrk, ssyrk
-from threadpoolctl import threadpool_limits
 
 from ..kernels import Kernel
-from ..threads import blas_threads_for_dask
+from ..threads import blas_threads_for_dask, blas_threads_for_driver
 from ._common import EigResult
 from .randomized import randomized_eigh
 
@@ -86,17 +85,6 @@ STRIP_BYTES = {"randomized": 4 << 20, "covariance": 16 << 20}
 
 #: Partial sums added per tree-reduction task.
 SPLIT_EVERY = 8
-
-
-def driver_blas():
-    """One BLAS thread for the driver's dense algebra (W, Sigma, the Krylov basis).
-
-    Threaded BLAS loses far more on a busy machine than it gains on an idle one
-    (measurements: docs/nystroem.md, tuning constants). The dominant cost, the
-    passes over X, runs in Dask tasks with their own thread budget and is
-    unaffected.
-    """
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _strip_rows(m: int, itemsize: int, method: str) -> int:
@@ -173,7 +161,7 @@ def nystroem_basis(
     """
     dtype = np.dtype(dtype)
     Z = np.ascontiguousarray(landmarks, dtype=np.float64)
-    with driver_blas():
+    with blas_threads_for_driver():
         with np.errstate(over="ignore", invalid="ignore"):
             W = np.asarray(kernel(Z, Z, dtype=dtype), dtype=np.float64)
         from .landmarks import _check_finite_kernel
@@ -444,7 +432,7 @@ def nystroem_eigh(
     """
     if method not in NYSTROEM_METHODS:
         raise ValueError(f"Unknown Nyström method {method!r}; use one of {NYSTROEM_METHODS}.")
-    with driver_blas():
+    with blas_threads_for_driver():
         return _nystroem_eigh(
             X,
             basis,

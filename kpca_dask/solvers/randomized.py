@@ -80,7 +80,7 @@ capped by ``max_basis`` with a restart), the latest product (n x l) and small
 L x L matrices -- nothing of size n^2, and the products ``A W`` are not kept.
 
 Threads: the driver's algebra runs on one BLAS thread
-(``_threads.blas_threads_for_driver``); the products set their own budget.
+(``threads.blas_threads_for_driver``); the products set their own budget.
 """
 
 from __future__ import annotations
@@ -432,7 +432,7 @@ def default_rank_rtol(eps: float) -> float:
 
 # --------------------------------------------------------------------- solver
 def _driver_blas(fn):
-    """Run ``fn`` with the driver's BLAS budget (``_threads.blas_threads_for_driver``);
+    """Run ``fn`` with the driver's BLAS budget (``threads.blas_threads_for_driver``);
     the products over the kernel blocks set their own budget inside."""
 
     @functools.wraps(fn)
