@@ -4,6 +4,7 @@
     kpca run CONFIG [--output DIR]     the job a YAML config describes
     kpca transform MODEL INPUT OUTPUT  embed new data with a saved model (or run folder)
     kpca info ARTIFACT_DIR             what a run produced, after verifying it
+    kpca update RUN NEW_DATA           a new run from a published run and new rows
     kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
 
 Exit status by the error taxonomy (pipeline/errors.py): errors in the input, the
@@ -255,6 +256,12 @@ def cmd_info(args: argparse.Namespace) -> int:
                 for k, v in ev_sum.items()
             )
         )
+    upd = m.get("update") or {}
+    if upd:
+        print(
+            f"update     v{upd['version']} from {upd['base']}: {upd['action']} of "
+            f"{upd['batch_rows']} rows ({upd['n_rows']} in all); {upd['reason']}"
+        )
     ks = m.get("kernel_store") or {}
     if ks:
         print(
@@ -270,6 +277,29 @@ def cmd_info(args: argparse.Namespace) -> int:
         )
         + (", report/" if Path(args.artifact_dir, "report").exists() else "")
     )
+    return 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    """A new run (version n+1) from a published run and a batch of new rows
+    (pipeline/update.py; docs/update.md)."""
+    from pipeline.progress import show_progress
+    from pipeline.update import update_config
+
+    from .update_flow import run_update_flow_or_plain
+
+    cfg = update_config(
+        args.run, args.new_data, args.output, policy=args.policy, overwrite=args.overwrite
+    )
+    with show_progress(args.progress):
+        summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    upd = summary.manifest["update"]
+    print(
+        f"kpca: update v{upd['version']} -> {cfg.output.path}: {upd['action']} of "
+        f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
+    )
+    print(f"  drift report  {cfg.output.path}/{upd['report']}")
+    print(f"  inspect       kpca info {cfg.output.path}")
     return 0
 
 
@@ -413,6 +443,22 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print the manifest")
     i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
     i.set_defaults(func=cmd_info)
+
+    up = sub.add_parser(
+        "update", help="a new run from a published run and new rows (docs/update.md)"
+    )
+    up.add_argument("run", help="the published run to start from (never modified)")
+    up.add_argument("new_data", help="the batch of new rows (same columns as the run's input)")
+    up.add_argument("--output", help="the new run's folder (default: RUN-v<n+1> beside RUN)")
+    up.add_argument(
+        "--policy",
+        choices=["auto", "merge", "refresh_landmarks", "refit"],
+        help="override update.policy of the run's config",
+    )
+    up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    progress_flags(up)
+    prefect_flags(up)
+    up.set_defaults(func=cmd_update)
 
     u = sub.add_parser("unlock", help="break the lock a dead run left on an output folder")
     u.add_argument("output_dir")

@@ -768,6 +768,17 @@ class DenoiseConfig(BaseModel):
 class UpdateConfig(_Model):
     """`kpca update`: the drift checks on a new batch and what to do about drift."""
 
+    base: str | None = Field(
+        None,
+        description="The published run an update starts from (set by `kpca update RUN`); "
+        "null for a full run.",
+    )
+    reembed: bool = Field(
+        False,
+        description="After a merge, embed every row again with the updated model (reads all "
+        "rows); false keeps the published rows' embedding and appends the batch's. Refits "
+        "always embed every row.",
+    )
     policy: Literal["auto", "merge", "refresh_landmarks", "refit"] = Field(
         "auto",
         description="'merge': add the batch to the Nyström statistics (exact, reads only "
