@@ -269,7 +269,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             f" ({ks.get('reason')})"
         )
     print(
-        f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
+        f"files      model/, embedding ({upd.get('n_rows', inp['n_rows'])} x {len(ev)}), "
+        "spectrum/"
         + (
             ", embedding.parquet"
             if Path(args.artifact_dir, "embedding.parquet").exists()
@@ -469,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    if args.command in ("demo", "run") and args.verbose == 0:
+    if args.command in ("demo", "run", "update") and args.verbose == 0:
         level = logging.INFO
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
