@@ -915,7 +915,7 @@ def parse_storage_options(value: str | None, flag: str = "--storage-options") ->
         except ValueError as exc:
             raise ConfigError(
                 f"{flag} is not valid JSON ({exc}); pass a JSON object such as "
-                '\'{"anon": true}\' or the path of a YAML file.'
+                "'{\"anon\": true}' or the path of a YAML file."
             ) from None
     else:
         p = Path(text)

@@ -175,5 +175,5 @@ def output_location(path: str, storage_options: dict | None = None) -> Location:
     """The :class:`Location` of a run folder: its options apply to URLs only (a local
     folder takes none)."""
     path = str(path)
-    opts = dict(storage_options or {}) if "://" in path and not path.startswith("file://") else {}
-    return Location(path, opts)
+    remote = "://" in path and not path.startswith("file://")
+    return Location(path, dict(storage_options or {}) if remote else {})

@@ -147,9 +147,8 @@ def test_the_layout_names_every_store_under_the_output(tmp_path):
         output={"path": "s3://bucket/run", "storage_options": {"use_ssl": False}},
     )
     # every store of the run carries the output's own options, never the input's
-    assert all(
-        loc.storage_options == {"use_ssl": False} for loc in run_layout(remote).stores().values()
-    )
+    stores = run_layout(remote).stores().values()
+    assert all(loc.storage_options == {"use_ssl": False} for loc in stores)
     assert run_layout(remote).model.url == "s3://bucket/run/model"
     borrowed = config(
         tmp_path, input={"storage_options": {"anon": True}}, output={"path": "s3://bucket/run"}
