@@ -82,7 +82,7 @@ def _print_summary(summary, out: str) -> None:
         f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
         + (f", {den['array']}" if den else "")
         + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
-        + (", report/report.md" if Path(out, "report", "report.md").exists() else "")
+        + (", report/report.md" if "report/report.md" in m.get("file_checksums", {}) else "")
     )
     print(f"  inspect    kpca info {out}")
 
@@ -151,17 +151,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_options(args: argparse.Namespace, flag: str = "storage_options") -> dict:
+    """A command's ``--storage-options`` (JSON or a YAML file; credentials refused)."""
+    from pipeline.config import parse_storage_options
+
+    return parse_storage_options(getattr(args, flag, None), "--" + flag.replace("_", "-"))
+
+
 def cmd_transform(args: argparse.Namespace) -> int:
     from pipeline.config import ChunkConfig, InputConfig
     from pipeline.progress import show_progress
     from pipeline.transform import transform_to_store
 
+    options = _storage_options(args)
+    input_options = (
+        _storage_options(args, "input_storage_options")
+        if args.input_storage_options is not None
+        else options
+    )
     inp = InputConfig(
         path=args.input,
         format=args.format,
         columns=args.columns.split(",") if args.columns else None,
         id_column=args.id_column,
         label_column=args.label_column,
+        storage_options=input_options if "://" in args.input else {},
     )
     if args.inverse:
         from pipeline.denoise import denoise_to_store
@@ -174,6 +188,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
                 chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
                 method=None if args.preimage == "auto" else args.preimage,
                 overwrite=args.overwrite,
+                storage_options=options,
             )
         late = res["fixed_point_not_converged"]
         print(
@@ -195,6 +210,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
             args.output,
             chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
             overwrite=args.overwrite,
+            storage_options=options,
         )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
@@ -204,17 +220,15 @@ def cmd_transform(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import zarr
-
     from pipeline.export import verify_run
     from pipeline.store import Location
 
-    out = Location(args.artifact_dir)
+    out = Location.at(args.artifact_dir, _storage_options(args))
     m = verify_run(out, check_arrays=not args.no_verify)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0
-    g = zarr.open_group(out.zarr_store(), mode="r")
+    g = out.open_group("r")
     ev = np.asarray(g["spectrum/eigenvalues"][...])
     evr = np.asarray(g["spectrum/explained_variance_ratio"][...])
     res = np.asarray(g["spectrum/residuals"][...])
@@ -263,20 +277,17 @@ def cmd_info(args: argparse.Namespace) -> int:
         )
     print(
         f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
-        + (
-            ", embedding.parquet"
-            if Path(args.artifact_dir, "embedding.parquet").exists()
-            else ""
-        )
-        + (", report/" if Path(args.artifact_dir, "report").exists() else "")
+        + (", embedding.parquet" if out.child("embedding.parquet").exists() else "")
+        + (", report/" if out.child("report").exists() else "")
     )
     return 0
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
     from pipeline.lock import break_lock
+    from pipeline.store import Location
 
-    holder = break_lock(args.output_dir)
+    holder = break_lock(Location.at(args.output_dir, _storage_options(args)))
     if holder is None:
         print(f"kpca: {args.output_dir} was not locked")
     else:
@@ -346,6 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("--no-progress", dest="progress", action="store_false")
 
+    def storage_flags(sp, what):
+        sp.add_argument(
+            "--storage-options",
+            metavar="JSON|FILE",
+            help=f"fsspec options of {what} when it is a URL, as a JSON object or a small "
+            'YAML/JSON file, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\' '
+            "(credentials are refused: they come from the environment)",
+        )
+
     def prefect_flags(sp):
         sp.add_argument(
             "--no-prefect",
@@ -405,6 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="with --inverse: the pre-image method (default: the model's)",
     )
+    storage_flags(t, "the model and the output (and the input, unless given below)")
+    t.add_argument(
+        "--input-storage-options",
+        metavar="JSON|FILE",
+        help="fsspec options of the input URL when they differ from --storage-options",
+    )
     progress_flags(t)
     t.set_defaults(func=cmd_transform)
 
@@ -412,10 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("artifact_dir")
     i.add_argument("--json", action="store_true", help="print the manifest")
     i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
+    storage_flags(i, "the run folder")
     i.set_defaults(func=cmd_info)
 
     u = sub.add_parser("unlock", help="break the lock a dead run left on an output folder")
     u.add_argument("output_dir")
+    storage_flags(u, "the output folder")
     u.set_defaults(func=cmd_unlock)
     return p
 
@@ -485,9 +513,15 @@ def _report_error(command: str, exc: Exception) -> int:
         print(f"kpca {command}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     if is_transient(exc):
+        endpoint = (
+            "; an object store's endpoint goes in storage_options (or --storage-options): "
+            '{"client_kwargs": {"endpoint_url": ...}}'
+            if "endpoint" in str(exc).lower()
+            else ""
+        )
         print(
             f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
-            "workers); re-run the same command to resume.",
+            f"workers){endpoint}; re-run the same command to resume.",
             file=sys.stderr,
         )
         return EXIT_FAILED

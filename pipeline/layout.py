@@ -174,6 +174,4 @@ def run_layout(cfg) -> RunLayout:
 def output_location(path: str, storage_options: dict | None = None) -> Location:
     """The :class:`Location` of a run folder: its options apply to URLs only (a local
     folder takes none)."""
-    path = str(path)
-    remote = "://" in path and not path.startswith("file://")
-    return Location(path, dict(storage_options or {}) if remote else {})
+    return Location.at(str(path), storage_options)
