@@ -288,7 +288,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         then select a DataFrame's columns by name: the same columns in another
         order give the same result (scikit-learn refuses them); a missing
         column, or one the model was not fitted on, is refused in one line
-        naming it. Saved with the model.
+        naming it; a numpy array is taken by position with scikit-learn's
+        warning, a dask or zarr array by position without one. Saved with the
+        model.
     features_ : dict
         Present with ``feature_names_in_``: ``{"names": [...], "dtypes":
         [...]}`` (dtypes of the DataFrame's columns at fit, or None) plus what

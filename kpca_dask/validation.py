@@ -380,7 +380,8 @@ def check_feature_names(fitted: np.ndarray | None, X: Any) -> Any:
     same as in fit's order; scikit-learn refuses it); one that lacks a fitted column
     or has a column the model does not know is refused in one line naming them, with
     scikit-learn's sentences. Without names on either side, scikit-learn's warnings
-    (they point at the caller of the estimator method that calls this, two frames up).
+    (they point at the caller of the estimator method that calls this, two frames up);
+    none for dask and zarr arrays, which have no column names (taken by position).
     """
     names = feature_names(X)
     if fitted is None and names is None:
@@ -393,7 +394,9 @@ def check_feature_names(fitted: np.ndarray | None, X: Any) -> Any:
         )
         return X
     if names is None:
-        if hasattr(X, "columns"):
+        if hasattr(X, "columns") or _is_lazy_array(X):
+            # non-string column names: scikit-learn's rule is silence; dask and zarr
+            # arrays never have names (the pipeline's stores keep the fitted order)
             return X
         warnings.warn(
             "X does not have valid feature names, but KernelPCA was fitted with feature names",
@@ -429,6 +432,16 @@ def check_feature_names(fitted: np.ndarray | None, X: Any) -> Any:
         "e.g. X[model.feature_names_in_]."
     )
     raise InvalidInputError(msg)
+
+
+def _is_lazy_array(X: Any) -> bool:
+    if isinstance(X, da.Array):
+        return True
+    try:
+        import zarr
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(X, zarr.Array)
 
 
 def _names(cols: list[str], limit: int = 10) -> str:

@@ -218,8 +218,14 @@ class InputConfig(_Model):
     )
     columns: list[str] | None = Field(
         None,
-        description="Feature columns by name for CSV/Parquet (default: every numeric "
-        "column except the label and id columns).",
+        description="Feature columns by name for CSV/Parquet (default: every column "
+        "except the label, id and excluded columns; numeric and bool columns only).",
+    )
+    exclude_columns: list[str] | None = Field(
+        None,
+        description="Columns that are not features, left out of the default selection "
+        "(e.g. text, categorical or datetime columns, which are refused as features; "
+        "docs/config.md, 'Feature columns').",
     )
     label_column: str | None = Field(
         None, description="Optional class label column, kept alongside (enables evaluation)."

@@ -554,7 +554,19 @@ def stage_solve(
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
             solve_cfg = cfg.model_copy(deep=True)
             solve_cfg.kernel.gamma = float(kernel.gamma)
-    _, info = solve(X_train, solve_cfg, layout.model, block_rows=r, block_reader=reader)
+    features = ing.features or {  # an ingest result written before the features block
+        "names": list(ing.columns),
+        "id_column": ing.id_column,
+        "label_column": ing.label_column,
+    }
+    _, info = solve(
+        X_train,
+        solve_cfg,
+        layout.model,
+        block_rows=r,
+        block_reader=reader,
+        features=features,
+    )
     return SolveResult(model=layout.model, info=dict(info))
 
 
