@@ -21,9 +21,10 @@ it under ``input.features``; ``kpca info`` lists it.
 
 At transform, :func:`match` reads a new table's columns against the block: the model's
 features are selected by name in any order; a missing feature is refused naming it; a
-column the model does not know is refused naming it when the run took every column
-(it would have been a feature: the table changed), and ignored with a note when the run
-listed its features (the other columns were never features), or with ``ignore_extra``.
+column the model does not know is refused naming it (the run took every column, or the
+model was fitted on a DataFrame: a new column means the table changed), and ignored with
+a note when the run listed its features in ``input.columns`` (the other columns were
+never features) or with ``ignore_extra``.
 The run's id and label columns are reused when the new table has them.
 """
 
@@ -235,7 +236,7 @@ def match(
 
     ``id_column``/``label_column``: given by the user (else the run's, when the table
     has them). FeatureError names a missing feature, or a column the model does not know
-    when the run took every column and ``ignore_extra`` is not set.
+    unless the run listed its features (``selection == "columns"``) or ``ignore_extra``.
     """
     names = list(block["names"])
     run_id, run_label = block.get("id_column"), block.get("label_column")
@@ -259,11 +260,11 @@ def match(
     extra = [c for c in available if c not in set(names) and c not in reserved]
     excluded = set(block.get("excluded") or [])
     unknown = [c for c in extra if c not in excluded]
-    if unknown and block.get("selection") == "all" and not ignore_extra:
+    if unknown and block.get("selection") != "columns" and not ignore_extra:
         raise FeatureError(
-            f"{path} has column(s) {_names(unknown)} the model was not fitted on (the run "
-            "took every column as a feature, so the table has changed); drop them, or pass "
-            "--ignore-extra to embed with the model's features only."
+            f"{path} has column(s) {_names(unknown)} the model was not fitted on (its "
+            f"training table had no other columns: {len(names)} features, id and label); "
+            "drop them, or pass --ignore-extra to embed with the model's features only."
         )
     if extra:
         logger.info(
