@@ -554,11 +554,12 @@ def stage_solve(
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
             solve_cfg = cfg.model_copy(deep=True)
             solve_cfg.kernel.gamma = float(kernel.gamma)
-    features = ing.features or {  # an ingest result written before the features block
-        "names": list(ing.columns),
-        "id_column": ing.id_column,
-        "label_column": ing.label_column,
-    }
+    # the model records the table's column names (its transform then selects a DataFrame's
+    # columns by name); NPY/zarr columns have none, and neither has an ingest result
+    # written before the features block
+    features = ing.features
+    if features is not None and features.get("selection") == "positions":
+        features = None
     _, info = solve(
         X_train,
         solve_cfg,
