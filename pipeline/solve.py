@@ -245,7 +245,10 @@ def solve(
     if features is not None:
         info_ = {k: v for k, v in features.items() if k not in ("names", "dtypes")}
         est.record_features(features["names"], dtypes=features.get("dtypes"), **info_)
-    est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)
+    est.save(
+        model_loc.local_path if model_loc.is_local else model_loc.zarr_source(writable=True),
+        overwrite=True,
+    )
     info = {
         "solver": est.eigen_solver_,
         "n_components": int(est.n_components_),
