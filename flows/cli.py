@@ -211,6 +211,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
             chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
             overwrite=args.overwrite,
             storage_options=options,
+            ignore_extra=args.ignore_extra,
         )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
@@ -245,6 +246,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     )
     if inp.get("label_column"):
         print(f"labels     column {inp['label_column']!r}: {len(inp['classes'])} classes")
+    for line in _feature_lines(inp.get("features"), inp.get("columns") or []):
+        print(line)
     print(
         f"model      {model['solver']} solver, kernel {model['kernel']}, "
         f"{model['n_components']} components, {model['n_passes']} passes"
@@ -281,6 +284,47 @@ def cmd_info(args: argparse.Namespace) -> int:
         + (", report/" if out.child("report").exists() else "")
     )
     return 0
+
+
+def _feature_lines(block: dict | None, columns: list[str], limit: int = 24) -> list[str]:
+    """``kpca info``'s lines on the features a run used (its manifest's features block;
+    a run written before the block existed: the column names only)."""
+    block = block or {"names": columns, "dtypes": None, "selection": None}
+    names, dtypes = list(block.get("names") or []), block.get("dtypes")
+    how = {
+        "columns": "listed in input.columns",
+        "all": "every column but the id/label"
+        + (" and input.exclude_columns" if block.get("excluded") else ""),
+        "positions": "no names: columns by position",
+    }.get(block.get("selection"), "")
+    if dtypes and len(set(dtypes)) == 1:
+        how += f"{', ' if how else ''}all {dtypes[0]}"
+        items = list(names)
+    elif dtypes:
+        items = [f"{n} ({t})" for n, t in zip(names, dtypes)]
+    else:
+        items = list(names)
+    shown = items[:limit]
+    if len(items) > limit:
+        shown.append(f"... ({len(items) - limit} more: kpca info --json lists all)")
+    lines, line = [], f"features   {len(names)}" + (f" ({how})" if how else "") + ":"
+    for k, item in enumerate(shown):
+        piece = f" {item}" + ("," if k < len(shown) - 1 else "")
+        if len(line) + len(piece) > 100:
+            lines.append(line)
+            line = " " * 10
+        line += piece
+    lines.append(line)
+    notes = []
+    if block.get("bool_columns"):
+        notes.append(f"bool as 0/1: {', '.join(block['bool_columns'])}")
+    if block.get("id_column"):
+        notes.append(f"id column {block['id_column']!r}")
+    if block.get("excluded"):
+        notes.append(f"excluded: {', '.join(block['excluded'])}")
+    if notes:
+        lines.append(" " * 11 + "; ".join(notes))
+    return lines
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
@@ -407,9 +451,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--format", default="auto", choices=["auto", "npy", "csv", "parquet", "zarr"]
     )
-    t.add_argument("--columns", help="comma-separated feature columns (tabular input)")
-    t.add_argument("--id-column")
-    t.add_argument("--label-column")
+    t.add_argument(
+        "--columns",
+        help="comma-separated feature columns (tabular input; default: the model's "
+        "features, matched by name in any order)",
+    )
+    t.add_argument("--id-column", help="row id column to carry (default: the run's)")
+    t.add_argument("--label-column", help="label column to carry (default: the run's)")
+    t.add_argument(
+        "--ignore-extra",
+        action="store_true",
+        help="embed with the model's features even when the table has other columns "
+        "(by default refused when the run took every column as a feature)",
+    )
     t.add_argument("--chunk-mb", type=float, default=64.0)
     t.add_argument("--overwrite", action="store_true")
     t.add_argument(

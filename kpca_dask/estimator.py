@@ -283,8 +283,19 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_features_in_ : int
         Columns of X (n_samples for ``kernel="precomputed"``, as scikit-learn).
     feature_names_in_ : ndarray of shape (n_features_in_,)
-        Column names of a DataFrame passed to fit (all strings); transform
-        then refuses columns in another order or with other names.
+        Column names of a DataFrame passed to fit (all strings), or those given
+        to :meth:`record_features`. :meth:`transform` and :meth:`score_samples`
+        then select a DataFrame's columns by name: the same columns in another
+        order give the same result (scikit-learn refuses them); a missing
+        column, or one the model was not fitted on, is refused in one line
+        naming it; a numpy array is taken by position with scikit-learn's
+        warning, a dask or zarr array by position without one. Saved with the
+        model.
+    features_ : dict
+        Present with ``feature_names_in_``: ``{"names": [...], "dtypes":
+        [...]}`` (dtypes of the DataFrame's columns at fit, or None) plus what
+        :meth:`record_features` was told (the pipeline: id and label columns,
+        how the features were chosen). Saved with the model.
     eigen_solver_ : str
         Solver actually used.
     dtype_ : numpy.dtype
@@ -474,15 +485,20 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         names = V.feature_names(X)
         Xd, kind = _plan.validate_fit_input(X, self._is_precomputed())
         self.__dict__.pop("feature_names_in_", None)
+        self.__dict__.pop("features_", None)
         if names is not None:
             self.feature_names_in_ = names
+            self.features_ = {
+                "names": [str(c) for c in names],
+                "dtypes": [str(t) for t in X.dtypes],
+            }
         self._out_float32 = Xd.dtype == np.float32
         n, d = (int(s) for s in Xd.shape)
         plan = _plan.make_plan(
             params, n, d, exact_inputs=kernel_blocks is not None or centring is not None
         )
         if not plan.precomputed:  # a precomputed K is checked by its own first read (inspect)
-            V.check_finite(Xd)
+            V.check_finite(Xd, names=names)
         for model in STRATEGIES.values():  # a refit leaves no attribute of another kind
             for attr in model.ATTRS + PREIMAGE_ATTRS:
                 self.__dict__.pop(attr, None)
@@ -622,7 +638,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
     def _project(self, X: Any, what: str) -> Any:
         self._check_fitted()
-        V.check_feature_names(getattr(self, "feature_names_in_", None), X)
+        names = getattr(self, "feature_names_in_", None)
+        X = V.check_feature_names(names, X)  # a DataFrame's columns selected by name
         Xd, kind = V.as_dask_array(X)
         if self._is_precomputed():
             n_fit = self.n_samples_fit_
@@ -640,7 +657,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 f"{self.n_features_in_} features as input (fitted with {self.n_features_in_}); "
                 "pass data with the same columns as in fit."
             )
-        V.check_finite(Xd)
+        V.check_finite(Xd, names=None if self._is_precomputed() else names)
         return self._project_array(Xd, kind, what)
 
     def _out_dtype(self, in_dtype: Any = None) -> np.dtype:
@@ -790,6 +807,38 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         if kind == "numpy" and not return_status:
             warn_not_converged(status, int(self.preimage_max_iter))
         return (out, status) if return_status else out
+
+    # ---------------------------------------------------------------- features
+    def record_features(self, names: Any, *, dtypes: Any = None, **info: Any) -> KernelPCA:
+        """Record the names (and dtypes) of the columns a fitted model was fitted on.
+
+        For a model fitted on an array whose columns have names elsewhere (the
+        pipeline fits on its zarr store of a table's columns): afterwards
+        ``feature_names_in_`` holds ``names``, and :meth:`transform` selects a
+        DataFrame's columns by name, as after a fit on a DataFrame. ``info``: more
+        JSON values about the columns (the pipeline records its id and label
+        columns and how the features were chosen). All of it is in ``features_``
+        and saved with the model (its ``"features"`` block).
+        """
+        self._check_fitted()
+        names = [str(c) for c in names]
+        if len(names) != self.n_features_in_ or self._is_precomputed():
+            raise InvalidParameterError(
+                f"record_features got {len(names)} names for a model of "
+                f"{self.n_features_in_} features; pass one name per column of X."
+            )
+        if len(set(names)) != len(names):
+            dup = sorted({c for c in names if names.count(c) > 1})
+            raise InvalidParameterError(f"record_features: names given twice: {dup}.")
+        if dtypes is not None and len(dtypes) != len(names):
+            raise InvalidParameterError("record_features: one dtype per name, or none.")
+        self.feature_names_in_ = np.asarray(names, dtype=object)
+        self.features_ = {
+            "names": names,
+            "dtypes": None if dtypes is None else [str(t) for t in dtypes],
+            **info,
+        }
+        return self
 
     # ------------------------------------------------------------ persistence
     def save(self, path: Any, *, overwrite: bool = False) -> None:

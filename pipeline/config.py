@@ -234,8 +234,14 @@ class InputConfig(_Model):
     )
     columns: list[str] | None = Field(
         None,
-        description="Feature columns by name for CSV/Parquet (default: every numeric "
-        "column except the label and id columns).",
+        description="Feature columns by name for CSV/Parquet (default: every column "
+        "except the label, id and excluded columns; numeric and bool columns only).",
+    )
+    exclude_columns: list[str] | None = Field(
+        None,
+        description="Columns that are not features, left out of the default selection "
+        "(e.g. text, categorical or datetime columns, which are refused as features; "
+        "docs/config.md, 'Feature columns').",
     )
     label_column: str | None = Field(
         None, description="Optional class label column, kept alongside (enables evaluation)."
@@ -956,6 +962,48 @@ def _type_name(t: Any) -> str:
     return text.replace("pipeline.config.", "").replace("__main__.", "")
 
 
+#: prose after a section's table in docs/config.md (the policies its fields select)
+REFERENCE_NOTES: dict[str, str] = {
+    "input": """### Feature columns (CSV and Parquet)
+
+Which columns of a table are features (pipeline/features.py):
+
+- **Numeric** columns (integers, floats) are features. Without `input.columns`, every
+  column except `id_column`, `label_column` and `exclude_columns` is a feature, in the
+  table's order.
+- **bool** columns are features, as 0/1. The run logs a note naming them and
+  `kpca info` lists them ("bool as 0/1"); list `input.columns` or `exclude_columns` to
+  leave them out.
+- **Text, categorical, datetime and timedelta** columns are never used or dropped
+  silently: the run stops before anything is written, in one line naming them and
+  their kind, with the fix: list the features in `input.columns`, or leave these
+  columns out with `input.exclude_columns`. Encode them as numbers (one-hot, epoch
+  seconds...) to use them.
+- NaN or infinity in a feature column stops the run naming the first row and column
+  (`nonfinite: drop` drops such rows instead).
+
+The run records what it used, its *features block*: names in order, dtypes, bool
+columns, the id and label columns, and how they were chosen (`columns`: listed in
+`input.columns`; `all`: every column but id/label/excluded; `positions`: NPY and zarr
+input, whose columns have no names). It is saved with the model (its `features`
+block: `KernelPCA.feature_names_in_` and `features_` after `kpca_dask.load`) and in
+the manifest (`input.features`); `kpca info` lists it.
+
+`kpca transform RUN DATA` (and `--inverse`) selects the model's features from a table
+**by name, in any order**, and carries the run's id and label columns when the table has
+them (no flags needed for a table shaped like the training one; `--id-column` and
+`--label-column` override). A missing feature is refused in one line naming it. A
+column that is none of the features nor the id/label is refused naming it when the run
+took every column as a feature (a new column means the table changed; `--ignore-extra`
+embeds with the model's features anyway), and ignored with a note when the run listed
+its features in `input.columns` (other columns were never features). NPY and zarr input
+are taken by position, with the same number of columns as at fit. The estimator does the
+same for a pandas DataFrame: `transform` selects `feature_names_in_` by name, refusing
+missing or unknown columns (docs/sklearn.md).
+""",
+}
+
+
 def reference_markdown() -> str:
     """docs/config.md: every section and field with its type, default and description."""
     lines = [
@@ -986,6 +1034,8 @@ def reference_markdown() -> str:
             desc = (f.description or "").replace("|", "\\|")
             lines.append(f"| `{fname}` | `{typ}` | `{default}` | {desc} |")
         lines.append("")
+        if name in REFERENCE_NOTES:
+            lines += [REFERENCE_NOTES[name].strip(), ""]
     return "\n".join(lines)
 
 

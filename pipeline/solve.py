@@ -206,8 +206,13 @@ def solve(
     *,
     block_rows: int | str = "auto",
     block_reader: Any = None,
+    features: dict[str, Any] | None = None,
 ) -> tuple[KernelPCA, dict[str, Any]]:
-    """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON)."""
+    """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON).
+
+    ``features``: the run's features block (pipeline/features.py), saved with the model
+    (``KernelPCA.record_features``): its transform then selects columns by name.
+    """
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
     reading: dict[str, Any] = {}
@@ -237,6 +242,9 @@ def solve(
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
+    if features is not None:
+        info_ = {k: v for k, v in features.items() if k not in ("names", "dtypes")}
+        est.record_features(features["names"], dtypes=features.get("dtypes"), **info_)
     est.save(
         model_loc.local_path if model_loc.is_local else model_loc.zarr_source(writable=True),
         overwrite=True,

@@ -554,7 +554,20 @@ def stage_solve(
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
             solve_cfg = cfg.model_copy(deep=True)
             solve_cfg.kernel.gamma = float(kernel.gamma)
-    _, info = solve(X_train, solve_cfg, layout.model, block_rows=r, block_reader=reader)
+    # the model records the table's column names (its transform then selects a DataFrame's
+    # columns by name); NPY/zarr columns have none, and neither has an ingest result
+    # written before the features block
+    features = ing.features
+    if features is not None and features.get("selection") == "positions":
+        features = None
+    _, info = solve(
+        X_train,
+        solve_cfg,
+        layout.model,
+        block_rows=r,
+        block_reader=reader,
+        features=features,
+    )
     return SolveResult(model=layout.model, info=dict(info))
 
 

@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import logging
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -408,8 +409,10 @@ def novelty_scores(
     seed = cfg.random_state
     test_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 1, run.test_idx)
     train_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 2, run.train_idx)
-    test = np.asarray(model.score_samples(_rows(run.z_X, test_idx)), dtype=np.float64)
-    train = np.asarray(model.score_samples(_rows(run.z_X, train_idx)), dtype=np.float64)
+    with warnings.catch_warnings():  # rows of the ingest store: in the model's feature order
+        warnings.filterwarnings("ignore", "X does not have valid feature names", UserWarning)
+        test = np.asarray(model.score_samples(_rows(run.z_X, test_idx)), dtype=np.float64)
+        train = np.asarray(model.score_samples(_rows(run.z_X, train_idx)), dtype=np.float64)
     threshold = float(np.quantile(train, 0.99)) if train.size else None
     novelty = Novelty(
         n_test_scored=int(test.size),
