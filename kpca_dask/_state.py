@@ -17,6 +17,7 @@ from .exceptions import ModelFormatError
 from .kernels import kernel_from_dict
 from .persistence import ModelState
 from .preimage import PREIMAGE_METHODS
+from .preprocess import Scaler
 
 __all__ = ["restore", "state_of"]
 
@@ -78,8 +79,37 @@ def state_of(est: Any) -> ModelState:
         dtype=np.dtype(est._dtype).name,
         fitted={k: _jsonable(getattr(est, k)) for k in FITTED_SCALARS if hasattr(est, k)},
         arrays={k: np.asarray(v) for k, v in arrays.items() if v is not None},
-        extra={"preimage": {"method": est.preimage_}} if hasattr(est, "dual_coef_") else {},
+        extra=_extra(est),
     )
+
+
+def _extra(est: Any) -> dict[str, Any]:
+    """The optional JSON parts: the pre-image method, the fitted scaling."""
+    extra: dict[str, Any] = {}
+    if hasattr(est, "dual_coef_"):
+        extra["preimage"] = {"method": est.preimage_}
+    scaler = getattr(est, "preprocess_", None)
+    if scaler is not None:
+        extra["preprocess"] = scaler.to_dict()
+    return extra
+
+
+def _restore_preprocess(est: Any, extra: dict[str, Any], where: str) -> None:
+    """The fitted scaling (``extra["preprocess"]``); ModelFormatError when malformed."""
+    info = extra.get("preprocess") if isinstance(extra, dict) else None
+    est.preprocess_ = None
+    if info is None:
+        return
+    try:
+        scaler = Scaler.from_dict(info)
+    except (ValueError, TypeError) as exc:
+        raise ModelFormatError(f"{where}: malformed preprocess block ({exc}).") from None
+    if scaler.n_features != int(est.n_features_in_):
+        raise ModelFormatError(
+            f"{where}: the preprocess block has {scaler.n_features} columns but the model "
+            f"{est.n_features_in_} features."
+        )
+    est.preprocess_ = None if scaler.identity else scaler
 
 
 def restore(est: Any, state: ModelState) -> Any:
@@ -103,6 +133,7 @@ def restore(est: Any, state: ModelState) -> Any:
     est.explained_variance_ratio_ = arrays.get("explained_variance_ratio")
     est.residuals_ = arrays.get("residuals")
     _restore_preimage(est, state.extra, arrays)
+    _restore_preprocess(est, state.extra, where)
     est._coef_cache = None
     return est
 
