@@ -109,7 +109,7 @@ def _restore_preprocess(est: Any, extra: dict[str, Any], where: str) -> None:
             f"{where}: the preprocess block has {scaler.n_features} columns but the model "
             f"{est.n_features_in_} features."
         )
-    est.preprocess_ = None if scaler.identity else scaler
+    est.preprocess_ = scaler
 
 
 def restore(est: Any, state: ModelState) -> Any:

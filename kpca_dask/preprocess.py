@@ -221,7 +221,7 @@ def for_fit(method: str, X: Any, scaler: Any = None, *, precomputed: bool = Fals
             f"the scaler was fitted on {scaler.n_features} features but X has "
             f"{int(X.shape[1])}; fit it on the same columns."
         )
-    return None if scaler.identity else scaler
+    return scaler
 
 
 def spread_summary(scaler: Scaler) -> dict[str, Any] | None:

@@ -206,8 +206,14 @@ def solve(
     *,
     block_rows: int | str = "auto",
     block_reader: Any = None,
+    scaler: Any = None,
 ) -> tuple[KernelPCA, dict[str, Any]]:
-    """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON)."""
+    """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON).
+
+    ``scaler``: the feature scaling the split stage fitted on these rows
+    (:class:`kpca_dask.preprocess.Scaler`); the estimator applies it and keeps it in
+    the model. ``X_train`` is in the original units.
+    """
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
     reading: dict[str, Any] = {}
@@ -218,6 +224,8 @@ def solve(
         X_train, reading = nystroem_rows(X_train, cfg)
         est.set_params(chunk_size=reading["block_rows"])
     fit_kw: dict[str, Any] = {}
+    if scaler is not None:
+        fit_kw["scaler"] = scaler
     if block_reader is not None:
         fit_kw["kernel_blocks"] = block_reader
     with warnings.catch_warnings(record=True) as caught:
@@ -246,6 +254,7 @@ def solve(
         "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
         "gamma": est.gamma_,
         "kernel": est.kernel_.to_dict(),
+        "preprocess": None if scaler is None else scaler.method,
         "fit_seconds": fit_s,
         "seconds": time.perf_counter() - t0,
         **reading,
