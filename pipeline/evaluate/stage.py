@@ -14,8 +14,8 @@ import dask.array as da
 import numpy as np
 
 from ..config import EvaluateConfig
-from ..preprocess import preprocess_report
 from ..errors import EvaluationError
+from ..preprocess import preprocess_report
 from ..store import Location, atomic_write_json
 from .baseline import linear_pca_baseline
 from .classify import (
