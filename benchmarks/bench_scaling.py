@@ -103,22 +103,21 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     rows = []
+    print("| dataset | n x d | k | kernel | scale | kernel PCA | linear PCA |")
+    print("|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name, k, demo in CASES:
             if args.only and name != args.only:
                 continue
-            kernel = None
-            if demo:
-                kernel = next(d for d in DEMO_DATASETS if d.name == name).kernel
+            kernel = DEMO_DATASETS[name].kernel if demo else None
             for scale in SCALES:
-                rows.append(run_one(Path(tmp), name, k, kernel, scale))
-    print("| dataset | n x d | k | kernel | scale | kernel PCA | linear PCA |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['dataset']} | {r['n']} x {r['d']} | {r['k']} | {r['kernel']} | "
-            f"{r['scale']} | {100 * r['kpca']:.1f} % | {100 * r['pca']:.1f} % |"
-        )
+                r = run_one(Path(tmp), name, k, kernel, scale)
+                rows.append(r)
+                print(
+                    f"| {r['dataset']} | {r['n']} x {r['d']} | {r['k']} | {r['kernel']} | "
+                    f"{r['scale']} | {100 * r['kpca']:.1f} % | {100 * r['pca']:.1f} % |",
+                    flush=True,
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
