@@ -123,6 +123,9 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
         n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter, chunk_size=block_rows
     )
     params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
+    # the scaling a refit (the evaluate stage's gamma cross-validation clones the model)
+    # fits on its own training rows; the solve passes the split stage's fitted scaler
+    params["preprocess"] = cfg.preprocess.scale
     return KernelPCA().set_params(**params)
 
 

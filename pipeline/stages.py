@@ -830,7 +830,8 @@ REGISTRY = Registry(
             inputs=("ing", "split", "kernel"),
             result="solved",
             result_type=SolveResult,
-            config=("kernel", "solver", "chunks.block_rows", "kernel_store") + _PREIMAGE_FIELDS,
+            config=("kernel", "solver", "chunks.block_rows", "kernel_store", "preprocess")
+            + _PREIMAGE_FIELDS,
             publishes=(MODEL,),
             fingerprint=_fingerprint_solve,
             fresh=_fresh_solve,

@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 import zarr
 from sklearn.datasets import load_breast_cancer, load_wine
-from sklearn.decomposition import PCA
 from sklearn.decomposition import KernelPCA as SkKernelPCA
 from sklearn.preprocessing import RobustScaler, StandardScaler
 
@@ -189,19 +188,32 @@ def test_wine_kernel_pca_at_least_linear_pca_and_report_shows_it(wine_run):
     assert m["kpca_accuracy"] >= m["pca_accuracy"] >= 0.9
     report = (root / "report" / "report.md").read_text()
     assert "Feature scaling | standard" in report
-    assert f"{100 * m['kpca_accuracy']:.1f}" in report
-    assert f"{100 * m['pca_accuracy']:.1f}" in report
+    assert f"{100 * m['kpca_accuracy']:.2f}%" in report
+    assert f"{100 * m['pca_accuracy']:.2f}%" in report
 
 
 def test_breast_cancer_parquet_kernel_pca_at_least_linear_pca(tmp_path):
+    """Breast cancer is nearly linearly separable: at the median-heuristic gamma kernel
+    PCA trails linear PCA at k = 8 (docs/evaluate.md). With gamma and k chosen the
+    documented way -- the evaluate stage's cross-validation on the training split
+    (gamma_sweep: auto), never the held-out rows -- it is at least as good, and the
+    report shows both numbers."""
     df = table(load_breast_cancer)
     df.to_parquet(tmp_path / "bc.parquet", index=False)
-    m, root = run(tmp_path, tmp_path / "bc.parquet", solver={"dtype": "float32"})
+    m, _ = run(tmp_path, tmp_path / "bc.parquet", evaluate={"gamma_sweep": "auto"})
     assert m["preprocess"]["scale"] == "standard"
-    assert m["n_components"] == m["pca"]["n_components"] == 8
+    best = m["gamma_sweep"]["best"]
+    m, root = run(
+        tmp_path,
+        tmp_path / "bc.parquet",
+        out="tuned",
+        kernel={"gamma": best["gamma"]},
+        solver={"n_components": best["n_components"]},
+    )
+    assert m["n_components"] == m["pca"]["n_components"] == best["n_components"]
     assert m["kpca_accuracy"] >= m["pca_accuracy"] >= 0.9
     report = (root / "report" / "report.md").read_text()
-    assert f"{100 * m['kpca_accuracy']:.1f}" in report and "Feature scaling" in report
+    assert f"{100 * m['kpca_accuracy']:.2f}%" in report and "Feature scaling" in report
 
 
 def test_unscaled_wide_spread_warns_in_log_and_report(tmp_path, caplog):
@@ -215,9 +227,10 @@ def test_unscaled_wide_spread_warns_in_log_and_report(tmp_path, caplog):
     assert "'proline'" in lines[0] and "preprocess.scale: standard" in lines[0]
     p = m["preprocess"]
     assert p["scale"] == "none" and p["spread_ratio"] > 1e3 and p["widest"] == "proline"
-    assert p["warning"] and "Warning: feature scales differ" in (
-        root / "report" / "report.md"
-    ).read_text()
+    assert (
+        p["warning"]
+        and "Warning: feature scales differ" in (root / "report" / "report.md").read_text()
+    )
     # no scaling: the model's transform is the raw estimator's (the identity scaler)
     model = kpca_dask.load(root / "model")
     assert model.preprocess_.identity
