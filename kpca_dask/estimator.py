@@ -23,6 +23,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.utils.metaestimators import available_if
 
 from . import plan as _plan
+from . import preprocess as _pre
 from . import validation as V
 from ._eigvals import select_eigenpairs
 from ._fitted import STRATEGIES, model_of
@@ -33,6 +34,7 @@ from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
 from .persistence import load_state, save_state
 from .plan import FitPlan
 from .preimage import warn_not_converged
+from .preprocess import Scaler
 from .projection import project_block
 from .threads import blas_threads_for_dask
 
@@ -229,6 +231,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         RAM on the threaded scheduler (dask config ``kpca.kernel-cache-budget``
         overrides), else "recompute". The choice is in
         ``solver_info_["kernel_cache"]`` (docs/kernel-store.md).
+    preprocess : {"none", "standard", "robust"}, default="none"
+        Feature scaling fitted on the training rows and kept in the model
+        (:mod:`kpca_dask.preprocess`): "standard" is scikit-learn's
+        StandardScaler (mean, population std), "robust" its RobustScaler
+        (median, inter-quartile range). ``transform``, ``score_samples`` and
+        ``fit``'s ``gamma="scale"`` see scaled rows; ``inverse_transform``
+        returns rows in the original units. Constant columns are scaled by 1.
 
     Attributes
     ----------
@@ -325,6 +334,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         pre-image is ``preimage_mean_ + z @ preimage_components_`` (for exact
         solvers the training mean and linear PCA's components).
 
+    preprocess_ : kpca_dask.preprocess.Scaler or None
+        The fitted scaling (None with ``preprocess="none"``).
+
     Examples
     --------
     >>> import numpy as np
@@ -368,6 +380,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         copy_X: bool = True,
         n_jobs: int | None = None,
         kernel_cache: str = "auto",
+        preprocess: str = "none",
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -399,6 +412,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.copy_X = copy_X
         self.n_jobs = n_jobs
         self.kernel_cache = kernel_cache
+        self.preprocess = preprocess
 
     # ---------------------------------------------------------------- planning
     def plan(
@@ -440,6 +454,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         *,
         kernel_blocks: Any = None,
         centring: tuple[np.ndarray, float] | None = None,
+        scaler: Scaler | None = None,
     ) -> KernelPCA:
         """Fit the model on ``X`` (numpy, dask or zarr array of shape (n_samples, n_features)).
 
@@ -456,8 +471,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             Precomputed centring statistics of the training kernel matrix
             (e.g. from a distributed reduction over stored blocks); the first
             pass then does not compute them.
+        scaler : kpca_dask.preprocess.Scaler, optional
+            A scaling already fitted on these training rows (e.g. by a distributed
+            pipeline stage); used instead of fitting ``preprocess`` again. Stored
+            ``kernel_blocks`` must then be those of the scaled rows.
         """
-        self._fit(X, kernel_blocks=kernel_blocks, centring=centring)
+        self._fit(X, kernel_blocks=kernel_blocks, centring=centring, scaler=scaler)
         return self
 
     def fit_transform(self, X: Any, y: Any = None, **params: Any) -> Any:
@@ -477,6 +496,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         X: Any,
         kernel_blocks: Any = None,
         centring: tuple[np.ndarray, float] | None = None,
+        scaler: Scaler | None = None,
     ) -> tuple[da.Array, str]:
         t0 = time.perf_counter()
         params = self.get_params(deep=False)
@@ -499,6 +519,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         )
         if not plan.precomputed:  # a precomputed K is checked by its own first read (inspect)
             V.check_finite(Xd, names=names)
+        self.preprocess_ = scaler = _pre.for_fit(
+            self.preprocess, Xd, scaler, precomputed=plan.precomputed
+        )
+        if scaler is not None:
+            Xd = scaler.transform(Xd)
         for model in STRATEGIES.values():  # a refit leaves no attribute of another kind
             for attr in model.ATTRS + PREIMAGE_ATTRS:
                 self.__dict__.pop(attr, None)
@@ -658,6 +683,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 "pass data with the same columns as in fit."
             )
         V.check_finite(Xd, names=None if self._is_precomputed() else names)
+        scaler = getattr(self, "preprocess_", None)
+        if scaler is not None:
+            Xd = scaler.transform(Xd)
         return self._project_array(Xd, kind, what)
 
     def _out_dtype(self, in_dtype: Any = None) -> np.dtype:
@@ -804,6 +832,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         if kind == "numpy":
             V.check_finite(Zd, what="Z")
         out, status = inverse_transform_graph(self, Zd, kind, method, return_status)
+        scaler = getattr(self, "preprocess_", None)
+        if scaler is not None:  # pre-images in the original units
+            out = scaler.inverse_transform(out)
         if kind == "numpy" and not return_status:
             warn_not_converged(status, int(self.preimage_max_iter))
         return (out, status) if return_status else out

@@ -39,6 +39,7 @@ __all__ = [
     "ClusterConfig",
     "DenoiseConfig",
     "EvaluateConfig",
+    "PreprocessConfig",
     "PipelineConfig",
     "RESERVED_NAMES",
     "SGD_MIN_ROWS",
@@ -706,6 +707,22 @@ RESERVED_NAMES = {
 }
 
 
+class PreprocessConfig(_Model):
+    """Feature scaling, fitted on the training rows and stored with the model."""
+
+    scale: Literal["standard", "robust", "none"] = Field(
+        "standard",
+        description="'standard': subtract the mean, divide by the standard deviation "
+        "(scikit-learn's StandardScaler); 'robust': median and inter-quartile "
+        "range (RobustScaler; exact up to 16 million training rows, "
+        "approximate beyond); 'none': the raw values (the run warns when "
+        "column spreads differ by more than 1e3). Fitted on the training rows "
+        "only, stored in the model, applied by transform and undone by the "
+        "pre-image; gamma: scale is computed after scaling. Constant columns "
+        "are scaled by 1. Why 'standard' is the default: docs/evaluate.md.",
+    )
+
+
 class DenoiseConfig(BaseModel):
     """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
 
@@ -789,6 +806,7 @@ class PipelineConfig(_Model):
     """A whole pipeline run."""
 
     input: InputConfig
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     solver: SolverConfig = Field(default_factory=SolverConfig)
     chunks: ChunkConfig = Field(default_factory=ChunkConfig)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import EvaluateConfig
 from ..errors import EvaluationError
+from ..preprocess import preprocess_report
 from ..store import Location, atomic_write_json
 from .baseline import linear_pca_baseline
 from .classify import (
@@ -154,11 +155,12 @@ def evaluate_run(
 
     with run.timed("kpca_classifier"):
         kpca, conf_k = classify_embedding(run, cfg, kind, ks)
+    model = load_model(run)
+    scaler = getattr(model, "preprocess_", None)
     with run.timed("pca_baseline"):
-        pca, conf_p = classify_linear_pca(run, cfg, kind, ks)
+        pca, conf_p = classify_linear_pca(run, cfg, kind, ks, scaler=scaler)
     sweep = accuracy_sweep(conf_k, conf_p, ks, skipped, pca.n_components)
     with run.timed("novelty"):
-        model = load_model(run)
         novelty, scores = novelty_scores(run, model, cfg)
     gamma_sweep = None
     if cfg.gamma_sweep is not None:
@@ -193,6 +195,7 @@ def evaluate_run(
         gamma_sweep=gamma_sweep,
         novelty=novelty,
         spectrum=spectrum(run, model),
+        preprocess=preprocess_report(scaler),
         config=cfg.model_dump(mode="json"),
         timings=run.timings,
     ).to_json_dict()
@@ -344,11 +347,14 @@ def classify_embedding(
 
 
 def classify_linear_pca(
-    run: RunFolder, cfg: EvaluateConfig, kind: str, ks: list[int]
+    run: RunFolder, cfg: EvaluateConfig, kind: str, ks: list[int], *, scaler: Any = None
 ) -> tuple[Baseline, dict[int, np.ndarray]]:
-    """The same classifier on linear PCA of the same rows, same k (capped at d)."""
+    """The same classifier on linear PCA of the same rows, same k (capped at d), on the
+    same features: scaled by the model's fitted scaling when it has one."""
     s = run.split
     X = da.from_zarr(run.z_X)
+    if scaler is not None:
+        X = scaler.transform(X)
     P_tr, P_te, pca_info = linear_pca_baseline(
         X[s], X[~s], run.k, random_state=cfg.random_state, memory_mb=cfg.baseline_memory_mb
     )
