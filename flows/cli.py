@@ -585,6 +585,12 @@ def _interrupt_line(args: argparse.Namespace) -> str:
 def _interrupted(args: argparse.Namespace) -> int:
     from .runtime import report_interrupt
 
+    if os.environ.get("KPCA_DEBUG_INTERRUPT"):
+        from .runtime import _INTERRUPT
+
+        at = _INTERRUPT["at"]
+        print(f"unwound in {time.monotonic() - at if at else -1:.2f} s", file=sys.stderr)
+
     report_interrupt(_interrupt_line(args))
     return EXIT_INTERRUPTED
 

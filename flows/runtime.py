@@ -139,7 +139,8 @@ def announce_flow_run(stream=None) -> str | None:
 
 # ------------------------------------------------------------------------- Ctrl-C
 #: seconds between Ctrl-C and the process's end, whatever is still shutting down
-INTERRUPT_GRACE = 3.5
+#: (KPCA_INTERRUPT_GRACE overrides it)
+INTERRUPT_GRACE = 2.5
 
 _INTERRUPT: dict[str, Any] = {"at": None, "reported": False}
 
@@ -176,7 +177,7 @@ def _kill_children() -> None:
 
 @contextlib.contextmanager
 def handle_interrupts(
-    message: Callable[[], str] | None = None, grace: float = INTERRUPT_GRACE
+    message: Callable[[], str] | None = None, grace: float | None = None
 ) -> Iterator[None]:
     """Ctrl-C stops the run within ``grace`` seconds, with status 130.
 
@@ -190,6 +191,8 @@ def handle_interrupts(
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if grace is None:
+        grace = float(os.environ.get("KPCA_INTERRUPT_GRACE", INTERRUPT_GRACE))
 
     def stop_now() -> None:
         report_interrupt(
@@ -208,6 +211,9 @@ def handle_interrupts(
         if _INTERRUPT["at"] is not None:  # a second Ctrl-C: no more waiting
             stop_now()
         _INTERRUPT["at"] = time.monotonic()
+        # what unwinds now (a client losing its futures, a cluster closing, Prefect
+        # recording a crash) would log its own errors: the CLI's one line says it all
+        logging.disable(logging.CRITICAL)
         threading.Thread(target=watchdog, name="kpca-interrupt", daemon=True).start()
         raise KeyboardInterrupt
 
