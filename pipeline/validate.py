@@ -532,7 +532,8 @@ def _check_output(cfg: PipelineConfig, v: Validation, *, probe: bool) -> None:
             f"output.path {cfg.output.path!r} names no folder of its own (empty or '.'); "
             "set output.path to a new folder, e.g. kpca-output."
         )
-    opts = dict(cfg.input.storage_options) if "://" in raw else {}
+    remote = "://" in raw and not raw.startswith("file://")
+    opts = dict(getattr(cfg.output, "storage_options", None) or {}) if remote else {}
     try:
         fs, out = _fs(raw, opts)
     except Exception as exc:  # noqa: BLE001 - unknown protocol, missing backend
@@ -540,7 +541,7 @@ def _check_output(cfg: PipelineConfig, v: Validation, *, probe: bool) -> None:
             f"cannot open output {raw!r} ({type(exc).__name__}: {_short(exc)}); check "
             "output.path (and install the fsspec backend for its URL scheme)."
         ) from None
-    local = "://" not in raw or raw.startswith("file://")
+    local = not remote
     _check_not_overlapping(cfg, out, local)
     try:
         is_file = fs.isfile(out)
