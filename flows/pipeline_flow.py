@@ -41,7 +41,7 @@ from pipeline.run import RunSummary, run_lock, run_pipeline, run_stages, stage_b
 from . import tasks
 from .artifacts import publish_run_artifacts
 from .caching import result_storage
-from .runtime import check_prefect_api, dashboard_line, forward_library_logs
+from .runtime import announce_flow_run, check_prefect_api, dashboard_line, forward_library_logs
 
 __all__ = ["FlowRunSummary", "begin", "kpca_pipeline", "run_flow", "run_flow_or_plain"]
 
@@ -69,6 +69,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Run every stage of the pipeline ``config`` describes; returns the run summary."""
     cfg = config
     log = get_run_logger()
+    announce_flow_run()  # the run's address in the Prefect UI, when a server records it
     t_run = time.perf_counter()
     registry = stages.REGISTRY
     out = run_layout(cfg).out
