@@ -62,6 +62,9 @@ def begin(cfg: PipelineConfig) -> str:
 @flow(
     name="kpca-pipeline",
     validate_parameters=True,
+    # the summary goes back to the caller in process; never to Prefect's default result
+    # storage (a server-side default would otherwise persist it there, pickled)
+    persist_result=False,
     description="Kernel PCA batch job: ingest, exact/Nyström fit, embedding, evaluation and "
     "a verified manifest, on a Dask cluster.",
 )

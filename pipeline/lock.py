@@ -163,32 +163,12 @@ def _lock_file_ours(p: Path) -> bool:
         ):
             return False
         text = f.read(1 << 16)
-    return _lock_text_ours(text)
-
-
-def _lock_text_ours(text: str) -> bool:
-    """Our lock record (or empty: created, then its run died)."""
     if not text.strip():
         return True
     try:
         return LockHolder.from_dict(json.loads(text)) is not None
     except ValueError:
         return False
-
-
-def _lock_owned(loc: Location) -> Any:
-    """The ``owned`` check for removing the lock file ``loc`` (local or on an object store)."""
-    if loc.is_local:
-        return _lock_file_ours
-
-    def remote_lock_ours(p: str) -> bool:
-        try:
-            text = loc.fs.cat_file(p)[: 1 << 16].decode()
-        except (OSError, UnicodeDecodeError):
-            return False
-        return _lock_text_ours(text)
-
-    return remote_lock_ours
 
 
 def _lock_loc(out: Location) -> Location:
@@ -302,7 +282,7 @@ def break_lock(out: Location | str) -> LockHolder | None:
         )
     loc = _lock_loc(out)
     if loc.exists() or (loc.is_local and os.path.islink(loc.local_path)):
-        loc.remove(root=out, owned=_lock_owned(loc))
+        loc.remove(root=out, owned=_lock_file_ours)
         logger.warning(
             "lock: broke the lock of %s (held by %s)",
             out,
@@ -426,7 +406,7 @@ class RunLock:
         try:
             current = read_lock(self.out)
             if current is not None and current.token == self.holder.token:
-                self.loc.remove(root=self.out, owned=_lock_owned(self.loc))
+                self.loc.remove(root=self.out, owned=_lock_file_ours)
         finally:
             if self._fd is not None:
                 os.close(self._fd)  # releases the flock
