@@ -30,6 +30,7 @@ from .publish import (
 )
 from .stages import Registry, Stage
 from .store import Location
+from .visibility import check_visibility, missing_folders, remove_created
 
 __all__ = [
     "RunSummary",
@@ -97,9 +98,11 @@ class RunTransaction(RunLock):
     def __init__(self, cfg: PipelineConfig):
         super().__init__(run_layout(cfg).out)
         self.cfg = cfg
+        self._created: list[Location] = []  # the output folders acquire() creates
 
     def acquire(self) -> RunTransaction:
         check_output(self.cfg)  # before the lock file or any folder is created
+        self._created = missing_folders(self.out)
         super().acquire()
         return self
 
@@ -112,6 +115,8 @@ class RunTransaction(RunLock):
                     restore_previous(self.out)
         finally:
             self.release()
+            if exc_type is not None:  # refused before writing: no empty output folder left
+                remove_created(self._created)
 
 
 def run_lock(cfg: PipelineConfig) -> RunLock:
@@ -158,6 +163,8 @@ def run_stages(
 def run_pipeline(cfg: PipelineConfig, registry: Registry | None = None) -> RunSummary:
     """Every stage in order, on the current Dask scheduler/client, holding the output's lock."""
     registry = stages.REGISTRY if registry is None else registry
+    check_output(cfg)  # the output is ours to write and the input exists, then:
+    check_visibility(cfg)  # every worker sees the input, output and work folder
     with run_lock(cfg):
         timings: dict[str, float] = {}
         t_run = time.perf_counter()
