@@ -18,7 +18,7 @@ from typing import Any
 
 from . import stages
 from .config import PipelineConfig
-from .export import RunError, begin_run
+from .export import RunError, begin_run, check_not_complete
 from .ingest import _check_exists
 from .layout import run_layout
 from .lock import RunLock, check_unlocked
@@ -34,6 +34,7 @@ from .visibility import check_visibility, missing_folders, remove_created
 
 __all__ = [
     "RunSummary",
+    "check_begin",
     "check_output",
     "run_lock",
     "run_pipeline",
@@ -74,6 +75,16 @@ def check_output(cfg: PipelineConfig) -> None:
     name = cfg.denoise.output_name
     check_output_folder(out, extra_names=(name, f"{name}_rows"))
     _check_exists(cfg.input)
+
+
+def check_begin(cfg: PipelineConfig) -> None:
+    """What :func:`stage_begin` refuses (a locked output, one that is not ours, a missing
+    input, a complete run without overwrite), checked without writing anything: a run
+    that is refused later (e.g. by the visibility probe) leaves no folder behind."""
+    out = run_layout(cfg).out
+    check_unlocked(out)
+    check_output(cfg)
+    check_not_complete(out, overwrite=cfg.output.overwrite)
 
 
 def stage_begin(cfg: PipelineConfig) -> None:

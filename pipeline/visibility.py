@@ -253,7 +253,7 @@ def _empty_folder(p: Any) -> bool:
 def remove_created(folders: list[Location]) -> None:
     """Remove folders a probe (or a refused run) created, deepest first, each only while
     it is empty (through the deletion primitive)."""
-    for f in folders:
+    for f in sorted(folders, key=lambda f: len(f.local_path.parts), reverse=True):
         try:
             if _empty_folder(f.local_path):
                 f.remove(root=f, owned=_empty_folder)
@@ -271,6 +271,7 @@ def _name_workers(addresses: list[str], total: int) -> str:
 
 _WHY = {
     "missing": "it does not exist there",
+    "missing-written": "a probe file this machine wrote there is not there for them",
     "different": "they see different content at that path",
     "client-missing": "a probe file they wrote there does not reach this machine",
     "client-different": "a probe file they wrote there reads back different here",
@@ -361,14 +362,27 @@ def _clean(client, targets, token, client_files, created) -> None:
     remove_created(created)
 
 
+def _inside(url: str, other: str) -> bool:
+    return url.rstrip("/").startswith(other.rstrip("/") + "/")
+
+
 def _message(targets, failures, errors, total) -> str:
     parts = []
+    # a folder inside another that failed the same way says nothing new (work in output)
+    targets = [
+        t
+        for t in targets
+        if not any(
+            o.role in failures and o.write and _inside(t.url, o.url) and o is not t
+            for o in targets
+        )
+    ]
     for t in targets:
         for why, addrs in failures.get(t.role, {}).items():
             reason = (
                 f"the probe failed there ({errors.get(t.role) or errors.get('probe')})"
                 if why == "error"
-                else _WHY[why]
+                else _WHY[f"{why}-written" if t.write and why == "missing" else why]
             )
             parts.append(f"{t.role} {t.url} ({_name_workers(addrs, total)}: {reason})")
     roles = [t.role for t in targets if t.role in failures]
