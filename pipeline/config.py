@@ -43,7 +43,9 @@ __all__ = [
     "RESERVED_NAMES",
     "SGD_MIN_ROWS",
     "ConfigError",
+    "check_storage_options",
     "load_config",
+    "parse_storage_options",
     "format_validation_error",
 ]
 
@@ -188,6 +190,20 @@ def _check_url(v: str, what: str) -> str:
     return v
 
 
+def check_storage_options(v: Any, what: str = "storage_options") -> dict[str, Any]:
+    """``v`` if it is a mapping of fsspec options without credentials; else ValueError
+    naming the keys (never their values) and where credentials belong."""
+    if not isinstance(v, dict):
+        raise ValueError(f"{what} must be a mapping of fsspec options, not {type(v).__name__}")
+    bad = sorted(_secret_keys(v))
+    if bad:
+        raise ValueError(
+            f"{what} must not hold credentials ({bad}); set them in the "
+            "environment (e.g. AWS_ACCESS_KEY_ID) or a Prefect block instead."
+        )
+    return v
+
+
 #: the smallest ``cluster.memory_limit`` a worker can run in
 MIN_WORKER_MEMORY = 256 << 20
 
@@ -250,13 +266,7 @@ class InputConfig(_Model):
     @field_validator("storage_options")
     @classmethod
     def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
-        bad = sorted(_secret_keys(v))
-        if bad:
-            raise ValueError(
-                f"storage_options must not hold credentials ({bad}); set them in the "
-                "environment (e.g. AWS_ACCESS_KEY_ID) or a Prefect block instead."
-            )
-        return v
+        return check_storage_options(v)
 
     @field_validator("path")
     @classmethod
@@ -395,11 +405,22 @@ class OutputConfig(_Model):
     overwrite: bool = Field(
         False, description="Replace a complete run at the same path (otherwise refused)."
     )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options of the output location (and of its work/ and model/ "
+        "folders), e.g. an endpoint_url; never borrowed from input.storage_options. "
+        "Credentials are refused here: use the environment.",
+    )
 
     @field_validator("path")
     @classmethod
     def _sane_output(cls, v: str) -> str:
         return _check_url(v, "output")
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_storage_options(v)
 
 
 class TLSConfig(_Model):
@@ -874,6 +895,54 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, name)) from None
+
+
+#: the largest storage-options file a command reads
+MAX_OPTIONS_BYTES = 64 << 10
+
+
+def parse_storage_options(value: str | None, flag: str = "--storage-options") -> dict[str, Any]:
+    """A command's ``--storage-options``: inline JSON (``'{"anon": true}'``) or the path
+    of a small YAML/JSON file holding one mapping; ``{}`` for None or empty. Credential
+    keys are refused as in a config's ``storage_options`` (ConfigError, one line)."""
+    if value is None or not value.strip():
+        return {}
+    text = value.strip()
+    if text.startswith("{"):
+        source = ""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{flag} is not valid JSON ({exc}); pass a JSON object such as "
+                "'{\"anon\": true}' or the path of a YAML file."
+            ) from None
+    else:
+        p = Path(text)
+        source = f" (in {p})"
+        if not p.is_file():
+            raise ConfigError(
+                f"{flag} {text!r} is neither a JSON object nor an existing file; pass "
+                '\'{"client_kwargs": {"endpoint_url": "..."}}\' or the path of a YAML file.'
+            )
+        if p.stat().st_size > MAX_OPTIONS_BYTES:
+            raise ConfigError(
+                f"{flag} file {p} is larger than storage options can be "
+                f"({MAX_OPTIONS_BYTES} bytes); point at a small YAML/JSON mapping."
+            )
+        try:
+            data = _safe_yaml(p.read_text())
+        except (_YamlBoundError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"{flag} file {p} is not a valid YAML/JSON mapping "
+                f"({str(exc).splitlines()[0]}); fix its syntax."
+            ) from None
+    if data is None:
+        return {}
+    try:
+        return check_storage_options(data, flag)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}{source}") from None
 
 
 def _type_name(t: Any) -> str:

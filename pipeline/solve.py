@@ -237,7 +237,10 @@ def solve(
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
-    est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)
+    est.save(
+        model_loc.local_path if model_loc.is_local else model_loc.zarr_source(writable=True),
+        overwrite=True,
+    )
     info = {
         "solver": est.eigen_solver_,
         "n_components": int(est.n_components_),

@@ -100,7 +100,7 @@ __all__ = [
 logger = logging.getLogger("pipeline")
 
 #: Every stage finds its stores through the run layout, which reads these fields.
-LAYOUT_FIELDS = ("output.path", "input.storage_options")
+LAYOUT_FIELDS = ("output.path", "output.storage_options")
 
 #: Config fields that steer a run but never change its artifacts: never in a cache key
 #: (``kpca run --overwrite`` or another cluster address must not re-publish a run).

@@ -283,15 +283,16 @@ class Location:
         """The string/store zarr accepts for this location."""
         return str(self.local_path) if self.is_local else self.url
 
-    def zarr_source(self) -> Any:
-        """What a reader taking one store argument (``kpca_dask.load``) opens: the path or
-        URL, or, for an object store with storage options, a store carrying them."""
+    def zarr_source(self, *, writable: bool = False) -> Any:
+        """What a reader or writer taking one store argument (``kpca_dask.load``,
+        ``KernelPCA.save``) opens: the path or URL, or, for an object store with storage
+        options, a zarr store carrying them (read-only unless ``writable``)."""
         if self.is_local or not self.storage_options:
             return self.zarr_store()
         from zarr.storage import FsspecStore
 
         return FsspecStore.from_url(
-            self.url, storage_options=dict(self.storage_options), read_only=True
+            self.url, storage_options=dict(self.storage_options), read_only=not writable
         )
 
     def open_group(self, mode: str = "r") -> zarr.Group:
