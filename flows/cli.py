@@ -108,14 +108,17 @@ def _run_config(cfg, args: argparse.Namespace) -> Any:
     from .runtime import handle_interrupts
 
     if args.prefect:
-        from .pipeline_flow import begin
+        from pipeline.run import check_begin
+
         from .runtime import check_prefect_api
 
         if check_prefect_api() == "ephemeral":  # checked before anything is written
             # the temporary server lives for this command only: no telemetry from it
             os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         if not cfg.output.overwrite:
-            begin(cfg)  # refuse a complete run now, not after starting a Prefect server
+            # refuse a complete run now, not after starting a Prefect server (writing
+            # nothing: the flow may still refuse the run, e.g. workers that cannot see it)
+            check_begin(cfg)
     with handle_interrupts(lambda: _interrupt_line(args)), show_progress(args.progress):
         return run_flow_or_plain(cfg, use_prefect=args.prefect)
 

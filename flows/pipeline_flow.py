@@ -37,6 +37,7 @@ from pipeline.config import PipelineConfig
 from pipeline.export import verify_run
 from pipeline.layout import run_layout
 from pipeline.run import RunSummary, run_lock, run_pipeline, run_stages, stage_begin
+from pipeline.visibility import check_visibility
 
 from . import tasks
 from .artifacts import publish_run_artifacts
@@ -90,6 +91,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     with forward_library_logs(), run_lock(cfg), dask_client(cfg.cluster) as client:
         cluster = dashboard_line(client)
         log.info(cluster)
+        check_visibility(cfg, client)  # every worker sees the run's locations, or refuse
         t0 = time.perf_counter()
         how = begin(cfg)
         timings["begin"] = time.perf_counter() - t0
