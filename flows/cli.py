@@ -5,6 +5,7 @@
     kpca validate CONFIG               the checks `kpca run` makes before anything starts
     kpca transform MODEL INPUT OUTPUT  embed new data with a saved model (or run folder)
     kpca info ARTIFACT_DIR             what a run produced, after verifying it
+    kpca update RUN NEW_DATA           a new run from a published run and new rows
     kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
     kpca --version
 
@@ -308,6 +309,12 @@ def cmd_info(args: argparse.Namespace) -> int:
                 for k, v in ev_sum.items()
             )
         )
+    upd = m.get("update") or {}
+    if upd:
+        print(
+            f"update     v{upd['version']} from {upd['base']}: {upd['action']} of "
+            f"{upd['batch_rows']} rows ({upd['n_rows']} in all); {upd['reason']}"
+        )
     ks = m.get("kernel_store") or {}
     if ks:
         print(
@@ -315,7 +322,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             f" ({ks.get('reason')})"
         )
     print(
-        f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
+        f"files      model/, embedding ({upd.get('n_rows', inp['n_rows'])} x {len(ev)}), "
+        "spectrum/"
         + (", embedding.parquet" if out.child("embedding.parquet").exists() else "")
         + (", report/" if out.child("report").exists() else "")
     )
@@ -361,6 +369,29 @@ def _feature_lines(block: dict | None, columns: list[str], limit: int = 24) -> l
     if notes:
         lines.append(" " * 11 + "; ".join(notes))
     return lines
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    """A new run (version n+1) from a published run and a batch of new rows
+    (pipeline/update.py; docs/update.md)."""
+    from pipeline.progress import show_progress
+    from pipeline.update import update_config
+
+    from .update_flow import run_update_flow_or_plain
+
+    cfg = update_config(
+        args.run, args.new_data, args.output, policy=args.policy, overwrite=args.overwrite
+    )
+    with show_progress(args.progress):
+        summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    upd = summary.manifest["update"]
+    print(
+        f"kpca: update v{upd['version']} -> {cfg.output.path}: {upd['action']} of "
+        f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
+    )
+    print(f"  drift report  {cfg.output.path}/{upd['report']}")
+    print(f"  inspect       kpca info {cfg.output.path}")
+    return 0
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
@@ -587,6 +618,26 @@ def _add_info(sub) -> None:
     _storage_flags(i, "the run folder")
 
 
+def _add_update(sub) -> None:
+    up = _subcommand(
+        sub,
+        "update",
+        cmd_update,
+        help="a new run from a published run and new rows (docs/update.md)",
+    )
+    up.add_argument("run", help="the published run to start from (never modified)")
+    up.add_argument("new_data", help="the batch of new rows (same columns as the run's input)")
+    up.add_argument("--output", help="the new run's folder (default: RUN-v<n+1> beside RUN)")
+    up.add_argument(
+        "--policy",
+        choices=["auto", "merge", "refresh_landmarks", "refit"],
+        help="override update.policy of the run's config",
+    )
+    up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    _progress_flags(up)
+    _prefect_flags(up)
+
+
 def _add_unlock(sub) -> None:
     u = _subcommand(
         sub, "unlock", cmd_unlock, help="break the lock a dead run left on an output folder"
@@ -595,7 +646,15 @@ def _add_unlock(sub) -> None:
     _storage_flags(u, "the output folder")
 
 
-SUBCOMMANDS = [_add_demo, _add_run, _add_validate, _add_transform, _add_info, _add_unlock]
+SUBCOMMANDS = [
+    _add_demo,
+    _add_run,
+    _add_validate,
+    _add_transform,
+    _add_info,
+    _add_update,
+    _add_unlock,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -620,7 +679,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _setup_logging(args: argparse.Namespace) -> None:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    if args.command in ("demo", "run") and args.verbose == 0 and not args.quiet:
+    if args.command in ("demo", "run", "update") and args.verbose == 0 and not args.quiet:
         level = logging.INFO
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"

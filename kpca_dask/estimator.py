@@ -170,6 +170,16 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         per product. "auto" picks the cheaper by a measured cost model
         (covariance below about 1700 landmarks for 64 features and 16
         components, and whenever ``n_components=None``).
+    keep_statistics : {"auto", True, False}, default="auto"
+        Nyström only: keep the sufficient statistics (the m x m sum of the
+        landmark kernel values' outer products, their column sums, the row
+        count and trace) in the model, so that :meth:`partial_fit` adds rows
+        exactly (the result equals a fit on all rows with the same
+        landmarks; docs/update.md). "auto" keeps them when they are free
+        (the covariance method); True makes ``nystroem_method="auto"`` use
+        the covariance method (one pass, exact) and costs one more pass with
+        an explicit "randomized"; False never keeps them (m x m floats
+        fewer in the saved model).
     fit_inverse_transform : bool, default=False
         Also learn the pre-image map, so that :meth:`inverse_transform` maps
         embeddings back to input space (denoising: ``inverse_transform(
@@ -369,6 +379,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         landmark_method: str = "rpcholesky",
         landmark_sample_size: Any = "auto",
         nystroem_method: str = "auto",
+        keep_statistics: Any = "auto",
         fit_inverse_transform: bool = False,
         alpha: float = 1.0,
         preimage: str = "auto",
@@ -401,6 +412,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.landmark_method = landmark_method
         self.landmark_sample_size = landmark_sample_size
         self.nystroem_method = nystroem_method
+        self.keep_statistics = keep_statistics
         self.fit_inverse_transform = fit_inverse_transform
         self.alpha = alpha
         self.preimage = preimage
@@ -478,6 +490,20 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         """
         self._fit(X, kernel_blocks=kernel_blocks, centring=centring, scaler=scaler)
         return self
+
+    def partial_fit(self, X: Any, y: Any = None) -> KernelPCA:
+        """Add the rows ``X`` to a fitted Nyström model exactly (an unfitted estimator is
+        fitted on ``X``).
+
+        The model must keep its sufficient statistics (``keep_statistics``); the result
+        equals a fit on all rows seen so far with the same landmarks (kpca_dask.update,
+        docs/update.md). Costs one pass over ``X`` only.
+        """
+        if not self.__sklearn_is_fitted__():
+            return self.fit(X)
+        from .update import update
+
+        return update(self, X)
 
     def fit_transform(self, X: Any, y: Any = None, **params: Any) -> Any:
         """Fit and return the training embedding (numpy in, numpy out; dask or zarr
@@ -566,6 +592,22 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             kernel_blocks=kernel_blocks,
             centring=centring,
         )
+        self._apply_solution(sol, n)
+        if self.fit_inverse_transform:
+            fit_preimage(self, Xb, n)
+        self.fit_seconds_ = time.perf_counter() - t0
+        logger.info(
+            "KernelPCA fit done in %.2f s: %d components, %d passes, max residual %.2e",
+            self.fit_seconds_,
+            self.n_components_,
+            self.n_passes_,
+            float(np.max(self.residuals_)) if self.residuals_.size else 0.0,
+        )
+        return Xd, kind
+
+    def _apply_solution(self, sol: Any, n: int) -> None:
+        """The fitted attributes of a :class:`~kpca_dask._solve.Solution` on ``n`` rows
+        (a fit, or an exact update of a Nyström model: kpca_dask.update)."""
         self.eigen_solver_ = sol.solver
         self.X_fit_ = sol.X_fit
         if sol.solver == "nystroem":
@@ -596,17 +638,6 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.solver_info_ = res.info
         self._coef_cache = {}
         self._preimage_cache = None
-        if self.fit_inverse_transform:
-            fit_preimage(self, Xb, n)
-        self.fit_seconds_ = time.perf_counter() - t0
-        logger.info(
-            "KernelPCA fit done in %.2f s: %d components, %d passes, max residual %.2e",
-            self.fit_seconds_,
-            self.n_components_,
-            self.n_passes_,
-            float(np.max(resid)) if resid.size else 0.0,
-        )
-        return Xd, kind
 
     # ------------------------------------------------- scikit-learn's contract
     def _is_precomputed(self) -> bool:

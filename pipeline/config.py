@@ -362,6 +362,13 @@ class SolverConfig(_Model):
     landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
         "rpcholesky", description="How Nyström landmarks are chosen."
     )
+    keep_statistics: bool | Literal["auto"] = Field(
+        True,
+        description="Nyström: keep the sufficient statistics (m x m float64) in the model so "
+        "that `kpca update` adds rows exactly (docs/update.md); true makes the Nyström "
+        "solve use one covariance pass; 'auto' keeps them only when that method is chosen "
+        "anyway.",
+    )
 
 
 class ChunkConfig(_Model):
@@ -802,6 +809,72 @@ class DenoiseConfig(BaseModel):
         return v
 
 
+class UpdateConfig(_Model):
+    """`kpca update`: the drift checks on a new batch and what to do about drift."""
+
+    base: str | None = Field(
+        None,
+        description="The published run an update starts from (set by `kpca update RUN`); "
+        "null for a full run.",
+    )
+    reembed: bool = Field(
+        False,
+        description="After a merge, embed every row again with the updated model (reads all "
+        "rows); false keeps the published rows' embedding and appends the batch's. Refits "
+        "always embed every row.",
+    )
+    policy: Literal["auto", "merge", "refresh_landmarks", "refit"] = Field(
+        "auto",
+        description="'merge': add the batch to the Nyström statistics (exact, reads only "
+        "the batch); 'refresh_landmarks': new landmarks and a fit on all rows; 'refit': a "
+        "fit on all rows with the configured solver; 'auto': merge unless the drift report "
+        "flags the batch, then `on_drift`.",
+    )
+    on_drift: Literal["merge", "refresh_landmarks", "refit"] = Field(
+        "refresh_landmarks", description="What policy 'auto' does with a flagged batch."
+    )
+    novelty_pvalue: float = Field(
+        1e-3,
+        gt=0,
+        lt=1,
+        description="Flag the batch when the two-sample KS test of its novelty scores "
+        "against the training rows' has a p-value below this (the false-positive rate on "
+        "i.i.d. batches).",
+    )
+    novelty_effect: float = Field(
+        1.25,
+        ge=1,
+        description="A novelty flag also needs the batch's median novelty score to be at "
+        "least this many times the training rows' (a large batch makes tiny differences "
+        "significant).",
+    )
+    captured_drop: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Flag the batch when the share of its kernel variance the components "
+        "capture is this much (absolute) below the training rows'.",
+    )
+    mean_shift: float = Field(
+        0.5,
+        gt=0,
+        description="Flag the batch when its embedding mean moves by more than this many "
+        "training standard deviations along any component.",
+    )
+    spread_ratio: float = Field(
+        2.0,
+        gt=1,
+        description="Flag the batch when its embedding spread along any component is more "
+        "than this factor above or below the training rows'.",
+    )
+    reference_rows: int = Field(
+        4096,
+        ge=50,
+        description="Training rows sampled (seeded, landmarks excluded) as the drift "
+        "reference.",
+    )
+
+
 class PipelineConfig(_Model):
     """A whole pipeline run."""
 
@@ -815,6 +888,7 @@ class PipelineConfig(_Model):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     denoise: DenoiseConfig = Field(default_factory=DenoiseConfig)
+    update: UpdateConfig = Field(default_factory=UpdateConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:

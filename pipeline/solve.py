@@ -120,7 +120,11 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
     s = cfg.solver
     params = _model_params(cfg)
     params.update(
-        n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter, chunk_size=block_rows
+        n_power_iter=s.n_power_iter,
+        tol=s.tol,
+        max_iter=s.max_iter,
+        chunk_size=block_rows,
+        keep_statistics=s.keep_statistics,  # Nyström: for `kpca update` (pipeline/update.py)
     )
     params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
     # the scaling a refit (the evaluate stage's gamma cross-validation clones the model)
