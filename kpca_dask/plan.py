@@ -128,6 +128,7 @@ _PARAM_RULES = {
     "preimage_tol": V.real_range(0, lo_open=True),
     "preimage_max_iter": V.int_range(1),
     "kernel_cache": V.options(*KERNEL_CACHE_MODES),
+    "preprocess": V.options("none", "standard", "robust"),
     **_SKLEARN_PARAM_RULES,
 }
 

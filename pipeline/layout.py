@@ -41,6 +41,7 @@ __all__ = [
     "UPDATE",
     "WORK",
     "RunLayout",
+    "output_location",
     "run_layout",
 ]
 
@@ -170,8 +171,13 @@ class RunLayout:
 
 
 def run_layout(cfg) -> RunLayout:
-    """The layout of the run ``cfg`` describes; reads ``output.path`` and, for an
-    object-store output, ``input.storage_options`` (the output borrows them)."""
-    path = cfg.output.path
-    opts = cfg.input.storage_options if "://" in path else {}
-    return RunLayout(Location(path, opts))
+    """The layout of the run ``cfg`` describes; reads ``output.path`` and
+    ``output.storage_options`` (never the input's: two locations, two sets of options).
+    The work folder is inside the output, so it shares the output's options."""
+    return RunLayout(output_location(cfg.output.path, cfg.output.storage_options))
+
+
+def output_location(path: str, storage_options: dict | None = None) -> Location:
+    """The :class:`Location` of a run folder: its options apply to URLs only (a local
+    folder takes none)."""
+    return Location.at(str(path), storage_options)
