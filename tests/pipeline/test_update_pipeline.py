@@ -219,3 +219,21 @@ def test_killed_update_resumes_with_identical_artifacts(base_run, tmp_path, dask
     a.pop("input"), b.pop("input")  # the same batch; the fingerprint names no path anyway
     assert a == b
     assert "update     v2 from" in kpca("info", out).stdout
+
+
+def test_series_folder_names_the_newest_run(tmp_path):
+    """A nightly deployment names a series folder; the newest complete ``v<N>`` is the base
+    and ``v<N+1>`` the new run (``kpca update SERIES BATCH`` alike)."""
+    from pipeline.update import latest_run
+
+    series = tmp_path / "features"
+    for name, complete in (("v1", True), ("v2", True), ("v10", True), ("v11", False)):
+        (series / name).mkdir(parents=True)
+        if complete:
+            (series / name / "manifest.json").write_text("{}")
+    (series / "notes").mkdir()
+    newest = latest_run(Location(str(series)))
+    assert newest is not None and newest.url.endswith("/features/v10")
+    assert default_output(newest, 11).endswith("/features/v11")
+    assert latest_run(Location(str(series / "v2"))) is None  # a run, not a series
+    assert default_output(Location(str(tmp_path / "run-v4")), 5).endswith("/run-v5")
