@@ -339,7 +339,11 @@ def stage_update(
         if action == "refresh_landmarks":
             fit_cfg.solver.eigen_solver = "nystroem"
         X = _training_rows(base["lineage"], X_new)
-        _, info = solve(X, fit_cfg, layout.model)
+        features = ing.features  # the table's column names, as the full run records them
+        if features is not None and features.get("selection") == "positions":
+            features = None
+        # the scaling is fitted again on every row (preprocess), as a full run would
+        _, info = solve(X, fit_cfg, layout.model, features=features)
         info = {**info, "n_samples_fit": int(X.shape[0])}
     info["action"] = action
     return SolveResult(model=layout.model, info=info)
@@ -488,7 +492,7 @@ def stage_export(
     )
 
 
-_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise")
+_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise", "preprocess")
 
 UPDATE_REGISTRY = Registry(
     [

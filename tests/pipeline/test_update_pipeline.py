@@ -84,6 +84,8 @@ def base_run(tmp_path_factory, dask_cluster):
 
 def _union_eigenvalues(model, X):
     """A fit on every row ``X`` with the model's landmarks (and shift): the reference."""
+    if getattr(model, "preprocess_", None) is not None:  # the model's fixed scaling
+        X = model.preprocess_.transform(X)
     kern = make_kernel("rbf", gamma=model.gamma_)
     basis = nystroem_basis(model.landmarks_, kern, np.float64, shift=model.statistics_.shift)
     fit = nystroem_eigh(da.from_array(X, chunks=(211, -1)), basis, K, method="covariance")
@@ -131,7 +133,7 @@ def test_merge_equals_union_fit_and_leaves_the_base_run_unchanged(base_run, dask
     # a second batch on top: v3, every row of the lineage counted, still exact
     run_update(update_config(str(folder / "v2"), str(folder / "b2.npy")))
     v3 = Path(default_output(Location(str(folder / "v2")), 3))
-    assert v3.name == "v2-v3"  # RUN-v<n+1> beside the run
+    assert v3.name == "v3"  # a run named v<N> is one of a series: v<N+1> beside it
     m3 = verify_run(v3)
     assert m3["update"]["version"] == 3 and len(m3["update"]["rows"]) == 3
     X2 = np.load(folder / "b2.npy")
