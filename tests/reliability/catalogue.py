@@ -1035,6 +1035,7 @@ EXTENSIONS = (
     "cases_solver",
     "cases_sklearn",
     "cases_tabular",
+    "cases_update",
 )
 if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: spawned workers
     import importlib
