@@ -259,8 +259,7 @@ def denoise_to_store(
     Writes a zarr group at ``output`` with ``denoised`` (n x d) and ``ids``/``labels``
     when the input has them; the model comes from a verified run or a model folder.
     """
-    from .ingest import read_input
-    from .transform import load_model
+    from .transform import load_model, read_model_input
 
     t0 = time.perf_counter()
     if output.rstrip("/").endswith(".parquet"):
@@ -279,7 +278,7 @@ def denoise_to_store(
         storage_options=storage_options,
     )
     model = load_model(model_path, storage_options)
-    src = read_input(input_cfg, chunks)
+    src = read_model_input(model, input_cfg, chunks)  # columns by name (pipeline/transform.py)
     dcfg = DenoiseConfig(
         enabled=True,
         preimage=method or "auto",

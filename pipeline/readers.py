@@ -22,6 +22,8 @@ from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
 from .config import ChunkConfig, InputConfig
 from .errors import UserError
+from .features import FeatureError, Selection
+from .features import select as select_features
 from .store import Location
 
 logger = logging.getLogger("pipeline")
@@ -36,6 +38,7 @@ __all__ = [
     "explain_table_error",
     "read_input",
     "rows_per_chunk",
+    "table_columns",
 ]
 
 
@@ -52,6 +55,8 @@ class SourceData:
     labels: da.Array | None = None
     classes: list[str] | None = None
     ids: da.Array | None = None
+    #: how the feature columns were chosen (tables only; pipeline/features.py)
+    selection: Selection | None = None
 
 
 def detect_format(cfg: InputConfig) -> str:
@@ -113,10 +118,10 @@ def read_input(cfg: InputConfig, chunks: ChunkConfig | None = None) -> SourceDat
 
 
 def _read_npy(cfg, loc, chunks) -> SourceData:
-    if cfg.columns or cfg.label_column or cfg.id_column:
+    if cfg.columns or cfg.label_column or cfg.id_column or cfg.exclude_columns:
         raise InputError(
             "NPY input has no named columns: remove input.columns/label_column/"
-            "id_column, or convert the data to Parquet/CSV."
+            "id_column/exclude_columns, or convert the data to Parquet/CSV."
         )
     try:
         if loc.is_local:
@@ -310,10 +315,10 @@ class RemoteNpyFile:
 def _read_zarr(cfg, loc, chunks) -> SourceData:
     import zarr
 
-    if cfg.columns or cfg.label_column or cfg.id_column:
+    if cfg.columns or cfg.label_column or cfg.id_column or cfg.exclude_columns:
         raise InputError(
             "zarr input has no named columns: remove input.columns/label_column/"
-            "id_column, or pass a Parquet/CSV file."
+            "id_column/exclude_columns, or pass a Parquet/CSV file."
         )
     try:
         node = zarr.open(
@@ -377,7 +382,8 @@ def _check_matrix_dtype(dtype, path) -> None:
         )
 
 
-def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
+def _open_table(cfg: InputConfig, fmt: str):
+    """The source as a lazy dask DataFrame (nothing read but the schema and a sample)."""
     import dask.dataframe as dd
 
     opts = dict(cfg.storage_options)
@@ -399,50 +405,51 @@ def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
                 "file with data."
             ) from exc
         raise InputError(explain_table_error(cfg.path, exc, fmt)) from exc
-    available = list(df.columns)
-    if not available:
+    if not list(df.columns):
         raise InputError(
             f"{cfg.path} has no columns (empty file?); point input.path at a file with data."
         )
+    return df
+
+
+def table_columns(cfg: InputConfig) -> tuple[list[str], dict[str, str]] | None:
+    """A CSV/Parquet source's column names and dtypes (from its schema and a sample;
+    no pass over the data), or None for NPY/zarr input (no names)."""
+    check_exists(cfg)
+    fmt = detect_format(cfg)
+    if fmt not in ("csv", "parquet"):
+        return None
+    df = _open_table(cfg, fmt)
+    return [str(c) for c in df.columns], {str(c): str(t) for c, t in df.dtypes.items()}
+
+
+def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
+    df = _open_table(cfg, fmt)
+    available = list(df.columns)
     for what, col in (("label_column", cfg.label_column), ("id_column", cfg.id_column)):
         if col is not None and col not in available:
             raise InputError(
                 f"input.{what} {col!r} is not a column of {cfg.path}; available: "
                 f"{available[:20]}"
             )
-    reserved = {cfg.label_column, cfg.id_column} - {None}
-    if cfg.columns:
-        missing = [c for c in cfg.columns if c not in available]
-        if missing:
-            raise InputError(
-                f"input.columns {missing} are not in {cfg.path}; available: {available[:20]}"
-            )
-        features = list(cfg.columns)
-        bad = [c for c in features if not _is_numeric(df[c].dtype)]
-        if bad:
-            raise InputError(
-                f"input.columns {bad} are not numeric ({[str(df[c].dtype) for c in bad]}); "
-                "drop them from input.columns or encode them as numbers."
-            )
-    else:
-        features = [c for c in available if c not in reserved and _is_numeric(df[c].dtype)]
-        skipped = [c for c in available if c not in reserved and c not in features]
-        if skipped:
-            logger.warning(
-                "ingest: ignoring non-numeric columns %s (list input.columns to "
-                "choose features explicitly)",
-                skipped[:10],
-            )
-        if not features and fmt == "csv" and _no_rows(df):
+    try:  # the policy for bool, text, categorical and datetime columns: pipeline/features.py
+        selection = select_features(
+            cfg.path,
+            available,
+            dict(df.dtypes.items()),
+            columns=cfg.columns,
+            exclude=cfg.exclude_columns,
+            id_column=cfg.id_column,
+            label_column=cfg.label_column,
+        )
+    except FeatureError as exc:
+        if "has no numeric feature columns" in str(exc) and fmt == "csv" and _no_rows(df):
             raise InputError(
                 f"{cfg.path} is empty: it has a header ({available[:5]}) but no "
                 "data rows; point input.path at a file with data."
-            )
-        if not features:
-            raise InputError(
-                f"{cfg.path} has no numeric feature columns (columns: "
-                f"{available[:20]}); set input.columns."
-            )
+            ) from None
+        raise InputError(str(exc)) from None
+    features = selection.features
     try:
         X = df[features].astype("float64").to_dask_array(lengths=True)
     except Exception as exc:
@@ -461,7 +468,12 @@ def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
     if ids is not None:
         ids = ids.rechunk({0: X.chunks[0]})
     return SourceData(
-        X=X, columns=[str(c) for c in features], labels=labels, classes=classes, ids=ids
+        X=X,
+        columns=[str(c) for c in features],
+        labels=labels,
+        classes=classes,
+        ids=ids,
+        selection=selection,
     )
 
 
