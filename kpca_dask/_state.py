@@ -17,6 +17,7 @@ from .exceptions import ModelFormatError
 from .kernels import kernel_from_dict
 from .persistence import ModelState
 from .preimage import PREIMAGE_METHODS
+from .preprocess import Scaler
 
 __all__ = ["restore", "state_of"]
 
@@ -83,10 +84,13 @@ def state_of(est: Any) -> ModelState:
 
 
 def _extra_of(est: Any) -> dict[str, Any]:
-    """The optional blocks of a saved model: "preimage" and "features"."""
+    """The optional blocks of a saved model: "preimage", "features" and "preprocess"."""
     extra: dict[str, Any] = {}
     if hasattr(est, "dual_coef_"):
         extra["preimage"] = {"method": est.preimage_}
+    scaler = getattr(est, "preprocess_", None)
+    if scaler is not None:
+        extra["preprocess"] = scaler.to_dict()
     features = features_of(est)
     if features is not None:
         extra["features"] = features
@@ -102,6 +106,24 @@ def features_of(est: Any) -> dict[str, Any] | None:
     block["names"] = [str(c) for c in names]
     block.setdefault("dtypes", None)
     return block
+
+
+def _restore_preprocess(est: Any, extra: dict[str, Any], where: str) -> None:
+    """The fitted scaling (``extra["preprocess"]``); ModelFormatError when malformed."""
+    info = extra.get("preprocess") if isinstance(extra, dict) else None
+    est.preprocess_ = None
+    if info is None:
+        return
+    try:
+        scaler = Scaler.from_dict(info)
+    except (ValueError, TypeError) as exc:
+        raise ModelFormatError(f"{where}: malformed preprocess block ({exc}).") from None
+    if scaler.n_features != int(est.n_features_in_):
+        raise ModelFormatError(
+            f"{where}: the preprocess block has {scaler.n_features} columns but the model "
+            f"{est.n_features_in_} features."
+        )
+    est.preprocess_ = scaler
 
 
 def restore(est: Any, state: ModelState) -> Any:
@@ -126,6 +148,7 @@ def restore(est: Any, state: ModelState) -> Any:
     est.residuals_ = arrays.get("residuals")
     _restore_preimage(est, state.extra, arrays)
     _restore_features(est, state.extra, where)
+    _restore_preprocess(est, state.extra, where)
     est._coef_cache = None
     return est
 

@@ -39,6 +39,7 @@ __all__ = [
     "ClusterConfig",
     "DenoiseConfig",
     "EvaluateConfig",
+    "PreprocessConfig",
     "PipelineConfig",
     "RESERVED_NAMES",
     "SGD_MIN_ROWS",
@@ -360,6 +361,13 @@ class SolverConfig(_Model):
     )
     landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
         "rpcholesky", description="How Nyström landmarks are chosen."
+    )
+    keep_statistics: bool | Literal["auto"] = Field(
+        True,
+        description="Nyström: keep the sufficient statistics (m x m float64) in the model so "
+        "that `kpca update` adds rows exactly (docs/update.md); true makes the Nyström "
+        "solve use one covariance pass; 'auto' keeps them only when that method is chosen "
+        "anyway.",
     )
 
 
@@ -706,6 +714,22 @@ RESERVED_NAMES = {
 }
 
 
+class PreprocessConfig(_Model):
+    """Feature scaling, fitted on the training rows and stored with the model."""
+
+    scale: Literal["standard", "robust", "none"] = Field(
+        "standard",
+        description="'standard': subtract the mean, divide by the standard deviation "
+        "(scikit-learn's StandardScaler); 'robust': median and inter-quartile "
+        "range (RobustScaler; exact up to 16 million training rows, "
+        "approximate beyond); 'none': the raw values (the run warns when "
+        "column spreads differ by more than 1e3). Fitted on the training rows "
+        "only, stored in the model, applied by transform and undone by the "
+        "pre-image; gamma: scale is computed after scaling. Constant columns "
+        "are scaled by 1. Why 'standard' is the default: docs/evaluate.md.",
+    )
+
+
 class DenoiseConfig(BaseModel):
     """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
 
@@ -785,10 +809,77 @@ class DenoiseConfig(BaseModel):
         return v
 
 
+class UpdateConfig(_Model):
+    """`kpca update`: the drift checks on a new batch and what to do about drift."""
+
+    base: str | None = Field(
+        None,
+        description="The published run an update starts from (set by `kpca update RUN`); "
+        "null for a full run.",
+    )
+    reembed: bool = Field(
+        False,
+        description="After a merge, embed every row again with the updated model (reads all "
+        "rows); false keeps the published rows' embedding and appends the batch's. Refits "
+        "always embed every row.",
+    )
+    policy: Literal["auto", "merge", "refresh_landmarks", "refit"] = Field(
+        "auto",
+        description="'merge': add the batch to the Nyström statistics (exact, reads only "
+        "the batch); 'refresh_landmarks': new landmarks and a fit on all rows; 'refit': a "
+        "fit on all rows with the configured solver; 'auto': merge unless the drift report "
+        "flags the batch, then `on_drift`.",
+    )
+    on_drift: Literal["merge", "refresh_landmarks", "refit"] = Field(
+        "refresh_landmarks", description="What policy 'auto' does with a flagged batch."
+    )
+    novelty_pvalue: float = Field(
+        1e-3,
+        gt=0,
+        lt=1,
+        description="Flag the batch when the two-sample KS test of its novelty scores "
+        "against the training rows' has a p-value below this (the false-positive rate on "
+        "i.i.d. batches).",
+    )
+    novelty_effect: float = Field(
+        1.25,
+        ge=1,
+        description="A novelty flag also needs the batch's median novelty score to be at "
+        "least this many times the training rows' (a large batch makes tiny differences "
+        "significant).",
+    )
+    captured_drop: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Flag the batch when the share of its kernel variance the components "
+        "capture is this much (absolute) below the training rows'.",
+    )
+    mean_shift: float = Field(
+        0.5,
+        gt=0,
+        description="Flag the batch when its embedding mean moves by more than this many "
+        "training standard deviations along any component.",
+    )
+    spread_ratio: float = Field(
+        2.0,
+        gt=1,
+        description="Flag the batch when its embedding spread along any component is more "
+        "than this factor above or below the training rows'.",
+    )
+    reference_rows: int = Field(
+        4096,
+        ge=50,
+        description="Training rows sampled (seeded, landmarks excluded) as the drift "
+        "reference.",
+    )
+
+
 class PipelineConfig(_Model):
     """A whole pipeline run."""
 
     input: InputConfig
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     solver: SolverConfig = Field(default_factory=SolverConfig)
     chunks: ChunkConfig = Field(default_factory=ChunkConfig)
@@ -797,6 +888,7 @@ class PipelineConfig(_Model):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     denoise: DenoiseConfig = Field(default_factory=DenoiseConfig)
+    update: UpdateConfig = Field(default_factory=UpdateConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:

@@ -106,14 +106,15 @@ def _run_folder_of(loc: Location) -> Location | None:
     return parent if kind == "kpca-dask-run" else None
 
 
-def load_model(path: str) -> Any:
-    """A model from a run folder (manifest verified) or a model folder.
+def load_model(path: str | Location, storage_options: dict | None = None) -> Any:
+    """A model from a run folder (manifest verified) or a model folder, local or at a
+    URL read with ``storage_options``.
 
     The ``model/`` folder of a run is accepted only if its run verifies: a model
     left by a run that did not finish (or was tampered with) is refused like the
     run itself.
     """
-    loc = Location(path)
+    loc = Location.at(path, storage_options)
     run = (
         loc
         if (loc.child("manifest.json").exists() or loc.child("model").exists())
@@ -121,8 +122,8 @@ def load_model(path: str) -> Any:
     )
     if run is not None:
         verify_run(run)
-        path = run.child("model").url
-    return kpca_dask.load(path)
+        loc = run.child("model")
+    return kpca_dask.load(loc.zarr_source())
 
 
 def transform_to_store(
@@ -132,12 +133,15 @@ def transform_to_store(
     *,
     chunks: ChunkConfig | None = None,
     overwrite: bool = False,
+    storage_options: dict | None = None,
     ignore_extra: bool = False,
 ) -> dict:
     """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``.
 
-    The input's columns are matched to the model's features by name and the run's id and
-    label columns reused (:func:`read_model_input`).
+    ``storage_options``: fsspec options of the model's and the output's URLs (the input
+    has its own, ``input_cfg.storage_options``). The input's columns are matched to the
+    model's features by name and the run's id and label columns reused
+    (:func:`read_model_input`).
 
     The output is refused before anything is read when it is ``""``/``.``, the input, a
     run folder or inside the model's run, a link, or an existing path kpca did not write
@@ -148,9 +152,13 @@ def transform_to_store(
     """
     t0 = time.perf_counter()
     out = check_transform_output(
-        output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+        output,
+        model_path=model_path,
+        inputs=[input_cfg.path],
+        overwrite=overwrite,
+        storage_options=storage_options,
     )
-    model = load_model(model_path)
+    model = load_model(model_path, storage_options)
     src = read_model_input(model, input_cfg, chunks, ignore_extra=ignore_extra)
     emb = embed_rows(model, src.X, training_data=False)
     n = int(src.X.shape[0])
@@ -197,7 +205,11 @@ def transform_to_store(
     with OutputLock(out):
         # checked again under the lock: another transform may have published meanwhile
         check_transform_output(
-            output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+            output,
+            model_path=model_path,
+            inputs=[input_cfg.path],
+            overwrite=overwrite,
+            storage_options=storage_options,
         )
         publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
     secs = time.perf_counter() - t0
