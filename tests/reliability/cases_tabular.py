@@ -1,6 +1,6 @@
-"""Tabular cases of the bad-input catalogue (issue 15): columns the policy refuses (text,
-categorical, datetime), NaN named by its column, and new data whose columns do not match
-the model's features (CLI and estimator), each refused in one line naming the columns."""
+"""Tabular cases of the bad-input catalogue (issue 15): an exclusion naming no column, NaN
+named by its column, and new data whose columns do not match the model's features (CLI
+and estimator), each refused in one line naming the columns."""
 
 from __future__ import annotations
 
@@ -26,18 +26,6 @@ def _run(ctx, df, name="x.csv", **input_over):
     else:
         df.to_parquet(path, index=False)
     return ["run", ctx.config(path, input={"id_column": "id", **input_over})]
-
-
-def _text_column(ctx):
-    return _run(ctx, _frame().assign(note="free text"))
-
-
-def _categorical_and_datetime(ctx):
-    df = _frame().assign(
-        kind=pd.Categorical(np.repeat(["p", "q"], N // 2)),
-        when=pd.Timestamp("2026-01-01") + pd.to_timedelta(np.arange(N), unit="h"),
-    )
-    return _run(ctx, df, "x.parquet")
 
 
 def _exclude_unknown(ctx):
@@ -88,27 +76,6 @@ def _est(ctx, change):
 
 
 CASES = [
-    Case(
-        "tab-text-column",
-        "input",
-        "a text column in a table, no input.columns",
-        _text_column,
-        (
-            "column(s) 'note' (text) are not numeric and cannot be features",
-            "list the features in input.columns",
-            "input.exclude_columns: ['note']",
-        ),
-    ),
-    Case(
-        "tab-categorical-datetime",
-        "input",
-        "categorical and datetime columns in a Parquet table",
-        _categorical_and_datetime,
-        (
-            "'kind' (categorical), 'when' (datetime) are not numeric",
-            "input.exclude_columns: ['kind', 'when']",
-        ),
-    ),
     Case(
         "tab-exclude-unknown",
         "input",
