@@ -272,10 +272,14 @@ def match(
     }
     unknown = [c for c in extra if c not in excluded]
     if unknown and block.get("selection") != "columns" and not ignore_extra:
+        had = ", ".join(
+            [f"its {len(names)} features"]
+            + [f"the {w} column {c!r}" for w, c in (("id", run_id), ("label", run_label)) if c]
+        )
         raise FeatureError(
             f"{path} has column(s) {_names(unknown)} the model was not fitted on (its "
-            f"training table had no other columns: {len(names)} features, id and label); "
-            "drop them, or pass --ignore-extra to embed with the model's features only."
+            f"training table had only {had}); drop them, or pass --ignore-extra to embed "
+            "with the model's features only."
         )
     if extra:
         logger.info(
