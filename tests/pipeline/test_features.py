@@ -277,5 +277,5 @@ def test_a_run_records_the_columns_it_left_out_and_names_nan_columns(tmp_path):
     df = table()
     df.loc[100, "f_c"] = np.nan
     df.to_csv(tmp_path / "n.csv", index=False)
-    with pytest.raises(InputError, match=r"\(first: row 100\) in column 'f_c'; clean"):
+    with pytest.raises(InputError, match=r"\(first: row 100, column 'f_c'\); clean"):
         run_pipeline(config(tmp_path, tmp_path / "n.csv", out="out2"))

@@ -100,7 +100,7 @@ CASES = [
         "input",
         "NaN in a named feature column of a labelled table",
         _nan_named_labelled,
-        (f"(first: row {FAR - 17}) in column 'b'", "set input.nonfinite: drop"),
+        (f"(first: row {FAR - 17}, column 'b')", "set input.nonfinite: drop"),
     ),
     Case(
         "tr-missing-feature",
