@@ -366,6 +366,12 @@ def _feature_lines(block: dict | None, columns: list[str], limit: int = 24) -> l
         notes.append(f"id column {block['id_column']!r}")
     if block.get("excluded"):
         notes.append(f"excluded: {', '.join(block['excluded'])}")
+    left_out = [
+        f"{c['name']} ({c['dtype']})" if isinstance(c, dict) else str(c)
+        for c in block.get("ignored") or []
+    ]
+    if left_out:
+        notes.append(f"left out (not numeric): {', '.join(left_out)}")
     if notes:
         lines.append(" " * 11 + "; ".join(notes))
     return lines
