@@ -120,7 +120,11 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
     s = cfg.solver
     params = _model_params(cfg)
     params.update(
-        n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter, chunk_size=block_rows
+        n_power_iter=s.n_power_iter,
+        tol=s.tol,
+        max_iter=s.max_iter,
+        chunk_size=block_rows,
+        keep_statistics=s.keep_statistics,  # Nyström: for `kpca update` (pipeline/update.py)
     )
     params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
     # the scaling a refit (the evaluate stage's gamma cross-validation clones the model)
@@ -209,10 +213,13 @@ def solve(
     *,
     block_rows: int | str = "auto",
     block_reader: Any = None,
+    features: dict[str, Any] | None = None,
     scaler: Any = None,
 ) -> tuple[KernelPCA, dict[str, Any]]:
     """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON).
 
+    ``features``: the run's features block (pipeline/features.py), saved with the model
+    (``KernelPCA.record_features``): its transform then selects columns by name.
     ``scaler``: the feature scaling the split stage fitted on these rows
     (:class:`kpca_dask.preprocess.Scaler`); the estimator applies it and keeps it in
     the model. ``X_train`` is in the original units.
@@ -248,7 +255,13 @@ def solve(
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
-    est.save(model_loc.url if not model_loc.is_local else model_loc.local_path, overwrite=True)
+    if features is not None:
+        info_ = {k: v for k, v in features.items() if k not in ("names", "dtypes")}
+        est.record_features(features["names"], dtypes=features.get("dtypes"), **info_)
+    est.save(
+        model_loc.local_path if model_loc.is_local else model_loc.zarr_source(writable=True),
+        overwrite=True,
+    )
     info = {
         "solver": est.eigen_solver_,
         "n_components": int(est.n_components_),

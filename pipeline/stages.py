@@ -101,7 +101,7 @@ __all__ = [
 logger = logging.getLogger("pipeline")
 
 #: Every stage finds its stores through the run layout, which reads these fields.
-LAYOUT_FIELDS = ("output.path", "input.storage_options")
+LAYOUT_FIELDS = ("output.path", "output.storage_options")
 
 #: Config fields that steer a run but never change its artifacts: never in a cache key
 #: (``kpca run --overwrite`` or another cluster address must not re-publish a run).
@@ -569,12 +569,19 @@ def stage_solve(
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
             solve_cfg = cfg.model_copy(deep=True)
             solve_cfg.kernel.gamma = float(kernel.gamma)
+    # the model records the table's column names (its transform then selects a DataFrame's
+    # columns by name); NPY/zarr columns have none, and neither has an ingest result
+    # written before the features block
+    features = ing.features
+    if features is not None and features.get("selection") == "positions":
+        features = None
     _, info = solve(
         X_train,
         solve_cfg,
         layout.model,
         block_rows=r,
         block_reader=reader,
+        features=features,
         scaler=scaler_of(split),
     )
     return SolveResult(model=layout.model, info=dict(info))
