@@ -4,7 +4,7 @@ evaluate stage's classifier, same k) with preprocess.scale none / standard / rob
 Runs the real pipeline (plain mode, the threaded scheduler) on scikit-learn's wine,
 breast-cancer and digits tables and on the demo's circles and moons, each written as a
 CSV file with named columns, an id and a label column. Every run uses the defaults
-(rbf kernel, gamma: scale, logistic regression on the embedding, 25 % held out)
+(rbf kernel, gamma: scale, logistic regression on the embedding, 20 % held out)
 except ``solver.n_components``; the demo datasets are also run with the kernel the
 demo uses (``kpca demo``: a fixed gamma tuned on the raw values).
 
