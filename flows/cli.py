@@ -174,6 +174,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "id_column": demo.id_column,
             },
             "kernel": demo.kernel,
+            "preprocess": {"scale": demo.scale},  # the gamma is tuned on raw pixels
             "solver": {"n_components": demo.n_components, "random_state": 0},
             # small chunks on purpose: the demo shows chunked ingest and a blocked kernel
             "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
