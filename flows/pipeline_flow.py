@@ -37,11 +37,12 @@ from pipeline.config import PipelineConfig
 from pipeline.export import verify_run
 from pipeline.layout import run_layout
 from pipeline.run import RunSummary, run_lock, run_pipeline, run_stages, stage_begin
+from pipeline.visibility import check_visibility
 
 from . import tasks
 from .artifacts import publish_run_artifacts
 from .caching import result_storage, with_result_storage
-from .runtime import check_prefect_api, dashboard_line, forward_library_logs
+from .runtime import announce_flow_run, check_prefect_api, dashboard_line, forward_library_logs
 
 __all__ = ["FlowRunSummary", "begin", "kpca_pipeline", "run_flow", "run_flow_or_plain"]
 
@@ -72,6 +73,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Run every stage of the pipeline ``config`` describes; returns the run summary."""
     cfg = config
     log = get_run_logger()
+    announce_flow_run()  # the run's address in the Prefect UI, when a server records it
     t_run = time.perf_counter()
     registry = stages.REGISTRY
     out = run_layout(cfg).out
@@ -89,6 +91,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     with forward_library_logs(), run_lock(cfg), dask_client(cfg.cluster) as client:
         cluster = dashboard_line(client)
         log.info(cluster)
+        check_visibility(cfg, client)  # every worker sees the run's locations, or refuse
         t0 = time.perf_counter()
         how = begin(cfg)
         timings["begin"] = time.perf_counter() - t0
