@@ -2,8 +2,9 @@
 
 Against a real S3-protocol server (moto's standalone server, a separate process on
 127.0.0.1; tests/objectstore/conftest.py), the default ``kpca run`` -- the
-``kpca_pipeline`` Prefect flow, run by the CLI in its own process on an ephemeral
-Prefect API, exactly as a user runs it -- with:
+``kpca_pipeline`` Prefect flow, run by the CLI in its own process exactly as a user
+runs it, recorded in a Prefect server process the module starts once (as on a
+cluster: ``PREFECT_API_URL``) -- with:
 
 * input and output on ``s3://`` and the endpoint only in the config's
   ``storage_options`` (nothing in ``AWS_ENDPOINT_URL``; credentials in the
@@ -13,7 +14,8 @@ Prefect API, exactly as a user runs it -- with:
   result storage with ``TypeError: Result storage configuration must be persisted
   server-side``, before the first stage);
 * a second run served from that cache: every stage ``Cached``, no object rewritten;
-* artifacts identical to the same run on local disk;
+* artifacts identical to the same run on local disk, and ``kpca info`` verifying the
+  run in the bucket;
 * the ``kpca_transform`` flow reading a model and a batch from the bucket and writing
   its embedding there.
 """
@@ -248,7 +250,16 @@ def test_artifacts_identical_to_the_local_run(runs):
     model_r = kpca_dask.load(Location(f"{out}/model", opts).zarr_source())
     model_l = kpca_dask.load(runs["local"] / "model")
     np.testing.assert_array_equal(model_r.eigenvalues_, model_l.eigenvalues_)
-    np.testing.assert_array_equal(model_r.transform(NEW), model_l.transform(NEW))
+    new = pd.DataFrame(NEW, columns=list("abcd"))  # the model records its feature names
+    np.testing.assert_array_equal(model_r.transform(new), model_l.transform(new))
+
+
+def test_kpca_info_verifies_the_flow_run_in_the_bucket(runs):
+    """`kpca info` on the run the flow published, the endpoint given on the command line."""
+    res = kpca(runs["api"], "info", runs["out"], "--storage-options", json.dumps(runs["opts"]))
+    assert res.returncode == 0, res.stderr
+    assert "verified" in res.stdout and f"{N} rows x 4 features" in res.stdout
+    assert SECRET not in res.stdout + res.stderr
 
 
 def test_second_run_is_served_from_the_cache(runs):
@@ -292,6 +303,8 @@ print("ROWS", res["rows"], res["components"])
     got = zarr.open_group(dest, mode="r", storage_options=opts)["embedding"][...]
     import kpca_dask
 
-    want = kpca_dask.load(runs["local"] / "model").transform(NEW)
+    want = kpca_dask.load(runs["local"] / "model").transform(
+        pd.DataFrame(NEW, columns=list("abcd"))
+    )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert SECRET not in res.stdout + res.stderr
