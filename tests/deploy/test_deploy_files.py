@@ -99,12 +99,15 @@ def test_each_deployment_imports_and_its_parameters_validate(prefect_yaml, name)
 
     (d,) = [d for d in prefect_yaml["deployments"] if d["name"] == name]
     flow = load_flow_from_entrypoint(d["entrypoint"], use_placeholder_flow=False)
-    assert flow.name in ("kpca-pipeline", "kpca-transform")
+    assert flow.name in ("kpca-pipeline", "kpca-transform", "kpca-update-from")
     params = flow.validate_parameters(d["parameters"])
     if flow.name == "kpca-pipeline":
         cfg = PipelineConfig.model_validate(d["parameters"]["config"])
         assert params["config"] == cfg
         for path in (cfg.input.path, cfg.output.path):
+            assert path.startswith(("/", "s3://")), f"{d['name']}: relative path {path}"
+    elif flow.name == "kpca-update-from":  # a series folder and the batch
+        for path in (d["parameters"]["run"], d["parameters"]["new_data"]):
             assert path.startswith(("/", "s3://")), f"{d['name']}: relative path {path}"
     else:
         assert d["parameters"]["model"].startswith(("/", "s3://"))

@@ -1036,6 +1036,7 @@ EXTENSIONS = (
     "cases_sklearn",
     "cases_tabular",
     "cases_cli",
+    "cases_update",
 )
 if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: spawned workers
     import importlib
