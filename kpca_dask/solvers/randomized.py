@@ -463,8 +463,6 @@ def randomized_eigh(
     cluster_rtol: float | None = None,
     tail_tol: float | None = None,
     warn: bool = True,
-    finish_op: SymmetricOperator | None = None,
-    finish_eps: float | None = None,
 ) -> EigResult:
     """Leading eigenpairs of a symmetric operator by randomized iteration, certified.
 
@@ -526,21 +524,6 @@ def randomized_eigh(
         disables the tail rule (every eigenvalue to ``tol``).
     warn : bool, default=True
         Emit a ConvergenceWarning when the result is not certified.
-    finish_op : object with ``n`` and ``matmul``, optional
-        The operator the result is certified against, when the iteration ran on
-        a cheaper, rounded copy of it (``op``: the float32 kernel; ``finish_op``:
-        the float64 one). The certification pass then multiplies by
-        ``finish_op``, followed by one refinement pass (Rayleigh-Ritz on the
-        returned vectors and their residuals, both multiplied by ``finish_op``),
-        so that the eigenvalues carry ``finish_op``'s precision: the iteration's
-        subspace is off by the rounding of ``op`` (an angle of about
-        ``sqrt(eps_op)``), the Rayleigh quotient squares that and the
-        refinement squares it again. Residuals, ``residuals_`` and the final
-        certificate are ``finish_op``'s, at its rounding level ``finish_eps``;
-        the Ritz values beyond the returned ones (the gaps) come from ``op``,
-        their residual bounds widened by ``op``'s rounding level.
-    finish_eps : float, optional
-        Unit roundoff of ``finish_op``'s products (default: ``eps``).
     """
     if method not in ("block_krylov", "subspace"):
         raise ValueError(f"Unknown randomized method {method!r}")
@@ -663,39 +646,19 @@ def randomized_eigh(
     Wm = Wbuf.view[:, : M.shape[0]]
     V = prep(Wm @ U[:, :k_ret])
     V = _orth(V) if k_ret else V
-    fop = op if finish_op is None else finish_op
-    AV = fop.matmul(V) if k_ret else np.zeros((n, 0))
+    AV = op.matmul(V) if k_ret else np.zeros((n, 0))
     th2, U2 = _rayleigh_ritz(V.T @ AV)
     Vr, AVr = V @ U2, AV @ U2
     Rf = AVr - Vr * th2
-    extra_passes = 1
-    widen = 0.0  # added to the residual bounds of the iteration's pairs beyond k_ret
-    if finish_op is not None:
-        tau_op = tau
-        G = AV.T @ AV
-        normA = max(normA, float(np.sqrt(max(np.linalg.eigvalsh((G + G.T) / 2)[-1], 0.0))))
-        tau = (eps if finish_eps is None else float(finish_eps)) * np.sqrt(n) * normA
-        widen = tau_op  # the iteration's pairs are op's: finish_op differs by its rounding
-        if k_ret:
-            # refinement: Rayleigh-Ritz on span[V, R] with both multiplied by finish_op
-            Rq, _, _ = _next_block(Vr, Rf, tau)
-            if Rq.shape[1]:
-                ARq = fop.matmul(Rq)
-                extra_passes += 1
-                B, AB = np.hstack([Vr, Rq]), np.hstack([AVr, ARq])
-                th_b, U_b = _rayleigh_ritz(B.T @ AB)
-                th2 = th_b[:k_ret]
-                Vr, AVr = B @ U_b[:, :k_ret], AB @ U_b[:, :k_ret]
-                Rf = AVr - Vr * th2
     r2 = np.linalg.norm(Rf, axis=0)
     # the certificate on the final pairs, with the iteration's Ritz values beyond
     # them (and their residual bounds) for the gaps
     th_all = np.concatenate([th2, theta[k_ret:]])
-    res_all = np.concatenate([r2, res[k_ret:] + widen])
+    res_all = np.concatenate([r2, res[k_ret:]])
 
     def final_block_res(a, b):
         inner = np.linalg.norm(Rf[:, a : min(b, k_ret)], 2) if a < k_ret else 0.0
-        outer = block_res(max(a, k_ret), b) + widen if b > k_ret else 0.0
+        outer = block_res(max(a, k_ret), b) if b > k_ret else 0.0
         return float(np.hypot(inner, outer))
 
     cert = certify(
@@ -716,14 +679,12 @@ def randomized_eigh(
         residuals = r2 / np.abs(th2)
     Vr = deterministic_signs(Vr)
     if not converged and warn:
-        warnings.warn(
-            not_converged_message(cert, p + extra_passes, tol), ConvergenceWarning, stacklevel=2
-        )
+        warnings.warn(not_converged_message(cert, p + 1, tol), ConvergenceWarning, stacklevel=2)
     info = {
         "solver": "randomized",
         "method": method,
         "block_columns": l,
-        "finish": "rayleigh_ritz" if finish_op is None else "rayleigh_ritz_refined",
+        "finish": "rayleigh_ritz",
         "basis_columns": int(M.shape[0]),
         "rank_found": int(k_ret),
         "exhausted": bool(exhausted),
@@ -735,7 +696,7 @@ def randomized_eigh(
         eigenvalues=th2,
         eigenvectors=Vr,
         residuals=residuals,
-        n_passes=p + extra_passes,
+        n_passes=p + 1,
         converged=converged,
         info=info,
     )
