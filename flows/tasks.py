@@ -119,7 +119,7 @@ def stage_task(stage: Stage) -> Any:
 
 
 # ----------------------------------------------------------------- transform
-@task(name="transform", cache_policy=NO_CACHE, **RETRY_OPTIONS)
+@task(name="transform", cache_policy=NO_CACHE, persist_result=False, **RETRY_OPTIONS)
 def transform(
     model: str,
     input: InputConfig,
@@ -128,6 +128,10 @@ def transform(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Embed a batch with a saved model (streaming).
+
+    Not cached and its result not persisted (the output store is the result): the task
+    writes nothing outside ``output``, whatever the Prefect server's default result
+    storage, so a transform to ``s3://`` needs no result storage at all.
 
     The output is written beside its final name and swapped in only when complete, so a
     failed attempt leaves nothing behind and a retry starts clean.

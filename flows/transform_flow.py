@@ -31,6 +31,7 @@ __all__ = ["kpca_transform"]
 @flow(
     name="kpca-transform",
     validate_parameters=True,
+    persist_result=False,  # nothing of a transform is kept by Prefect (see tasks.transform)
     description="Embed a new batch of rows with a saved kernel PCA model.",
 )
 def kpca_transform(

@@ -39,11 +39,14 @@ __all__ = [
     "ClusterConfig",
     "DenoiseConfig",
     "EvaluateConfig",
+    "PreprocessConfig",
     "PipelineConfig",
     "RESERVED_NAMES",
     "SGD_MIN_ROWS",
     "ConfigError",
+    "check_storage_options",
     "load_config",
+    "parse_storage_options",
     "format_validation_error",
 ]
 
@@ -188,6 +191,20 @@ def _check_url(v: str, what: str) -> str:
     return v
 
 
+def check_storage_options(v: Any, what: str = "storage_options") -> dict[str, Any]:
+    """``v`` if it is a mapping of fsspec options without credentials; else ValueError
+    naming the keys (never their values) and where credentials belong."""
+    if not isinstance(v, dict):
+        raise ValueError(f"{what} must be a mapping of fsspec options, not {type(v).__name__}")
+    bad = sorted(_secret_keys(v))
+    if bad:
+        raise ValueError(
+            f"{what} must not hold credentials ({bad}); set them in the "
+            "environment (e.g. AWS_ACCESS_KEY_ID) or a Prefect block instead."
+        )
+    return v
+
+
 #: the smallest ``cluster.memory_limit`` a worker can run in
 MIN_WORKER_MEMORY = 256 << 20
 
@@ -218,8 +235,14 @@ class InputConfig(_Model):
     )
     columns: list[str] | None = Field(
         None,
-        description="Feature columns by name for CSV/Parquet (default: every numeric "
-        "column except the label and id columns).",
+        description="Feature columns by name for CSV/Parquet (default: every column "
+        "except the label, id and excluded columns; numeric and bool columns only).",
+    )
+    exclude_columns: list[str] | None = Field(
+        None,
+        description="Columns that are not features, left out of the default selection "
+        "(e.g. text, categorical or datetime columns, which are refused as features; "
+        "docs/config.md, 'Feature columns').",
     )
     label_column: str | None = Field(
         None, description="Optional class label column, kept alongside (enables evaluation)."
@@ -250,13 +273,7 @@ class InputConfig(_Model):
     @field_validator("storage_options")
     @classmethod
     def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
-        bad = sorted(_secret_keys(v))
-        if bad:
-            raise ValueError(
-                f"storage_options must not hold credentials ({bad}); set them in the "
-                "environment (e.g. AWS_ACCESS_KEY_ID) or a Prefect block instead."
-            )
-        return v
+        return check_storage_options(v)
 
     @field_validator("path")
     @classmethod
@@ -345,6 +362,13 @@ class SolverConfig(_Model):
     landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
         "rpcholesky", description="How Nyström landmarks are chosen."
     )
+    keep_statistics: bool | Literal["auto"] = Field(
+        True,
+        description="Nyström: keep the sufficient statistics (m x m float64) in the model so "
+        "that `kpca update` adds rows exactly (docs/update.md); true makes the Nyström "
+        "solve use one covariance pass; 'auto' keeps them only when that method is chosen "
+        "anyway.",
+    )
 
 
 class ChunkConfig(_Model):
@@ -395,11 +419,22 @@ class OutputConfig(_Model):
     overwrite: bool = Field(
         False, description="Replace a complete run at the same path (otherwise refused)."
     )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options of the output location (and of its work/ and model/ "
+        "folders), e.g. an endpoint_url; never borrowed from input.storage_options. "
+        "Credentials are refused here: use the environment.",
+    )
 
     @field_validator("path")
     @classmethod
     def _sane_output(cls, v: str) -> str:
         return _check_url(v, "output")
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_storage_options(v)
 
 
 class TLSConfig(_Model):
@@ -679,6 +714,22 @@ RESERVED_NAMES = {
 }
 
 
+class PreprocessConfig(_Model):
+    """Feature scaling, fitted on the training rows and stored with the model."""
+
+    scale: Literal["standard", "robust", "none"] = Field(
+        "standard",
+        description="'standard': subtract the mean, divide by the standard deviation "
+        "(scikit-learn's StandardScaler); 'robust': median and inter-quartile "
+        "range (RobustScaler; exact up to 16 million training rows, "
+        "approximate beyond); 'none': the raw values (the run warns when "
+        "column spreads differ by more than 1e3). Fitted on the training rows "
+        "only, stored in the model, applied by transform and undone by the "
+        "pre-image; gamma: scale is computed after scaling. Constant columns "
+        "are scaled by 1. Why 'standard' is the default: docs/evaluate.md.",
+    )
+
+
 class DenoiseConfig(BaseModel):
     """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
 
@@ -758,10 +809,77 @@ class DenoiseConfig(BaseModel):
         return v
 
 
+class UpdateConfig(_Model):
+    """`kpca update`: the drift checks on a new batch and what to do about drift."""
+
+    base: str | None = Field(
+        None,
+        description="The published run an update starts from (set by `kpca update RUN`); "
+        "null for a full run.",
+    )
+    reembed: bool = Field(
+        False,
+        description="After a merge, embed every row again with the updated model (reads all "
+        "rows); false keeps the published rows' embedding and appends the batch's. Refits "
+        "always embed every row.",
+    )
+    policy: Literal["auto", "merge", "refresh_landmarks", "refit"] = Field(
+        "auto",
+        description="'merge': add the batch to the Nyström statistics (exact, reads only "
+        "the batch); 'refresh_landmarks': new landmarks and a fit on all rows; 'refit': a "
+        "fit on all rows with the configured solver; 'auto': merge unless the drift report "
+        "flags the batch, then `on_drift`.",
+    )
+    on_drift: Literal["merge", "refresh_landmarks", "refit"] = Field(
+        "refresh_landmarks", description="What policy 'auto' does with a flagged batch."
+    )
+    novelty_pvalue: float = Field(
+        1e-3,
+        gt=0,
+        lt=1,
+        description="Flag the batch when the two-sample KS test of its novelty scores "
+        "against the training rows' has a p-value below this (the false-positive rate on "
+        "i.i.d. batches).",
+    )
+    novelty_effect: float = Field(
+        1.25,
+        ge=1,
+        description="A novelty flag also needs the batch's median novelty score to be at "
+        "least this many times the training rows' (a large batch makes tiny differences "
+        "significant).",
+    )
+    captured_drop: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Flag the batch when the share of its kernel variance the components "
+        "capture is this much (absolute) below the training rows'.",
+    )
+    mean_shift: float = Field(
+        0.5,
+        gt=0,
+        description="Flag the batch when its embedding mean moves by more than this many "
+        "training standard deviations along any component.",
+    )
+    spread_ratio: float = Field(
+        2.0,
+        gt=1,
+        description="Flag the batch when its embedding spread along any component is more "
+        "than this factor above or below the training rows'.",
+    )
+    reference_rows: int = Field(
+        4096,
+        ge=50,
+        description="Training rows sampled (seeded, landmarks excluded) as the drift "
+        "reference.",
+    )
+
+
 class PipelineConfig(_Model):
     """A whole pipeline run."""
 
     input: InputConfig
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     solver: SolverConfig = Field(default_factory=SolverConfig)
     chunks: ChunkConfig = Field(default_factory=ChunkConfig)
@@ -770,6 +888,7 @@ class PipelineConfig(_Model):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     denoise: DenoiseConfig = Field(default_factory=DenoiseConfig)
+    update: UpdateConfig = Field(default_factory=UpdateConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:
@@ -876,6 +995,54 @@ def load_config(source: str | Path | dict[str, Any]) -> PipelineConfig:
         raise ConfigError(format_validation_error(exc, name)) from None
 
 
+#: the largest storage-options file a command reads
+MAX_OPTIONS_BYTES = 64 << 10
+
+
+def parse_storage_options(value: str | None, flag: str = "--storage-options") -> dict[str, Any]:
+    """A command's ``--storage-options``: inline JSON (``'{"anon": true}'``) or the path
+    of a small YAML/JSON file holding one mapping; ``{}`` for None or empty. Credential
+    keys are refused as in a config's ``storage_options`` (ConfigError, one line)."""
+    if value is None or not value.strip():
+        return {}
+    text = value.strip()
+    if text.startswith("{"):
+        source = ""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{flag} is not valid JSON ({exc}); pass a JSON object such as "
+                "'{\"anon\": true}' or the path of a YAML file."
+            ) from None
+    else:
+        p = Path(text)
+        source = f" (in {p})"
+        if not p.is_file():
+            raise ConfigError(
+                f"{flag} {text!r} is neither a JSON object nor an existing file; pass "
+                '\'{"client_kwargs": {"endpoint_url": "..."}}\' or the path of a YAML file.'
+            )
+        if p.stat().st_size > MAX_OPTIONS_BYTES:
+            raise ConfigError(
+                f"{flag} file {p} is larger than storage options can be "
+                f"({MAX_OPTIONS_BYTES} bytes); point at a small YAML/JSON mapping."
+            )
+        try:
+            data = _safe_yaml(p.read_text())
+        except (_YamlBoundError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"{flag} file {p} is not a valid YAML/JSON mapping "
+                f"({str(exc).splitlines()[0]}); fix its syntax."
+            ) from None
+    if data is None:
+        return {}
+    try:
+        return check_storage_options(data, flag)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}{source}") from None
+
+
 def _type_name(t: Any) -> str:
     if isinstance(t, type):
         return t.__name__
@@ -885,6 +1052,48 @@ def _type_name(t: Any) -> str:
     if text.startswith("Union[") and text.endswith("]"):
         text = " | ".join(part.strip() for part in text[6:-1].split(", ") if part)
     return text.replace("pipeline.config.", "").replace("__main__.", "")
+
+
+#: prose after a section's table in docs/config.md (the policies its fields select)
+REFERENCE_NOTES: dict[str, str] = {
+    "input": """### Feature columns (CSV and Parquet)
+
+Which columns of a table are features (pipeline/features.py):
+
+- **Numeric** columns (integers, floats) are features. Without `input.columns`, every
+  column except `id_column`, `label_column` and `exclude_columns` is a feature, in the
+  table's order.
+- **bool** columns are features, as 0/1. The run logs a note naming them and
+  `kpca info` lists them ("bool as 0/1"); list `input.columns` or `exclude_columns` to
+  leave them out.
+- **Text, categorical, datetime and timedelta** columns are never used or dropped
+  silently: the run stops before anything is written, in one line naming them and
+  their kind, with the fix: list the features in `input.columns`, or leave these
+  columns out with `input.exclude_columns`. Encode them as numbers (one-hot, epoch
+  seconds...) to use them.
+- NaN or infinity in a feature column stops the run naming the first row and column
+  (`nonfinite: drop` drops such rows instead).
+
+The run records what it used, its *features block*: names in order, dtypes, bool
+columns, the id and label columns, and how they were chosen (`columns`: listed in
+`input.columns`; `all`: every column but id/label/excluded; `positions`: NPY and zarr
+input, whose columns have no names). It is saved with the model (its `features`
+block: `KernelPCA.feature_names_in_` and `features_` after `kpca_dask.load`) and in
+the manifest (`input.features`); `kpca info` lists it.
+
+`kpca transform RUN DATA` (and `--inverse`) selects the model's features from a table
+**by name, in any order**, and carries the run's id and label columns when the table has
+them (no flags needed for a table shaped like the training one; `--id-column` and
+`--label-column` override). A missing feature is refused in one line naming it. A
+column that is none of the features nor the id/label is refused naming it when the run
+took every column as a feature (a new column means the table changed; `--ignore-extra`
+embeds with the model's features anyway), and ignored with a note when the run listed
+its features in `input.columns` (other columns were never features). NPY and zarr input
+are taken by position, with the same number of columns as at fit. The estimator does the
+same for a pandas DataFrame: `transform` selects `feature_names_in_` by name, refusing
+missing or unknown columns (docs/sklearn.md).
+""",
+}
 
 
 def reference_markdown() -> str:
@@ -917,6 +1126,8 @@ def reference_markdown() -> str:
             desc = (f.description or "").replace("|", "\\|")
             lines.append(f"| `{fname}` | `{typ}` | `{default}` | {desc} |")
         lines.append("")
+        if name in REFERENCE_NOTES:
+            lines += [REFERENCE_NOTES[name].strip(), ""]
     return "\n".join(lines)
 
 

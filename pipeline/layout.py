@@ -19,6 +19,7 @@ __all__ = [
     "CHECKSUMMED",
     "CHECKSUMMED_FILES",
     "DENOISED",
+    "DRIFT_REPORT",
     "EMBEDDING",
     "FLOW_CACHE",
     "GROUP_FILE",
@@ -37,8 +38,10 @@ __all__ = [
     "RUN_NAMES",
     "SPECTRUM",
     "SPECTRUM_ARRAYS",
+    "UPDATE",
     "WORK",
     "RunLayout",
+    "output_location",
     "run_layout",
 ]
 
@@ -75,11 +78,14 @@ REPORT_MD = "report.md"
 DENOISED = "denoised"
 #: the zarr group's own metadata file: the run folder is a zarr v3 group
 GROUP_FILE = "zarr.json"
+#: an update run's drift report (``kpca update``, pipeline/update.py)
+UPDATE = "update"
+DRIFT_REPORT = "drift.json"
 
 #: arrays of the run group covered by the manifest's checksums (when present)
 CHECKSUMMED = (EMBEDDING, *SPECTRUM_ARRAYS, "labels", "ids", "split")
 #: folders of the run whose files are covered by the manifest's checksums (when present)
-CHECKSUMMED_FILES = (PARQUET, REPORT)
+CHECKSUMMED_FILES = (PARQUET, REPORT, UPDATE)
 #: top-level names a run writes (and may replace) in its output folder
 RUN_NAMES = frozenset(
     {
@@ -94,6 +100,7 @@ RUN_NAMES = frozenset(
         WORK,
         DENOISED,
         LOCK,
+        UPDATE,
     }
 )
 
@@ -164,8 +171,13 @@ class RunLayout:
 
 
 def run_layout(cfg) -> RunLayout:
-    """The layout of the run ``cfg`` describes; reads ``output.path`` and, for an
-    object-store output, ``input.storage_options`` (the output borrows them)."""
-    path = cfg.output.path
-    opts = cfg.input.storage_options if "://" in path else {}
-    return RunLayout(Location(path, opts))
+    """The layout of the run ``cfg`` describes; reads ``output.path`` and
+    ``output.storage_options`` (never the input's: two locations, two sets of options).
+    The work folder is inside the output, so it shares the output's options."""
+    return RunLayout(output_location(cfg.output.path, cfg.output.storage_options))
+
+
+def output_location(path: str, storage_options: dict | None = None) -> Location:
+    """The :class:`Location` of a run folder: its options apply to URLs only (a local
+    folder takes none)."""
+    return Location.at(str(path), storage_options)

@@ -171,6 +171,32 @@ def _lock_file_ours(p: Path) -> bool:
         return False
 
 
+def _lock_owned(loc: Location):
+    """The ownership check :meth:`Location.remove` applies to the lock file at ``loc``:
+    :func:`_lock_file_ours` on local disk; on an object store, the object read through
+    the location's own filesystem (its storage options) holds our record (or nothing)."""
+    if loc.is_local:
+        return _lock_file_ours
+    fs = loc.fs
+
+    def ours(p: str) -> bool:
+        try:
+            if fs.isdir(p):
+                return False
+            with fs.open(p, "r") as f:
+                text = f.read(1 << 16)
+        except (OSError, ValueError):
+            return False
+        if not text.strip():
+            return True
+        try:
+            return LockHolder.from_dict(json.loads(text)) is not None
+        except ValueError:
+            return False
+
+    return ours
+
+
 def _lock_loc(out: Location) -> Location:
     return out.child(LOCK_NAME)
 
@@ -282,7 +308,7 @@ def break_lock(out: Location | str) -> LockHolder | None:
         )
     loc = _lock_loc(out)
     if loc.exists() or (loc.is_local and os.path.islink(loc.local_path)):
-        loc.remove(root=out, owned=_lock_file_ours)
+        loc.remove(root=out, owned=_lock_owned(loc))
         logger.warning(
             "lock: broke the lock of %s (held by %s)",
             out,
@@ -406,7 +432,7 @@ class RunLock:
         try:
             current = read_lock(self.out)
             if current is not None and current.token == self.holder.token:
-                self.loc.remove(root=self.out, owned=_lock_file_ours)
+                self.loc.remove(root=self.out, owned=_lock_owned(self.loc))
         finally:
             if self._fd is not None:
                 os.close(self._fd)  # releases the flock

@@ -201,6 +201,16 @@ class Location:
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
+    @classmethod
+    def at(cls, url: Any, storage_options: dict[str, Any] | None = None) -> Location:
+        """The location of ``url`` with ``storage_options`` applied to an object-store URL
+        only (a local path takes none: fsspec's local filesystem refuses most of them)."""
+        if isinstance(url, Location):
+            return url
+        url = str(url)
+        remote = "://" in url and not url.startswith("file://")
+        return cls(url, dict(storage_options or {}) if remote else {})
+
     @property
     def is_local(self) -> bool:
         return "://" not in self.url or self.url.startswith("file://")
@@ -283,15 +293,16 @@ class Location:
         """The string/store zarr accepts for this location."""
         return str(self.local_path) if self.is_local else self.url
 
-    def zarr_source(self) -> Any:
-        """What a reader taking one store argument (``kpca_dask.load``) opens: the path or
-        URL, or, for an object store with storage options, a store carrying them."""
+    def zarr_source(self, *, writable: bool = False) -> Any:
+        """What a reader or writer taking one store argument (``kpca_dask.load``,
+        ``KernelPCA.save``) opens: the path or URL, or, for an object store with storage
+        options, a zarr store carrying them (read-only unless ``writable``)."""
         if self.is_local or not self.storage_options:
             return self.zarr_store()
         from zarr.storage import FsspecStore
 
         return FsspecStore.from_url(
-            self.url, storage_options=dict(self.storage_options), read_only=True
+            self.url, storage_options=dict(self.storage_options), read_only=not writable
         )
 
     def open_group(self, mode: str = "r") -> zarr.Group:

@@ -29,6 +29,7 @@ __all__ = [
     "ModelSummary",
     "Novelty",
     "PerClass",
+    "Preprocess",
     "Quantiles",
     "Spectrum",
     "Sweep",
@@ -167,6 +168,23 @@ class Spectrum(_Section):
     explained_variance_ratio: list[float]
 
 
+class Preprocess(_Section):
+    """The feature scaling the model applies (fitted on the training rows), and how far
+    apart the raw columns' spreads are."""
+
+    scale: Literal["none", "standard", "robust"]
+    n_rows: Count = Field(description="training rows the scaling was fitted on")
+    constant_columns: Count = Field(description="columns with zero spread (scaled by 1)")
+    spread_ratio: float | None = Field(
+        description="widest over narrowest non-constant column spread (std; IQR for robust)"
+    )
+    widest: str | None
+    narrowest: str | None
+    warning: str | None = Field(
+        description="set when spreads differ by more than 1e3 and scale is 'none'"
+    )
+
+
 class Metrics(_Section):
     """A complete ``report/metrics.json``."""
 
@@ -192,6 +210,9 @@ class Metrics(_Section):
     gamma_sweep: GammaSweep | GammaSkipped | None
     novelty: Novelty
     spectrum: Spectrum
+    preprocess: Preprocess | None = Field(
+        None, description="the model's feature scaling (absent: a model without one)"
+    )
     config: dict[str, Any] = Field(description="the evaluate section of the run's config")
     timings: dict[str, float] = Field(description="seconds per step")
 

@@ -94,8 +94,7 @@ def test_every_stage_slice_is_the_config_it_reads(tmp_path):
             "stratify": True,
             "test_fraction": 0.2,
         },
-        "output": {"path": cfg.output.path},
-        "input": {"storage_options": {}},
+        "output": {"path": cfg.output.path, "storage_options": {}},
     }
 
 
@@ -143,10 +142,18 @@ def test_the_layout_names_every_store_under_the_output(tmp_path):
     assert lay.manifest.local_path == root / MANIFEST and lay.prev.local_path == root / PREV
     assert all(loc.local_path.is_relative_to(root) for loc in lay.stores().values())
     remote = config(
+        tmp_path,
+        input={"storage_options": {"anon": True}},
+        output={"path": "s3://bucket/run", "storage_options": {"use_ssl": False}},
+    )
+    # every store of the run carries the output's own options, never the input's
+    stores = run_layout(remote).stores().values()
+    assert all(loc.storage_options == {"use_ssl": False} for loc in stores)
+    assert run_layout(remote).model.url == "s3://bucket/run/model"
+    borrowed = config(
         tmp_path, input={"storage_options": {"anon": True}}, output={"path": "s3://bucket/run"}
     )
-    assert run_layout(remote).model.storage_options == {"anon": True}
-    assert run_layout(remote).model.url == "s3://bucket/run/model"
+    assert run_layout(borrowed).model.storage_options == {}
 
 
 def test_the_store_module_knows_the_layout_names():
