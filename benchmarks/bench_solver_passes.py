@@ -107,12 +107,30 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--oversamples", type=int, nargs="*", default=[8, 16, 24, 48])
     ap.add_argument("--tail-tols", type=float, nargs="*", default=[0.02, 0.05, 0.1])
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="keep the matrix and the reference as Kc<n>.npy and w<n>.npy here (reused)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     from scipy.sparse.linalg import eigsh
 
-    A = centred_kernel(args.n)
-    ref = np.sort(eigsh(A, k=K + 4, which="LA", tol=1e-10, return_eigenvectors=False))[::-1]
+    d = args.cache_dir
+    if d is not None and (d / f"Kc{args.n}.npy").exists():
+        A = np.load(d / f"Kc{args.n}.npy")
+    else:
+        A = centred_kernel(args.n)
+        if d is not None:
+            np.save(d / f"Kc{args.n}.npy", A)
+    if d is not None and (d / f"w{args.n}.npy").exists():
+        ref = np.load(d / f"w{args.n}.npy")
+    else:
+        ref = eigsh(A, k=K + 4, which="LA", tol=1e-10, return_eigenvectors=False)
+        ref = np.sort(ref)[::-1]
+        if d is not None:
+            np.save(d / f"w{args.n}.npy", ref)
     runs = [run(A, ref, n_oversamples=o) for o in args.oversamples]
     runs += [run(A, ref, tail_tol=t) for t in args.tail_tols]
     print(
