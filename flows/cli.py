@@ -5,6 +5,7 @@
     kpca validate CONFIG               the checks `kpca run` makes before anything starts
     kpca transform MODEL INPUT OUTPUT  embed new data with a saved model (or run folder)
     kpca info ARTIFACT_DIR             what a run produced, after verifying it
+    kpca update RUN NEW_DATA           a new run from a published run and new rows
     kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
     kpca --version
 
@@ -81,7 +82,7 @@ def _print_summary(summary, out: str) -> None:
         f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
         + (f", {den['array']}" if den else "")
         + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
-        + (", report/report.md" if Path(out, "report", "report.md").exists() else "")
+        + (", report/report.md" if "report/report.md" in m.get("file_checksums", {}) else "")
     )
     print(f"  inspect    kpca info {out}")
 
@@ -108,19 +109,17 @@ def _run_config(cfg, args: argparse.Namespace) -> Any:
     from .runtime import handle_interrupts
 
     if args.prefect:
-        from pipeline.layout import run_layout
-        from pipeline.lock import check_unlocked
-        from pipeline.run import check_output
+        from pipeline.run import check_begin
 
         from .runtime import check_prefect_api
 
         if check_prefect_api() == "ephemeral":  # checked before anything is written
             # the temporary server lives for this command only: no telemetry from it
             os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        # refuse a locked output now, not after starting a Prefect server (reading only:
-        # the flow writes nothing before its lock and cluster are there)
-        check_unlocked(run_layout(cfg).out)
-        check_output(cfg)
+        # refuse a locked output, or a complete run without overwrite, now, not after
+        # starting a Prefect server (writing nothing: the flow may still refuse the run,
+        # e.g. workers that cannot see it)
+        check_begin(cfg)
     fresh = _new_local_folder(cfg.output.path)
     try:
         with handle_interrupts(lambda: _interrupt_line(args)), show_progress(args.progress):
@@ -221,6 +220,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "id_column": demo.id_column,
             },
             "kernel": demo.kernel,
+            "preprocess": {"scale": demo.scale},  # the gamma is tuned on raw pixels
             "solver": {"n_components": demo.n_components, "random_state": 0},
             # small chunks on purpose: the demo shows chunked ingest and a blocked kernel
             "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
@@ -235,17 +235,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_options(args: argparse.Namespace, flag: str = "storage_options") -> dict:
+    """A command's ``--storage-options`` (JSON or a YAML file; credentials refused)."""
+    from pipeline.config import parse_storage_options
+
+    return parse_storage_options(getattr(args, flag, None), "--" + flag.replace("_", "-"))
+
+
 def cmd_transform(args: argparse.Namespace) -> int:
     from pipeline.config import ChunkConfig, InputConfig
     from pipeline.progress import show_progress
     from pipeline.transform import transform_to_store
 
+    options = _storage_options(args)
+    input_options = (
+        _storage_options(args, "input_storage_options")
+        if args.input_storage_options is not None
+        else options
+    )
     inp = InputConfig(
         path=args.input,
         format=args.format,
         columns=args.columns.split(",") if args.columns else None,
         id_column=args.id_column,
         label_column=args.label_column,
+        storage_options=input_options if "://" in args.input else {},
     )
     if args.inverse:
         from pipeline.denoise import denoise_to_store
@@ -258,6 +272,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
                 chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
                 method=None if args.preimage == "auto" else args.preimage,
                 overwrite=args.overwrite,
+                storage_options=options,
             )
         late = res["fixed_point_not_converged"]
         print(
@@ -279,6 +294,8 @@ def cmd_transform(args: argparse.Namespace) -> int:
             args.output,
             chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
             overwrite=args.overwrite,
+            storage_options=options,
+            ignore_extra=args.ignore_extra,
         )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
@@ -288,17 +305,15 @@ def cmd_transform(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import zarr
-
     from pipeline.export import verify_run
     from pipeline.store import Location
 
-    out = Location(args.artifact_dir)
+    out = Location.at(args.artifact_dir, _storage_options(args))
     m = verify_run(out, check_arrays=not args.no_verify)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0
-    g = zarr.open_group(out.zarr_store(), mode="r")
+    g = out.open_group("r")
     ev = np.asarray(g["spectrum/eigenvalues"][...])
     evr = np.asarray(g["spectrum/explained_variance_ratio"][...])
     res = np.asarray(g["spectrum/residuals"][...])
@@ -315,6 +330,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     )
     if inp.get("label_column"):
         print(f"labels     column {inp['label_column']!r}: {len(inp['classes'])} classes")
+    for line in _feature_lines(inp.get("features"), inp.get("columns") or []):
+        print(line)
     print(
         f"model      {model['solver']} solver, kernel {model['kernel']}, "
         f"{model['n_components']} components, {model['n_passes']} passes"
@@ -339,6 +356,12 @@ def cmd_info(args: argparse.Namespace) -> int:
                 for k, v in ev_sum.items()
             )
         )
+    upd = m.get("update") or {}
+    if upd:
+        print(
+            f"update     v{upd['version']} from {upd['base']}: {upd['action']} of "
+            f"{upd['batch_rows']} rows ({upd['n_rows']} in all); {upd['reason']}"
+        )
     ks = m.get("kernel_store") or {}
     if ks:
         print(
@@ -346,21 +369,89 @@ def cmd_info(args: argparse.Namespace) -> int:
             f" ({ks.get('reason')})"
         )
     print(
-        f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
-        + (
-            ", embedding.parquet"
-            if Path(args.artifact_dir, "embedding.parquet").exists()
-            else ""
-        )
-        + (", report/" if Path(args.artifact_dir, "report").exists() else "")
+        f"files      model/, embedding ({upd.get('n_rows', inp['n_rows'])} x {len(ev)}), "
+        "spectrum/"
+        + (", embedding.parquet" if out.child("embedding.parquet").exists() else "")
+        + (", report/" if out.child("report").exists() else "")
     )
+    return 0
+
+
+def _feature_lines(block: dict | None, columns: list[str], limit: int = 24) -> list[str]:
+    """``kpca info``'s lines on the features a run used (its manifest's features block;
+    a run written before the block existed: the column names only)."""
+    block = block or {"names": columns, "dtypes": None, "selection": None}
+    names, dtypes = list(block.get("names") or []), block.get("dtypes")
+    how = {
+        "columns": "listed in input.columns",
+        "all": "every column but the id/label"
+        + (" and input.exclude_columns" if block.get("excluded") else ""),
+        "positions": "no names: columns by position",
+    }.get(block.get("selection"), "")
+    if dtypes and len(set(dtypes)) == 1:
+        how += f"{', ' if how else ''}all {dtypes[0]}"
+        items = list(names)
+    elif dtypes:
+        items = [f"{n} ({t})" for n, t in zip(names, dtypes)]
+    else:
+        items = list(names)
+    shown = items[:limit]
+    if len(items) > limit:
+        shown.append(f"... ({len(items) - limit} more: kpca info --json lists all)")
+    lines, line = [], f"features   {len(names)}" + (f" ({how})" if how else "") + ":"
+    for k, item in enumerate(shown):
+        piece = f" {item}" + ("," if k < len(shown) - 1 else "")
+        if len(line) + len(piece) > 100:
+            lines.append(line)
+            line = " " * 10
+        line += piece
+    lines.append(line)
+    notes = []
+    if block.get("bool_columns"):
+        notes.append(f"bool as 0/1: {', '.join(block['bool_columns'])}")
+    if block.get("id_column"):
+        notes.append(f"id column {block['id_column']!r}")
+    if block.get("excluded"):
+        notes.append(f"excluded: {', '.join(block['excluded'])}")
+    left_out = [
+        f"{c['name']} ({c['dtype']})" if isinstance(c, dict) else str(c)
+        for c in block.get("ignored") or []
+    ]
+    if left_out:
+        notes.append(f"left out (not numeric): {', '.join(left_out)}")
+    if notes:
+        lines.append(" " * 11 + "; ".join(notes))
+    return lines
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    """A new run (version n+1) from a published run and a batch of new rows
+    (pipeline/update.py; docs/update.md)."""
+    from pipeline.progress import show_progress
+    from pipeline.update import update_config
+
+    from .update_flow import run_update_flow_or_plain
+
+    cfg = update_config(
+        args.run, args.new_data, args.output, policy=args.policy, overwrite=args.overwrite
+    )
+    with show_progress(args.progress):
+        summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    upd = summary.manifest["update"]
+    print(
+        f"kpca: update v{upd['version']} -> {cfg.output.path}: {upd['action']} of "
+        f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
+    )
+    print(f"  drift report  {cfg.output.path}/{upd['report']}")
+    print(f"  inspect       kpca info {cfg.output.path}")
     return 0
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
     from pipeline.lock import break_lock
+    from pipeline.store import Location
 
-    holder = break_lock(args.output_dir)
+    holder = break_lock(Location.at(args.output_dir, _storage_options(args)))
     if holder is None:
         print(f"kpca: {args.output_dir} was not locked")
     else:
@@ -439,6 +530,16 @@ def _global_flags(p: argparse.ArgumentParser, sub: bool = False) -> None:
         action="store_true",
         default=False,
         help="warnings and errors only (no stage log, no progress bars)",
+    )
+
+
+def _storage_flags(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument(
+        "--storage-options",
+        metavar="JSON|FILE",
+        help=f"fsspec options of {what} when it is a URL, as a JSON object or a small "
+        'YAML/JSON file, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\' '
+        "(credentials are refused: they come from the environment)",
     )
 
 
@@ -525,9 +626,19 @@ def _add_transform(sub) -> None:
     t.add_argument(
         "--format", default="auto", choices=["auto", "npy", "csv", "parquet", "zarr"]
     )
-    t.add_argument("--columns", help="comma-separated feature columns (tabular input)")
-    t.add_argument("--id-column")
-    t.add_argument("--label-column")
+    t.add_argument(
+        "--columns",
+        help="comma-separated feature columns (tabular input; default: the model's "
+        "features, matched by name in any order)",
+    )
+    t.add_argument("--id-column", help="row id column to carry (default: the run's)")
+    t.add_argument("--label-column", help="label column to carry (default: the run's)")
+    t.add_argument(
+        "--ignore-extra",
+        action="store_true",
+        help="embed with the model's features even when the table has other columns "
+        "(by default refused when the run took every column as a feature)",
+    )
     t.add_argument("--chunk-mb", type=float, default=64.0)
     t.add_argument("--overwrite", action="store_true")
     t.add_argument(
@@ -543,6 +654,12 @@ def _add_transform(sub) -> None:
         default="auto",
         help="with --inverse: the pre-image method (default: the model's)",
     )
+    _storage_flags(t, "the model and the output (and the input, unless given below)")
+    t.add_argument(
+        "--input-storage-options",
+        metavar="JSON|FILE",
+        help="fsspec options of the input URL when they differ from --storage-options",
+    )
     _progress_flags(t)
 
 
@@ -551,6 +668,27 @@ def _add_info(sub) -> None:
     i.add_argument("artifact_dir")
     i.add_argument("--json", action="store_true", help="print the manifest")
     i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
+    _storage_flags(i, "the run folder")
+
+
+def _add_update(sub) -> None:
+    up = _subcommand(
+        sub,
+        "update",
+        cmd_update,
+        help="a new run from a published run and new rows (docs/update.md)",
+    )
+    up.add_argument("run", help="the published run to start from (never modified)")
+    up.add_argument("new_data", help="the batch of new rows (same columns as the run's input)")
+    up.add_argument("--output", help="the new run's folder (default: RUN-v<n+1> beside RUN)")
+    up.add_argument(
+        "--policy",
+        choices=["auto", "merge", "refresh_landmarks", "refit"],
+        help="override update.policy of the run's config",
+    )
+    up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    _progress_flags(up)
+    _prefect_flags(up)
 
 
 def _add_unlock(sub) -> None:
@@ -558,9 +696,18 @@ def _add_unlock(sub) -> None:
         sub, "unlock", cmd_unlock, help="break the lock a dead run left on an output folder"
     )
     u.add_argument("output_dir")
+    _storage_flags(u, "the output folder")
 
 
-SUBCOMMANDS = [_add_demo, _add_run, _add_validate, _add_transform, _add_info, _add_unlock]
+SUBCOMMANDS = [
+    _add_demo,
+    _add_run,
+    _add_validate,
+    _add_transform,
+    _add_info,
+    _add_update,
+    _add_unlock,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -585,7 +732,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _setup_logging(args: argparse.Namespace) -> None:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    if args.command in ("demo", "run") and args.verbose == 0 and not args.quiet:
+    if args.command in ("demo", "run", "update") and args.verbose == 0 and not args.quiet:
         level = logging.INFO
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
@@ -678,9 +825,15 @@ def _report_error(command: str, exc: Exception) -> int:
         print(f"kpca {command}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     if is_transient(exc):
+        endpoint = (
+            "; an object store's endpoint goes in storage_options (or --storage-options): "
+            '{"client_kwargs": {"endpoint_url": ...}}'
+            if "endpoint" in str(exc).lower()
+            else ""
+        )
         print(
             f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
-            "workers); re-run the same command to resume.",
+            f"workers){endpoint}; re-run the same command to resume.",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -37,10 +37,11 @@ from pipeline.config import PipelineConfig
 from pipeline.export import verify_run
 from pipeline.layout import run_layout
 from pipeline.run import RunSummary, run_lock, run_pipeline, run_stages, stage_begin
+from pipeline.visibility import check_visibility
 
 from . import tasks
 from .artifacts import publish_run_artifacts
-from .caching import result_storage
+from .caching import result_storage, with_result_storage
 from .runtime import announce_flow_run, check_prefect_api, dashboard_line, forward_library_logs
 
 __all__ = ["FlowRunSummary", "begin", "kpca_pipeline", "run_flow", "run_flow_or_plain"]
@@ -62,6 +63,9 @@ def begin(cfg: PipelineConfig) -> str:
 @flow(
     name="kpca-pipeline",
     validate_parameters=True,
+    # the summary goes back to the caller in process; never to Prefect's default result
+    # storage (a server-side default would otherwise persist it there, pickled)
+    persist_result=False,
     description="Kernel PCA batch job: ingest, exact/Nyström fit, embedding, evaluation and "
     "a verified manifest, on a Dask cluster.",
 )
@@ -78,7 +82,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     timings: dict[str, float] = {}
 
     def call(stage: stages.Stage, args: dict[str, Any]) -> Any:
-        bound = tasks.stage_task(stage).with_options(result_storage=storage)
+        bound = with_result_storage(tasks.stage_task(stage), storage)
         state = bound(cfg, **args, return_state=True)
         states[stage.name] = state.name
         return state.result()  # raises the stage's error when it failed
@@ -87,6 +91,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     with forward_library_logs(), run_lock(cfg), dask_client(cfg.cluster) as client:
         cluster = dashboard_line(client)
         log.info(cluster)
+        check_visibility(cfg, client)  # every worker sees the run's locations, or refuse
         t0 = time.perf_counter()
         how = begin(cfg)
         timings["begin"] = time.perf_counter() - t0

@@ -76,19 +76,29 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def check_not_complete(out: Location, *, overwrite: bool) -> str | None:
+    """Refuse a complete run at ``out`` unless ``overwrite``; writes nothing. Returns the
+    manifest's status (None without a manifest)."""
+    m = out.child(MANIFEST)
+    if not m.exists():
+        return None
+    try:
+        status = read_json(m).get("status")
+    except Exception:
+        status = "unreadable"
+    if status == "complete" and not overwrite:
+        raise RunExistsError(
+            f"{out} already holds a complete run; choose another output.path or pass "
+            "--overwrite (output.overwrite: true) to replace it."
+        )
+    return status
+
+
 def begin_run(out: Location, *, overwrite: bool) -> None:
     """Refuse to clobber a complete run unless asked; un-publish before writing."""
     m = out.child(MANIFEST)
     if m.exists():
-        try:
-            status = read_json(m).get("status")
-        except Exception:
-            status = "unreadable"
-        if status == "complete" and not overwrite:
-            raise RunExistsError(
-                f"{out} already holds a complete run; choose another output.path or pass "
-                "--overwrite (output.overwrite: true) to replace it."
-            )
+        status = check_not_complete(out, overwrite=overwrite)
         if status == "complete":
             from .publish import snapshot_published
 

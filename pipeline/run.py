@@ -18,7 +18,7 @@ from typing import Any
 
 from . import stages
 from .config import PipelineConfig
-from .export import RunError, begin_run
+from .export import RunError, begin_run, check_not_complete
 from .ingest import _check_exists
 from .layout import run_layout
 from .lock import RunLock, check_unlocked
@@ -30,9 +30,11 @@ from .publish import (
 )
 from .stages import Registry, Stage
 from .store import Location
+from .visibility import check_visibility, missing_folders, remove_created
 
 __all__ = [
     "RunSummary",
+    "check_begin",
     "check_output",
     "run_lock",
     "run_pipeline",
@@ -75,6 +77,16 @@ def check_output(cfg: PipelineConfig) -> None:
     _check_exists(cfg.input)
 
 
+def check_begin(cfg: PipelineConfig) -> None:
+    """What :func:`stage_begin` refuses (a locked output, one that is not ours, a missing
+    input, a complete run without overwrite), checked without writing anything: a run
+    that is refused later (e.g. by the visibility probe) leaves no folder behind."""
+    out = run_layout(cfg).out
+    check_unlocked(out)
+    check_output(cfg)
+    check_not_complete(out, overwrite=cfg.output.overwrite)
+
+
 def stage_begin(cfg: PipelineConfig) -> None:
     """Refuse to clobber a complete run (unless overwrite), to write where another run
     holds the lock, into a folder of the user's, or over the input -- and check that the
@@ -97,9 +109,11 @@ class RunTransaction(RunLock):
     def __init__(self, cfg: PipelineConfig):
         super().__init__(run_layout(cfg).out)
         self.cfg = cfg
+        self._created: list[Location] = []  # the output folders acquire() creates
 
     def acquire(self) -> RunTransaction:
         check_output(self.cfg)  # before the lock file or any folder is created
+        self._created = missing_folders(self.out)
         super().acquire()
         return self
 
@@ -112,6 +126,8 @@ class RunTransaction(RunLock):
                     restore_previous(self.out)
         finally:
             self.release()
+            if exc_type is not None:  # refused before writing: no empty output folder left
+                remove_created(self._created)
 
 
 def run_lock(cfg: PipelineConfig) -> RunLock:
@@ -158,6 +174,8 @@ def run_stages(
 def run_pipeline(cfg: PipelineConfig, registry: Registry | None = None) -> RunSummary:
     """Every stage in order, on the current Dask scheduler/client, holding the output's lock."""
     registry = stages.REGISTRY if registry is None else registry
+    check_output(cfg)  # the output is ours to write and the input exists, then:
+    check_visibility(cfg)  # every worker sees the input, output and work folder
     with run_lock(cfg):
         timings: dict[str, float] = {}
         t_run = time.perf_counter()

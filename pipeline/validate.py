@@ -438,7 +438,18 @@ def _check_table(cfg, v: Validation, fs, fs_path: str, fmt: str) -> None:
                     f"input.{what} {col!r} is not a column of {inp.path}; available: {shown}",
                 )
             )
-    reserved = {inp.label_column, inp.id_column} - {None}
+    # input.exclude_columns are not features (pipeline/features.py: the same rule at ingest)
+    excluded = list(inp.exclude_columns or [])
+    unknown = [c for c in excluded if c not in available]
+    if unknown:
+        v.findings.append(
+            Finding(
+                "columns",
+                f"input.exclude_columns {unknown} are not columns of {inp.path}; "
+                f"available: {shown}.",
+            )
+        )
+    reserved = {inp.label_column, inp.id_column, *excluded} - {None}
     if inp.columns:
         missing = [c for c in inp.columns if c not in available]
         if missing:

@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import logging
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..config import EvaluateConfig
 from ..errors import EvaluationError
+from ..preprocess import preprocess_report
 from ..progress import Steps
 from ..store import Location, atomic_write_json
 from .baseline import linear_pca_baseline
@@ -156,11 +158,12 @@ def evaluate_run(
     steps = Steps("evaluate", 3 + (cfg.gamma_sweep is not None) + bool(report))
     with run.timed("kpca_classifier"), steps.step("%s on the kernel PCA embedding", kind):
         kpca, conf_k = classify_embedding(run, cfg, kind, ks)
+    model = load_model(run)
+    scaler = getattr(model, "preprocess_", None)
     with run.timed("pca_baseline"), steps.step("linear PCA baseline, %s", kind):
-        pca, conf_p = classify_linear_pca(run, cfg, kind, ks)
+        pca, conf_p = classify_linear_pca(run, cfg, kind, ks, scaler=scaler)
     sweep = accuracy_sweep(conf_k, conf_p, ks, skipped, pca.n_components)
     with run.timed("novelty"), steps.step("novelty scores"):
-        model = load_model(run)
         novelty, scores = novelty_scores(run, model, cfg)
     gamma_sweep = None
     if cfg.gamma_sweep is not None:
@@ -195,6 +198,7 @@ def evaluate_run(
         gamma_sweep=gamma_sweep,
         novelty=novelty,
         spectrum=spectrum(run, model),
+        preprocess=preprocess_report(scaler),
         config=cfg.model_dump(mode="json"),
         timings=run.timings,
     ).to_json_dict()
@@ -347,11 +351,14 @@ def classify_embedding(
 
 
 def classify_linear_pca(
-    run: RunFolder, cfg: EvaluateConfig, kind: str, ks: list[int]
+    run: RunFolder, cfg: EvaluateConfig, kind: str, ks: list[int], *, scaler: Any = None
 ) -> tuple[Baseline, dict[int, np.ndarray]]:
-    """The same classifier on linear PCA of the same rows, same k (capped at d)."""
+    """The same classifier on linear PCA of the same rows, same k (capped at d), on the
+    same features: scaled by the model's fitted scaling when it has one."""
     s = run.split
     X = da.from_zarr(run.z_X)
+    if scaler is not None:
+        X = scaler.transform(X)
     P_tr, P_te, pca_info = linear_pca_baseline(
         X[s], X[~s], run.k, random_state=cfg.random_state, memory_mb=cfg.baseline_memory_mb
     )
@@ -412,8 +419,10 @@ def novelty_scores(
     seed = cfg.random_state
     test_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 1, run.test_idx)
     train_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 2, run.train_idx)
-    test = np.asarray(model.score_samples(_rows(run.z_X, test_idx)), dtype=np.float64)
-    train = np.asarray(model.score_samples(_rows(run.z_X, train_idx)), dtype=np.float64)
+    with warnings.catch_warnings():  # rows of the ingest store: in the model's feature order
+        warnings.filterwarnings("ignore", "X does not have valid feature names", UserWarning)
+        test = np.asarray(model.score_samples(_rows(run.z_X, test_idx)), dtype=np.float64)
+        train = np.asarray(model.score_samples(_rows(run.z_X, train_idx)), dtype=np.float64)
     threshold = float(np.quantile(train, 0.99)) if train.size else None
     novelty = Novelty(
         n_test_scored=int(test.size),
