@@ -174,6 +174,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "id_column": demo.id_column,
             },
             "kernel": demo.kernel,
+            "preprocess": {"scale": demo.scale},  # the gamma is tuned on raw pixels
             "solver": {"n_components": demo.n_components, "random_state": 0},
             # small chunks on purpose: the demo shows chunked ingest and a blocked kernel
             "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
@@ -366,6 +367,12 @@ def _feature_lines(block: dict | None, columns: list[str], limit: int = 24) -> l
         notes.append(f"id column {block['id_column']!r}")
     if block.get("excluded"):
         notes.append(f"excluded: {', '.join(block['excluded'])}")
+    left_out = [
+        f"{c['name']} ({c['dtype']})" if isinstance(c, dict) else str(c)
+        for c in block.get("ignored") or []
+    ]
+    if left_out:
+        notes.append(f"left out (not numeric): {', '.join(left_out)}")
     if notes:
         lines.append(" " * 11 + "; ".join(notes))
     return lines

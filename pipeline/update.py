@@ -63,6 +63,7 @@ __all__ = [
     "UPDATE_REGISTRY",
     "UpdateError",
     "default_output",
+    "latest_run",
     "run_update",
     "update_config",
 ]
@@ -76,11 +77,36 @@ class UpdateError(UserError, ValueError):
 
 # --------------------------------------------------------------------- config
 def default_output(base: Location, version: int) -> str:
-    """``<base>-v<version>`` next to the base run (a trailing ``-vN`` replaced)."""
+    """``<base>-v<version>`` next to the base run (a trailing ``-vN`` replaced); in a
+    series folder (runs named ``v1``, ``v2``...) the next ``v<version>``."""
     url = base.url.rstrip("/")
     head, _, name = url.rpartition("/")
-    name = re.sub(r"-v\d+$", "", name) + f"-v{version}"
+    if re.fullmatch(r"v\d+", name):
+        name = f"v{version}"
+    else:
+        name = re.sub(r"-v\d+$", "", name) + f"-v{version}"
     return f"{head}/{name}" if head else name
+
+
+def latest_run(series: Location) -> Location | None:
+    """The newest published run ``v<N>`` of a series folder (None: ``series`` is not one).
+
+    A nightly deployment names the series (``/srv/kpca/runs/features``) instead of a run:
+    each night updates the newest complete version into the next (docs/update.md).
+    """
+    from .layout import MANIFEST
+
+    if series.child(MANIFEST).exists() or not series.exists():
+        return None
+    versions = []
+    for p in series.fs.ls(series.fs_path, detail=False):
+        name = str(p).rstrip("/").rpartition("/")[2]
+        m = re.fullmatch(r"v(\d+)", name)
+        if m and series.child(name, MANIFEST).exists():
+            versions.append((int(m.group(1)), name))
+    if not versions:
+        return None
+    return series.child(max(versions)[1])
 
 
 def _version(manifest: dict) -> int:
@@ -99,6 +125,9 @@ def update_config(
     as input, the new run as output and ``update.base`` set. Refuses an output that
     overlaps the base run."""
     loc = Location(base)
+    newest = latest_run(loc)
+    if newest is not None:
+        loc = newest
     manifest = verify_run(loc)
     data = dict(manifest["config"])
     version = _version(manifest) + 1
@@ -310,7 +339,11 @@ def stage_update(
         if action == "refresh_landmarks":
             fit_cfg.solver.eigen_solver = "nystroem"
         X = _training_rows(base["lineage"], X_new)
-        _, info = solve(X, fit_cfg, layout.model)
+        features = ing.features  # the table's column names, as the full run records them
+        if features is not None and features.get("selection") == "positions":
+            features = None
+        # the scaling is fitted again on every row (preprocess), as a full run would
+        _, info = solve(X, fit_cfg, layout.model, features=features)
         info = {**info, "n_samples_fit": int(X.shape[0])}
     info["action"] = action
     return SolveResult(model=layout.model, info=info)
@@ -459,7 +492,7 @@ def stage_export(
     )
 
 
-_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise")
+_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise", "preprocess")
 
 UPDATE_REGISTRY = Registry(
     [
