@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,8 +142,10 @@ def test_prefects_copies_of_the_final_error_stay_off_the_console():
     assert f.filter(r) and r.exc_info is None
 
 
+@pytest.mark.slow
 def test_the_flow_run_address_is_printed_when_a_server_records_it(tmp_path):
-    """A real Prefect server (the test harness's subprocess, PREFECT_API_URL set): the
+    """(slow: a Prefect server starts, about 40 s here.) A real Prefect server (the test
+    harness's subprocess, PREFECT_API_URL set): the
     flow's first line names the run's page in the UI; an ephemeral API prints nothing."""
     import io
 
