@@ -491,7 +491,24 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self._fit(X, kernel_blocks=kernel_blocks, centring=centring, scaler=scaler)
         return self
 
-    def partial_fit(self, X: Any, y: Any = None) -> KernelPCA:
+    @property
+    def partial_fit(self):
+        """Nyström estimators only (asked for, or chosen by "auto"): scikit-learn's checks
+        and duck typing (``hasattr(est, "partial_fit")``) see an exact model as the
+        batch-only estimator it is, and its AttributeError says why (a property rather
+        than ``available_if``, whose error would hide that reason)."""
+        if self.eigen_solver != "nystroem" and getattr(self, "eigen_solver_", None) != (
+            "nystroem"
+        ):
+            solver = getattr(self, "eigen_solver_", None) or self.eigen_solver
+            raise AttributeError(
+                f"partial_fit: an exact ({solver}) model cannot take new rows: only Nyström "
+                "models update exactly with new rows; refit on all rows (or fit with "
+                "eigen_solver='nystroem')."
+            )
+        return self._partial_fit
+
+    def _partial_fit(self, X: Any, y: Any = None) -> KernelPCA:
         """Add the rows ``X`` to a fitted Nyström model exactly (an unfitted estimator is
         fitted on ``X``).
 
