@@ -336,6 +336,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"model      {model['solver']} solver, kernel {model['kernel']}, "
         f"{model['n_components']} components, {model['n_passes']} passes"
     )
+    if model.get("preprocess"):
+        print(f"scaling    {model['preprocess']} (fitted on the training rows, in the model)")
     cum = np.cumsum(evr)
     print(
         "spectrum   " + "  ".join(f"{v:.4g}" for v in ev[:8]) + (" ..." if len(ev) > 8 else "")

@@ -248,6 +248,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         (median, inter-quartile range). ``transform``, ``score_samples`` and
         ``fit``'s ``gamma="scale"`` see scaled rows; ``inverse_transform``
         returns rows in the original units. Constant columns are scaled by 1.
+        The rows the model keeps (``X_fit_``, ``landmarks_``) are scaled rows.
 
     Attributes
     ----------

@@ -180,6 +180,12 @@ def fit_scaler(X: Any, method: str, *, columns: Any = None) -> Scaler:
         center, spread = q[1], q[2] - q[0]
     else:
         center, spread = (np.asarray(a) for a in da.compute(Xd.mean(axis=0), Xd.std(axis=0)))
+        if np.all(np.isfinite(center)) and not np.all(np.isfinite(spread)):
+            # squares overflowed (values beyond ~1e154): again on columns divided by their
+            # largest magnitude (one more pass, only then)
+            m = np.asarray(da.absolute(Xd).max(axis=0).compute(), dtype=np.float64)
+            m = np.where(m > 0, m, 1.0)
+            spread = np.asarray((Xd / m).std(axis=0).compute()) * m
     center = np.asarray(center, dtype=np.float64).reshape(d)
     spread = np.asarray(spread, dtype=np.float64).reshape(d)
     bad = np.flatnonzero(~(np.isfinite(center) & np.isfinite(spread)))
