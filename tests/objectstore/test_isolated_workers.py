@@ -155,6 +155,26 @@ def test_local_output_refused_in_one_line_before_any_stage(iso, client_dir, s3_i
     assert set(iso.sees(client_dir / "refused").values()) == {False}
 
 
+@pytest.mark.slow  # a temporary Prefect server (~15 s); the plain run above shows the item
+def test_local_output_refused_by_the_prefect_flow(iso, client_dir, s3_input, tmp_path):
+    """The default ``kpca run`` (the Prefect flow): the same one-line refusal, exit 2,
+    before any stage task runs; the output folder the flow's run lock created is gone."""
+    data, opts = s3_input
+    out = client_dir / "refused-flow" / "out"
+    cfg = _config(client_dir / "refused-flow.yaml", data, out, iso, data_opts=opts)
+    cmd = [c for c in run_command(cfg) if c != "--no-prefect"]
+    e = env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    e.pop("PREFECT_API_URL", None)
+    res = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    line = [x for x in res.stderr.strip().splitlines() if x.strip()][-1]
+    assert line.startswith("kpca run: error: the Dask workers cannot see the run's output")
+    assert str(out) in line and "2 of 2 workers" in line and "object store URL" in line
+    assert "Traceback" not in res.stderr
+    assert "ingest:" not in res.stdout + res.stderr
+    assert not (client_dir / "refused-flow").exists()
+
+
 def test_local_csv_input_refused_as_not_visible_not_as_a_format_error(iso, client_dir):
     """A local CSV input the workers cannot see: the same one-line refusal (naming the
     input), not an error about the CSV format."""
