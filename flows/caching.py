@@ -74,6 +74,7 @@ __all__ = [
     "source_state",
     "stage_cache_key",
     "stage_key",
+    "with_result_storage",
 ]
 
 logger = logging.getLogger("flows")
@@ -212,13 +213,43 @@ def _log(ctx: Any) -> Any:
 
 # ------------------------------------------------------------- result persistence
 def result_storage(cfg: PipelineConfig) -> Any:
-    """Where task results are persisted: ``<out>/work/flow-cache`` (local or fsspec URL)."""
+    """Where task results are persisted: ``<out>/work/flow-cache``.
+
+    A local path for a local output; for any other fsspec URL (``s3://``, ``gs://``,
+    ``az://``, ...) an *unsaved* ``RemoteFileSystem`` block on that URL with the
+    output's own storage options (endpoint, region: never credentials, which the
+    config refuses; fsspec finds them in the environment or the cloud identity of
+    the process that runs the flow). Attach it with :func:`with_result_storage`.
+    """
     loc = run_layout(cfg).flow_cache
     if loc.is_local:
         return loc.local_path
     from prefect.filesystems import RemoteFileSystem
 
     return RemoteFileSystem(basepath=loc.url, settings=dict(loc.storage_options))
+
+
+def with_result_storage(task: Any, storage: Any) -> Any:
+    """A copy of ``task`` that persists its results (and cache records) in ``storage``.
+
+    Prefect's ``Task(result_storage=...)`` accepts a path or a block saved on the
+    Prefect server, and raises ``TypeError: Result storage configuration must be
+    persisted server-side`` for an unsaved block such as the ``RemoteFileSystem``
+    of an ``s3://`` output. The server copy exists so that a result referenced from
+    the API can be read back by another process; ours never are: every read is a
+    cache lookup by key in the flow's own process, which holds the storage (the
+    same as Prefect's unsaved local storage, a plain path). So the storage is set
+    on the copy after construction, where Prefect's result store resolves any
+    ``WritableFileSystem`` block, saved or not. Nothing about the output is written
+    to the Prefect server (no block per output); the records are plain JSON under
+    ``<out>/work/flow-cache/``, readable by the next run from any machine that can
+    read the output.
+    """
+    if isinstance(storage, (str, type(None))) or hasattr(storage, "__fspath__"):
+        return task.with_options(result_storage=storage)
+    bound = task.with_options()
+    bound.result_storage = storage
+    return bound
 
 
 def encode_result_object(o: Any) -> Any:

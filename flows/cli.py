@@ -2,15 +2,24 @@
 
     kpca demo [--output DIR]           the whole job on a built-in labelled dataset
     kpca run CONFIG [--output DIR]     the job a YAML config describes
+    kpca validate CONFIG               the checks `kpca run` makes before anything starts
     kpca transform MODEL INPUT OUTPUT  embed new data with a saved model (or run folder)
     kpca info ARTIFACT_DIR             what a run produced, after verifying it
+    kpca update RUN NEW_DATA           a new run from a published run and new rows
     kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
+    kpca --version
+
+Global flags (-v/--verbose, -q/--quiet) go before or after the subcommand. ``kpca run``
+first checks the config, the input (a sample of rows) and the output
+(pipeline/validate.py), and only then starts Prefect and Dask: a wrong path, column or
+type is one line per problem, in about a second, and leaves nothing behind.
 
 Exit status by the error taxonomy (pipeline/errors.py): errors in the input, the
 config or the artifacts print one line naming the problem and the fix and exit with 2
 (nothing is published); a failure of the environment (I/O, network, lost workers) prints
 one line and exits with 1 (re-running resumes); an unexpected exception is a bug: its
-traceback is kept and the status is 70 (EX_SOFTWARE).
+traceback is kept and the status is 70 (EX_SOFTWARE). Ctrl-C stops a run within a few
+seconds with status 130 (re-running resumes from the finished stages).
 """
 
 from __future__ import annotations
@@ -31,16 +40,7 @@ from pipeline.errors import UserError, is_transient, is_user_error
 EXIT_USAGE = 2  # the user can fix it: config, input, artifacts, output location
 EXIT_FAILED = 1  # the environment failed (I/O, network, workers): re-run to resume
 EXIT_BUG = 70  # an unexpected exception (sysexits.h EX_SOFTWARE): report it
-
-
-class _NoTracebackForUserErrors(logging.Filter):
-    """Prefect logs a failed task's traceback; a user error needs only its one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and is_user_error(exc):
-            record.exc_info, record.exc_text = None, None
-        return True
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): re-running resumes
 
 
 # ------------------------------------------------------------------- commands
@@ -82,19 +82,33 @@ def _print_summary(summary, out: str) -> None:
         f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
         + (f", {den['array']}" if den else "")
         + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
-        + (", report/report.md" if Path(out, "report", "report.md").exists() else "")
+        + (", report/report.md" if "report/report.md" in m.get("file_checksums", {}) else "")
     )
     print(f"  inspect    kpca info {out}")
 
 
-def _run_config(cfg, *, progress: bool | None, use_prefect: bool = True) -> Any:
+def prestart_checks(cfg, command: str) -> None:
+    """The pre-start checks (pipeline/validate.py): raise one error listing every problem
+    before Prefect or Dask start and before anything is written; log the notes."""
+    from pipeline.validate import validate
+
+    v = validate(cfg)
+    for note in v.notes:
+        logging.getLogger("pipeline").info("%s: %s", command, note.message)
+    v.raise_for_errors()
+
+
+def _run_config(cfg, args: argparse.Namespace) -> Any:
     """The ``kpca_pipeline`` flow (or, with --no-prefect, the plain stages); either one
-    connects to cfg.cluster itself."""
+    connects to cfg.cluster itself. The input and output are checked first."""
+    prestart_checks(cfg, args.command)
+    start_runtime(args)
     from pipeline.progress import show_progress
 
     from .pipeline_flow import run_flow_or_plain
+    from .runtime import handle_interrupts
 
-    if use_prefect:
+    if args.prefect:
         from pipeline.run import check_begin
 
         from .runtime import check_prefect_api
@@ -102,15 +116,61 @@ def _run_config(cfg, *, progress: bool | None, use_prefect: bool = True) -> Any:
         if check_prefect_api() == "ephemeral":  # checked before anything is written
             # the temporary server lives for this command only: no telemetry from it
             os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        if not cfg.output.overwrite:
-            # refuse a complete run now, not after starting a Prefect server (writing
-            # nothing: the flow may still refuse the run, e.g. workers that cannot see it)
-            check_begin(cfg)
-    with show_progress(progress):
-        return run_flow_or_plain(cfg, use_prefect=use_prefect)
+        # refuse a locked output, or a complete run without overwrite, now, not after
+        # starting a Prefect server (writing nothing: the flow may still refuse the run,
+        # e.g. workers that cannot see it)
+        check_begin(cfg)
+    fresh = _new_local_folder(cfg.output.path)
+    try:
+        with handle_interrupts(lambda: _interrupt_line(args)), show_progress(args.progress):
+            return run_flow_or_plain(cfg, use_prefect=args.prefect)
+    except Exception as exc:
+        if fresh is not None:
+            _discard_fresh_output(fresh, exc)
+        raise
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _new_local_folder(path: str) -> Path | None:
+    """The output folder when it is local and does not exist yet (else None)."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    p = Path(path.removeprefix("file://"))
+    return None if p.exists() or p.is_symlink() else p
+
+
+def _discard_fresh_output(folder: Path, exc: Exception) -> None:
+    """After a failed run, remove the output folder this command created when nothing in it
+    is worth keeping: a user error (bad input found by ingest: the input must change, so
+    nothing would be resumed) or nothing written at all. Other failures keep the folder:
+    re-running resumes from it. Only a folder holding nothing but a run's own names goes,
+    through the project's one deletion function."""
+    from pipeline.layout import MANIFEST, RUN_NAMES
+
+    if not folder.is_dir():
+        return
+    names = {p.name for p in folder.iterdir()}
+    if not names:
+        _rmdir(folder)
+        return
+    if not is_user_error(exc) or MANIFEST in names or not names <= RUN_NAMES:
+        return
+    from kpca_dask.removal import remove_owned
+
+    try:
+        remove_owned(folder, root=folder, owned=lambda p: p == folder)
+    except Exception:  # noqa: BLE001 - a folder we cannot remove safely stays, as it was
+        logging.getLogger("pipeline").warning("kept %s (could not remove it safely)", folder)
+
+
+def _rmdir(folder: Path) -> None:
+    """Remove an empty folder (rmdir never removes one that holds anything)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _load_run_config(args: argparse.Namespace):
     from pipeline.config import load_config
 
     cfg = load_config(args.config)
@@ -118,8 +178,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg.output.path = args.output
     if args.overwrite:
         cfg.output.overwrite = True
-    summary = _run_config(cfg, progress=args.progress, use_prefect=args.prefect)
+    return cfg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _load_run_config(args)
+    summary = _run_config(cfg, args)
     _print_summary(summary, cfg.output.path)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline.validate import validate
+
+    cfg = _load_run_config(args)
+    v = validate(cfg)
+    for f in v.notes:
+        print(f"kpca validate: note: {f.message}", file=sys.stderr)
+    if not v.ok:
+        for f in v.errors:
+            print(f"kpca validate: error: {f.message}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"kpca validate: ok: {v.summary(cfg)}")
     return 0
 
 
@@ -140,6 +220,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "id_column": demo.id_column,
             },
             "kernel": demo.kernel,
+            "preprocess": {"scale": demo.scale},  # the gamma is tuned on raw pixels
             "solver": {"n_components": demo.n_components, "random_state": 0},
             # small chunks on purpose: the demo shows chunked ingest and a blocked kernel
             "chunks": {"target_chunk_mb": 0.2, "block_rows": 256},
@@ -149,9 +230,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "denoise": {"enabled": True, "rows": "held_out"},
         }
     )
-    summary = _run_config(cfg, progress=args.progress, use_prefect=args.prefect)
+    summary = _run_config(cfg, args)
     _print_summary(summary, str(out))
     return 0
+
+
+def _storage_options(args: argparse.Namespace, flag: str = "storage_options") -> dict:
+    """A command's ``--storage-options`` (JSON or a YAML file; credentials refused)."""
+    from pipeline.config import parse_storage_options
+
+    return parse_storage_options(getattr(args, flag, None), "--" + flag.replace("_", "-"))
 
 
 def cmd_transform(args: argparse.Namespace) -> int:
@@ -159,12 +247,19 @@ def cmd_transform(args: argparse.Namespace) -> int:
     from pipeline.progress import show_progress
     from pipeline.transform import transform_to_store
 
+    options = _storage_options(args)
+    input_options = (
+        _storage_options(args, "input_storage_options")
+        if args.input_storage_options is not None
+        else options
+    )
     inp = InputConfig(
         path=args.input,
         format=args.format,
         columns=args.columns.split(",") if args.columns else None,
         id_column=args.id_column,
         label_column=args.label_column,
+        storage_options=input_options if "://" in args.input else {},
     )
     if args.inverse:
         from pipeline.denoise import denoise_to_store
@@ -177,6 +272,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
                 chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
                 method=None if args.preimage == "auto" else args.preimage,
                 overwrite=args.overwrite,
+                storage_options=options,
             )
         late = res["fixed_point_not_converged"]
         print(
@@ -198,6 +294,8 @@ def cmd_transform(args: argparse.Namespace) -> int:
             args.output,
             chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
             overwrite=args.overwrite,
+            storage_options=options,
+            ignore_extra=args.ignore_extra,
         )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
@@ -207,17 +305,15 @@ def cmd_transform(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import zarr
-
     from pipeline.export import verify_run
     from pipeline.store import Location
 
-    out = Location(args.artifact_dir)
+    out = Location.at(args.artifact_dir, _storage_options(args))
     m = verify_run(out, check_arrays=not args.no_verify)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0
-    g = zarr.open_group(out.zarr_store(), mode="r")
+    g = out.open_group("r")
     ev = np.asarray(g["spectrum/eigenvalues"][...])
     evr = np.asarray(g["spectrum/explained_variance_ratio"][...])
     res = np.asarray(g["spectrum/residuals"][...])
@@ -234,6 +330,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     )
     if inp.get("label_column"):
         print(f"labels     column {inp['label_column']!r}: {len(inp['classes'])} classes")
+    for line in _feature_lines(inp.get("features"), inp.get("columns") or []):
+        print(line)
     print(
         f"model      {model['solver']} solver, kernel {model['kernel']}, "
         f"{model['n_components']} components, {model['n_passes']} passes"
@@ -258,6 +356,12 @@ def cmd_info(args: argparse.Namespace) -> int:
                 for k, v in ev_sum.items()
             )
         )
+    upd = m.get("update") or {}
+    if upd:
+        print(
+            f"update     v{upd['version']} from {upd['base']}: {upd['action']} of "
+            f"{upd['batch_rows']} rows ({upd['n_rows']} in all); {upd['reason']}"
+        )
     ks = m.get("kernel_store") or {}
     if ks:
         print(
@@ -265,21 +369,89 @@ def cmd_info(args: argparse.Namespace) -> int:
             f" ({ks.get('reason')})"
         )
     print(
-        f"files      model/, embedding ({inp['n_rows']} x {len(ev)}), spectrum/"
-        + (
-            ", embedding.parquet"
-            if Path(args.artifact_dir, "embedding.parquet").exists()
-            else ""
-        )
-        + (", report/" if Path(args.artifact_dir, "report").exists() else "")
+        f"files      model/, embedding ({upd.get('n_rows', inp['n_rows'])} x {len(ev)}), "
+        "spectrum/"
+        + (", embedding.parquet" if out.child("embedding.parquet").exists() else "")
+        + (", report/" if out.child("report").exists() else "")
     )
+    return 0
+
+
+def _feature_lines(block: dict | None, columns: list[str], limit: int = 24) -> list[str]:
+    """``kpca info``'s lines on the features a run used (its manifest's features block;
+    a run written before the block existed: the column names only)."""
+    block = block or {"names": columns, "dtypes": None, "selection": None}
+    names, dtypes = list(block.get("names") or []), block.get("dtypes")
+    how = {
+        "columns": "listed in input.columns",
+        "all": "every column but the id/label"
+        + (" and input.exclude_columns" if block.get("excluded") else ""),
+        "positions": "no names: columns by position",
+    }.get(block.get("selection"), "")
+    if dtypes and len(set(dtypes)) == 1:
+        how += f"{', ' if how else ''}all {dtypes[0]}"
+        items = list(names)
+    elif dtypes:
+        items = [f"{n} ({t})" for n, t in zip(names, dtypes)]
+    else:
+        items = list(names)
+    shown = items[:limit]
+    if len(items) > limit:
+        shown.append(f"... ({len(items) - limit} more: kpca info --json lists all)")
+    lines, line = [], f"features   {len(names)}" + (f" ({how})" if how else "") + ":"
+    for k, item in enumerate(shown):
+        piece = f" {item}" + ("," if k < len(shown) - 1 else "")
+        if len(line) + len(piece) > 100:
+            lines.append(line)
+            line = " " * 10
+        line += piece
+    lines.append(line)
+    notes = []
+    if block.get("bool_columns"):
+        notes.append(f"bool as 0/1: {', '.join(block['bool_columns'])}")
+    if block.get("id_column"):
+        notes.append(f"id column {block['id_column']!r}")
+    if block.get("excluded"):
+        notes.append(f"excluded: {', '.join(block['excluded'])}")
+    left_out = [
+        f"{c['name']} ({c['dtype']})" if isinstance(c, dict) else str(c)
+        for c in block.get("ignored") or []
+    ]
+    if left_out:
+        notes.append(f"left out (not numeric): {', '.join(left_out)}")
+    if notes:
+        lines.append(" " * 11 + "; ".join(notes))
+    return lines
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    """A new run (version n+1) from a published run and a batch of new rows
+    (pipeline/update.py; docs/update.md)."""
+    from pipeline.progress import show_progress
+    from pipeline.update import update_config
+
+    from .update_flow import run_update_flow_or_plain
+
+    cfg = update_config(
+        args.run, args.new_data, args.output, policy=args.policy, overwrite=args.overwrite
+    )
+    with show_progress(args.progress):
+        summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    upd = summary.manifest["update"]
+    print(
+        f"kpca: update v{upd['version']} -> {cfg.output.path}: {upd['action']} of "
+        f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
+    )
+    print(f"  drift report  {cfg.output.path}/{upd['report']}")
+    print(f"  inspect       kpca info {cfg.output.path}")
     return 0
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
     from pipeline.lock import break_lock
+    from pipeline.store import Location
 
-    holder = break_lock(args.output_dir)
+    holder = break_lock(Location.at(args.output_dir, _storage_options(args)))
     if holder is None:
         print(f"kpca: {args.output_dir} was not locked")
     else:
@@ -328,49 +500,93 @@ def _environment_error(exc: BaseException) -> str | None:
 
 
 # ------------------------------------------------------------------------ main
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kpca", description="Distributed, out-of-core kernel PCA.")
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kpca-dask")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        from kpca_dask import __version__
+
+        return __version__
+
+
+def _global_flags(p: argparse.ArgumentParser, sub: bool = False) -> None:
+    """-v/-q, accepted before the subcommand and after it (``kpca -v run`` and
+    ``kpca run c.yaml -v``): a subcommand's own copies count into the same totals."""
+    suffix = "_sub" if sub else ""
     p.add_argument(
         "-v",
         "--verbose",
+        dest="verbose" + suffix,
         action="count",
         default=0,
         help="more logging (-v: stages and passes, -vv: debug)",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        dest="quiet" + suffix,
+        action="store_true",
+        default=False,
+        help="warnings and errors only (no stage log, no progress bars)",
+    )
 
-    def progress_flags(sp):
-        sp.add_argument(
-            "--progress",
-            dest="progress",
-            action="store_true",
-            default=None,
-            help="show progress bars (default: when stderr is a terminal)",
-        )
-        sp.add_argument("--no-progress", dest="progress", action="store_false")
 
-    def prefect_flags(sp):
-        sp.add_argument(
-            "--no-prefect",
-            dest="prefect",
-            action="store_false",
-            default=True,
-            help="run the stages without Prefect (no run record, no task cache, "
-            "no temporary API server; default: the kpca_pipeline flow, "
-            "against PREFECT_API_URL or an ephemeral local API)",
-        )
+def _storage_flags(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument(
+        "--storage-options",
+        metavar="JSON|FILE",
+        help=f"fsspec options of {what} when it is a URL, as a JSON object or a small "
+        'YAML/JSON file, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\' '
+        "(credentials are refused: they come from the environment)",
+    )
 
-    d = sub.add_parser("demo", help="run the whole job on a built-in labelled dataset")
+
+def _progress_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="show progress bars (default: when stderr is a terminal)",
+    )
+    sp.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _prefect_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--no-prefect",
+        dest="prefect",
+        action="store_false",
+        default=True,
+        help="run the stages without Prefect (no run record, no task cache, "
+        "no temporary API server; default: the kpca_pipeline flow, "
+        "against PREFECT_API_URL or an ephemeral local API)",
+    )
+
+
+def _subcommand(sub, name: str, func, **kw) -> argparse.ArgumentParser:
+    sp = sub.add_parser(name, **kw)
+    _global_flags(sp, sub=True)
+    sp.set_defaults(func=func)
+    return sp
+
+
+# one function per subcommand: each one's arguments in one place
+def _add_demo(sub) -> None:
+    d = _subcommand(sub, "demo", cmd_demo, help="run the whole job on a built-in dataset")
     d.add_argument(
         "--output",
         default="kpca-demo-output",
         help="artifact folder (default: ./kpca-demo-output)",
     )
-    progress_flags(d)
-    prefect_flags(d)
-    d.set_defaults(func=cmd_demo)
+    _progress_flags(d)
+    _prefect_flags(d)
 
-    r = sub.add_parser("run", help="run the job a YAML config describes")
+
+def _add_run(sub) -> None:
+    r = _subcommand(sub, "run", cmd_run, help="run the job a YAML config describes")
     r.add_argument("config", help="YAML config (see docs/config.md)")
     r.add_argument("--output", help="override output.path")
     r.add_argument(
@@ -379,20 +595,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace a complete run there "
         "(with the flow: only the stages whose inputs changed run again)",
     )
-    progress_flags(r)
-    prefect_flags(r)
-    r.set_defaults(func=cmd_run)
+    _progress_flags(r)
+    _prefect_flags(r)
 
-    t = sub.add_parser("transform", help="embed new data with a saved model or run folder")
+
+def _add_validate(sub) -> None:
+    c = _subcommand(
+        sub,
+        "validate",
+        cmd_validate,
+        help="check a config, its input and its output before running it",
+        description="The checks `kpca run` makes before it starts Prefect or Dask: the "
+        "input exists and is readable, the columns and label are there, the types and "
+        "the NaN policy hold on a sample of rows, the output is writable (nothing is "
+        "left behind), and whether a complete run is already there. One line per "
+        "problem; exit status 2 when there is one.",
+    )
+    c.add_argument("config", help="YAML config (see docs/config.md)")
+    c.add_argument("--output", help="override output.path")
+    c.add_argument("--overwrite", action="store_true", help="as `kpca run --overwrite`")
+
+
+def _add_transform(sub) -> None:
+    t = _subcommand(
+        sub, "transform", cmd_transform, help="embed new data with a saved model or run folder"
+    )
     t.add_argument("model", help="run folder (verified) or model folder")
     t.add_argument("input", help="NPY, CSV, Parquet or zarr input (path or URL)")
     t.add_argument("output", help="output zarr folder, or a path ending in .parquet")
     t.add_argument(
         "--format", default="auto", choices=["auto", "npy", "csv", "parquet", "zarr"]
     )
-    t.add_argument("--columns", help="comma-separated feature columns (tabular input)")
-    t.add_argument("--id-column")
-    t.add_argument("--label-column")
+    t.add_argument(
+        "--columns",
+        help="comma-separated feature columns (tabular input; default: the model's "
+        "features, matched by name in any order)",
+    )
+    t.add_argument("--id-column", help="row id column to carry (default: the run's)")
+    t.add_argument("--label-column", help="label column to carry (default: the run's)")
+    t.add_argument(
+        "--ignore-extra",
+        action="store_true",
+        help="embed with the model's features even when the table has other columns "
+        "(by default refused when the run took every column as a feature)",
+    )
     t.add_argument("--chunk-mb", type=float, default=64.0)
     t.add_argument("--overwrite", action="store_true")
     t.add_argument(
@@ -408,57 +654,143 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="with --inverse: the pre-image method (default: the model's)",
     )
-    progress_flags(t)
-    t.set_defaults(func=cmd_transform)
+    _storage_flags(t, "the model and the output (and the input, unless given below)")
+    t.add_argument(
+        "--input-storage-options",
+        metavar="JSON|FILE",
+        help="fsspec options of the input URL when they differ from --storage-options",
+    )
+    _progress_flags(t)
 
-    i = sub.add_parser("info", help="verify a run folder and summarise it")
+
+def _add_info(sub) -> None:
+    i = _subcommand(sub, "info", cmd_info, help="verify a run folder and summarise it")
     i.add_argument("artifact_dir")
     i.add_argument("--json", action="store_true", help="print the manifest")
     i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
-    i.set_defaults(func=cmd_info)
+    _storage_flags(i, "the run folder")
 
-    u = sub.add_parser("unlock", help="break the lock a dead run left on an output folder")
+
+def _add_update(sub) -> None:
+    up = _subcommand(
+        sub,
+        "update",
+        cmd_update,
+        help="a new run from a published run and new rows (docs/update.md)",
+    )
+    up.add_argument("run", help="the published run to start from (never modified)")
+    up.add_argument("new_data", help="the batch of new rows (same columns as the run's input)")
+    up.add_argument("--output", help="the new run's folder (default: RUN-v<n+1> beside RUN)")
+    up.add_argument(
+        "--policy",
+        choices=["auto", "merge", "refresh_landmarks", "refit"],
+        help="override update.policy of the run's config",
+    )
+    up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    _progress_flags(up)
+    _prefect_flags(up)
+
+
+def _add_unlock(sub) -> None:
+    u = _subcommand(
+        sub, "unlock", cmd_unlock, help="break the lock a dead run left on an output folder"
+    )
     u.add_argument("output_dir")
-    u.set_defaults(func=cmd_unlock)
+    _storage_flags(u, "the output folder")
+
+
+SUBCOMMANDS = [
+    _add_demo,
+    _add_run,
+    _add_validate,
+    _add_transform,
+    _add_info,
+    _add_update,
+    _add_unlock,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kpca", description="Distributed, out-of-core kernel PCA.")
+    p.add_argument("--version", action="version", version=f"kpca-dask {_version()}")
+    _global_flags(p)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the global flags merged from wherever they were given."""
     args = build_parser().parse_args(argv)
+    args.verbose = args.verbose + getattr(args, "verbose_sub", 0)
+    args.quiet = args.quiet or getattr(args, "quiet_sub", False)
+    if args.quiet and getattr(args, "progress", None) is None:
+        args.progress = False
+    return args
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    if args.command in ("demo", "run") and args.verbose == 0:
+    if args.command in ("demo", "run", "update") and args.verbose == 0 and not args.quiet:
         level = logging.INFO
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
     )
+
+
+def start_runtime(args: argparse.Namespace) -> None:
+    """Import (and quieten) Dask and, for a flow, Prefect: called by a command once its
+    cheap checks passed, so that a wrong path is reported before any of this starts."""
     import distributed  # noqa: F401  (configures its loggers on import; quieten them after)
 
     if getattr(args, "prefect", False):
-        # Prefect reads its settings once, on import. A first ephemeral server on a
-        # fresh PREFECT_HOME migrates its database before answering, which on a
-        # loaded machine takes longer than Prefect's 20 s default; wait longer.
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-        import prefect.main  # noqa: F401  (configures Prefect's loggers; quieten them after)
+        from .runtime import quiet_prefect
 
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(_NoTracebackForUserErrors())
-
+        quiet_prefect()
     for noisy in ("distributed", "prefect", "httpx", "asyncio", "tornado"):
         logging.getLogger(noisy).setLevel(
             logging.DEBUG if args.verbose >= 2 else logging.WARNING
         )
-    t0 = time.perf_counter()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _setup_logging(args)
+    args.t0 = time.perf_counter()
     try:
+        if args.command not in ("run", "demo", "validate"):  # those start it themselves
+            start_runtime(args)
         return args.func(args)
     except KeyboardInterrupt:
-        print(
-            f"kpca {args.command}: interrupted after {time.perf_counter() - t0:.0f} s; "
-            "re-run the same command to resume.",
-            file=sys.stderr,
-        )
-        return 130
+        return _interrupted(args)
     except Exception as exc:  # noqa: BLE001 - classified by the taxonomy, bugs re-shown
+        from .runtime import interrupted
+
+        if interrupted():  # Prefect reports the interrupted flow as its own exception
+            return _interrupted(args)
         return _report_error(args.command, exc)
+
+
+def _interrupt_line(args: argparse.Namespace) -> str:
+    kept = " (finished stages are kept)" if args.command in ("run", "demo") else ""
+    return (
+        f"kpca {args.command}: interrupted after {time.perf_counter() - args.t0:.0f} s{kept}; "
+        "re-run the same command to resume."
+    )
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    from .runtime import report_interrupt
+
+    if os.environ.get("KPCA_DEBUG_INTERRUPT"):
+        from .runtime import _INTERRUPT
+
+        at = _INTERRUPT["at"]
+        print(f"unwound in {time.monotonic() - at if at else -1:.2f} s", file=sys.stderr)
+
+    report_interrupt(_interrupt_line(args))
+    return EXIT_INTERRUPTED
 
 
 def _user_message(exc: BaseException) -> str:
@@ -475,6 +807,11 @@ def _user_message(exc: BaseException) -> str:
 
 def _report_error(command: str, exc: Exception) -> int:
     """Print what went wrong as the taxonomy says (pipeline/errors.py); the exit status."""
+    findings = getattr(exc, "findings", None)
+    if findings and is_user_error(exc):  # the pre-start checks: one line per problem
+        for f in findings:
+            print(f"kpca {command}: error: {f.message}", file=sys.stderr)
+        return EXIT_USAGE
     if is_user_error(exc):
         msg = _user_message(exc).strip().splitlines()
         print(
@@ -488,9 +825,15 @@ def _report_error(command: str, exc: Exception) -> int:
         print(f"kpca {command}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     if is_transient(exc):
+        endpoint = (
+            "; an object store's endpoint goes in storage_options (or --storage-options): "
+            '{"client_kwargs": {"endpoint_url": ...}}'
+            if "endpoint" in str(exc).lower()
+            else ""
+        )
         print(
             f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
-            "workers); re-run the same command to resume.",
+            f"workers){endpoint}; re-run the same command to resume.",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -41,8 +41,8 @@ from pipeline.visibility import check_visibility
 
 from . import tasks
 from .artifacts import publish_run_artifacts
-from .caching import result_storage
-from .runtime import check_prefect_api, dashboard_line, forward_library_logs
+from .caching import result_storage, with_result_storage
+from .runtime import announce_flow_run, check_prefect_api, dashboard_line, forward_library_logs
 
 __all__ = ["FlowRunSummary", "begin", "kpca_pipeline", "run_flow", "run_flow_or_plain"]
 
@@ -63,6 +63,9 @@ def begin(cfg: PipelineConfig) -> str:
 @flow(
     name="kpca-pipeline",
     validate_parameters=True,
+    # the summary goes back to the caller in process; never to Prefect's default result
+    # storage (a server-side default would otherwise persist it there, pickled)
+    persist_result=False,
     description="Kernel PCA batch job: ingest, exact/Nyström fit, embedding, evaluation and "
     "a verified manifest, on a Dask cluster.",
 )
@@ -70,6 +73,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Run every stage of the pipeline ``config`` describes; returns the run summary."""
     cfg = config
     log = get_run_logger()
+    announce_flow_run()  # the run's address in the Prefect UI, when a server records it
     t_run = time.perf_counter()
     registry = stages.REGISTRY
     out = run_layout(cfg).out
@@ -78,7 +82,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     timings: dict[str, float] = {}
 
     def call(stage: stages.Stage, args: dict[str, Any]) -> Any:
-        bound = tasks.stage_task(stage).with_options(result_storage=storage)
+        bound = with_result_storage(tasks.stage_task(stage), storage)
         state = bound(cfg, **args, return_state=True)
         states[stage.name] = state.name
         return state.result()  # raises the stage's error when it failed

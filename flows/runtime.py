@@ -1,17 +1,29 @@
-"""What the flows need around them: a Prefect API, and the library logs in the run log."""
+"""What the flows need around them: a reachable Prefect API, the library logs in the run log,
+one console line per error, the flow run's address, and a Ctrl-C that stops within seconds."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline.errors import UserError
 
 __all__ = [
+    "INTERRUPT_GRACE",
     "PrefectUnavailableError",
+    "announce_flow_run",
     "check_prefect_api",
+    "handle_interrupts",
+    "interrupted",
+    "quiet_prefect",
+    "report_interrupt",
     "forward_library_logs",
     "LIBRARY_LOGGERS",
     "dashboard_line",
@@ -25,10 +37,17 @@ class PrefectUnavailableError(UserError, RuntimeError):
     """No Prefect API to record a flow run in (no server configured, ephemeral mode off)."""
 
 
-def check_prefect_api() -> str:
+#: seconds to wait for an answer from PREFECT_API_URL before calling it unreachable
+API_TIMEOUT = 5.0
+
+
+def check_prefect_api(*, probe: bool = True, timeout: float = API_TIMEOUT) -> str:
     """``"server"`` or ``"ephemeral"``; raise a clear error when neither is possible.
 
-    With ``PREFECT_API_URL`` set, flows run against that server. Without it
+    With ``PREFECT_API_URL`` set, flows run against that server: it must answer (any
+    HTTP answer will do; ``probe=False`` skips the request) within ``timeout`` seconds,
+    else :class:`PrefectUnavailableError` names the URL and the fix -- instead of a
+    traceback from deep inside Prefect's client once the flow starts. Without it
     Prefect starts a temporary local server for the process (ephemeral mode,
     about 12-14 s here), unless ``PREFECT_SERVER_ALLOW_EPHEMERAL_MODE`` is false.
     """
@@ -36,6 +55,8 @@ def check_prefect_api() -> str:
 
     settings = get_current_settings()
     if settings.api.url:
+        if probe:
+            _check_reachable(str(settings.api.url), timeout)
         return "server"
     if settings.server.ephemeral.enabled:
         return "ephemeral"
@@ -45,6 +66,163 @@ def check_prefect_api() -> str:
         "to your server (e.g. http://127.0.0.1:4200/api after `prefect server start`), allow "
         "ephemeral mode, or run the stages without Prefect (`kpca run --no-prefect`)."
     )
+
+
+def _check_reachable(url: str, timeout: float) -> None:
+    import httpx
+
+    health = url.rstrip("/") + "/health"
+    try:
+        httpx.get(health, timeout=timeout, follow_redirects=True)
+    except httpx.HTTPError as exc:  # connection refused, DNS, timeout, TLS
+        why = " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise PrefectUnavailableError(
+            f"the Prefect API at PREFECT_API_URL={url} is not reachable ({type(exc).__name__}: "
+            f"{why}); start the server (`prefect server start`), correct PREFECT_API_URL "
+            "(or unset it for a temporary local API), or run without Prefect "
+            "(`kpca run --no-prefect`)."
+        ) from None
+
+
+class _OneLinePerError(logging.Filter):
+    """The console shows an error once: the CLI prints the failure that ends a run, so
+    Prefect's own copies (the task's "failed with exception", the flow's "finished in
+    state Failed", each with its traceback) are left to the run log on the server. A
+    failure that is retried is still shown (without a traceback for a user error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from pipeline.errors import is_user_error
+
+        if record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
+            if record.levelno >= logging.ERROR and "Retry" not in record.getMessage():
+                return False
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and is_user_error(exc):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_prefect() -> None:
+    """Import Prefect with the settings a command-line run needs, and make its console
+    output follow the CLI's contract (one line per error)."""
+    # Prefect reads its settings once, on import. A first ephemeral server on a
+    # fresh PREFECT_HOME migrates its database before answering, which on a
+    # loaded machine takes longer than Prefect's 20 s default; wait longer.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    import prefect.main  # noqa: F401  (configures Prefect's loggers; filtered after)
+
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _OneLinePerError) for f in handler.filters):
+            handler.addFilter(_OneLinePerError())
+
+
+def announce_flow_run(stream=None) -> str | None:
+    """Print (stderr) and return the flow run's address in the Prefect UI, when a server
+    records it (PREFECT_UI_URL, derived from PREFECT_API_URL); None for an ephemeral API."""
+    try:
+        from prefect.runtime import flow_run
+        from prefect.settings import get_current_settings
+
+        ui = get_current_settings().ui_url
+        if not ui or not get_current_settings().api.url or flow_run.id is None:
+            return None
+        line = flow_run.ui_url
+    except Exception:  # noqa: BLE001 - an address is a courtesy, never a failure
+        return None
+    print(
+        f"kpca: Prefect flow run {flow_run.name!r}: {line}",
+        file=stream or sys.stderr,
+        flush=True,
+    )
+    return line
+
+
+# ------------------------------------------------------------------------- Ctrl-C
+#: seconds between Ctrl-C and the process's end, whatever is still shutting down
+#: (KPCA_INTERRUPT_GRACE overrides it)
+INTERRUPT_GRACE = 2.5
+
+_INTERRUPT: dict[str, Any] = {"at": None, "reported": False}
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C (SIGINT) was received during :func:`handle_interrupts`."""
+    return _INTERRUPT["at"] is not None
+
+
+_REPORT_LOCK = threading.Lock()
+
+
+def report_interrupt(line: str) -> None:
+    """Print the interrupt's one line (stderr), once: from the main thread or the watchdog."""
+    with _REPORT_LOCK:
+        if not _INTERRUPT["reported"]:
+            print(line, file=sys.stderr, flush=True)
+            _INTERRUPT["reported"] = True
+
+
+def _kill_children() -> None:
+    """End this process's own child processes (local Dask workers, the ephemeral Prefect
+    server), by pid: they would otherwise outlive a process ended with ``os._exit``."""
+    try:
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+    except Exception:  # noqa: BLE001
+        return
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.kill()
+
+
+@contextlib.contextmanager
+def handle_interrupts(
+    message: Callable[[], str] | None = None, grace: float | None = None
+) -> Iterator[None]:
+    """Ctrl-C stops the run within ``grace`` seconds, with status 130.
+
+    The first SIGINT raises KeyboardInterrupt in the main thread as usual,
+    so the stage in progress, the run lock and the publishing transaction unwind; a
+    watchdog ends the process (status 130, its children by pid) if that -- or a
+    Prefect engine reporting the crash, a cluster closing, the ephemeral server
+    stopping -- takes longer than ``grace``. A second Ctrl-C ends it at once. Finished
+    stages are on disk, so running the same command again resumes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if grace is None:
+        grace = float(os.environ.get("KPCA_INTERRUPT_GRACE", INTERRUPT_GRACE))
+
+    def stop_now() -> None:
+        report_interrupt(
+            message() if message else "kpca: interrupted; re-run the same command to resume."
+        )
+        _kill_children()
+        sys.stderr.flush()
+        os._exit(130)
+
+    def watchdog() -> None:
+        while time.monotonic() < _INTERRUPT["at"] + grace:
+            time.sleep(0.05)
+        stop_now()
+
+    def on_signal(signum, frame):
+        if _INTERRUPT["at"] is not None:  # a second Ctrl-C: no more waiting
+            stop_now()
+        _INTERRUPT["at"] = time.monotonic()
+        # what unwinds now (a client losing its futures, a cluster closing, Prefect
+        # recording a crash) would log its own errors: the CLI's one line says it all
+        logging.disable(logging.CRITICAL)
+        threading.Thread(target=watchdog, name="kpca-interrupt", daemon=True).start()
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, on_signal)
+    try:
+        yield
+    finally:
+        if _INTERRUPT["at"] is None:  # after an interrupt, keep it until the process ends
+            signal.signal(signal.SIGINT, old)
 
 
 @contextlib.contextmanager

@@ -119,19 +119,32 @@ def stage_task(stage: Stage) -> Any:
 
 
 # ----------------------------------------------------------------- transform
-@task(name="transform", cache_policy=NO_CACHE, **RETRY_OPTIONS)
+@task(name="transform", cache_policy=NO_CACHE, persist_result=False, **RETRY_OPTIONS)
 def transform(
     model: str,
     input: InputConfig,
     output: str,
     chunks: ChunkConfig | None = None,
     overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Embed a batch with a saved model (streaming).
+    """Embed a batch with a saved model (streaming); ``storage_options`` are the model's
+    and the output's fsspec options.
+
+    Not cached and its result not persisted (the output store is the result): the task
+    writes nothing outside ``output``, whatever the Prefect server's default result
+    storage, so a transform to ``s3://`` needs no result storage at all.
 
     The output is written beside its final name and swapped in only when complete, so a
     failed attempt leaves nothing behind and a retry starts clean.
     """
     return jsonable(
-        transform_to_store(model, input, output, chunks=chunks, overwrite=overwrite)
+        transform_to_store(
+            model,
+            input,
+            output,
+            chunks=chunks,
+            overwrite=overwrite,
+            storage_options=storage_options,
+        )
     )

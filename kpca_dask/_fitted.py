@@ -155,6 +155,7 @@ class NystroemModel:
         "mean_weights_",
         "landmark_method_",
         "nystroem_method_",
+        "statistics_",
     )
 
     @staticmethod
@@ -210,6 +211,8 @@ class NystroemModel:
             "offset": est.offset_,
             "landmark_means": est.row_means_,
             "mean_weights": est.mean_weights_,
+            # sufficient statistics for exact updates (kpca_dask.update), when kept
+            **(est.statistics_.arrays() if getattr(est, "statistics_", None) else {}),
         }
 
     @staticmethod
@@ -226,6 +229,7 @@ class NystroemModel:
         est.row_means_ = arrays["landmark_means"]
         est.mean_weights_ = arrays["mean_weights"]
         est.eigenvectors_ = NystroemModel.eigenvectors(est)
+        est.statistics_ = NystroemModel.restore_statistics(est, arrays, where)
         m, d = est.landmarks_.shape
         k = est.eigenvalues_.shape[0]
         expected = {
@@ -241,6 +245,32 @@ class NystroemModel:
                 f"{where}: inconsistent Nyström array shapes {bad} for "
                 f"{m} landmarks, {k} components and {d} features."
             )
+
+    @staticmethod
+    def restore_statistics(est: Any, arrays: dict[str, np.ndarray], where: Any) -> Any:
+        """The saved sufficient statistics (None when the model has none: older models,
+        ``keep_statistics=False``, or a randomized fit under "auto")."""
+        from .solvers.nystroem import NystroemStatistics
+
+        names = ("stat_shift", "stat_colsum", "stat_cross")
+        if not any(n in arrays for n in names):
+            return None
+        m = int(arrays["landmarks"].shape[0])
+        want = {"stat_shift": (m,), "stat_colsum": (m,), "stat_cross": (m, m)}
+        bad = {n: arrays[n].shape if n in arrays else None for n in names}
+        bad = {n: got for n, got in bad.items() if got != want[n]}
+        if bad or not hasattr(est, "n_samples_fit_") or not hasattr(est, "kernel_trace_"):
+            raise ModelFormatError(
+                f"{where}: inconsistent sufficient statistics {bad} for {m} landmarks "
+                "(or no row count and trace); re-save the model from a fit."
+            )
+        return NystroemStatistics(
+            np.asarray(arrays["stat_shift"], dtype=np.float64),
+            int(est.n_samples_fit_),
+            np.asarray(arrays["stat_colsum"], dtype=np.float64),
+            np.asarray(arrays["stat_cross"], dtype=np.float64),
+            float(est.kernel_trace_),
+        )
 
 
 STRATEGIES = {"exact": ExactModel, "nystroem": NystroemModel}

@@ -292,6 +292,12 @@ def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> S
             "nystroem_method='randomized' needs an explicit n_components (None means "
             "all components: use nystroem_method='covariance')."
         )
+    keep = params.get("keep_statistics", "auto")
+    if keep is True and params["nystroem_method"] == "auto":
+        # one covariance pass solves exactly and yields the statistics; the randomized
+        # solve would need that pass on top of its own
+        method = "covariance"
+    keep_stats = keep is True or (keep == "auto" and method == "covariance")
     auto = params["nystroem_method"] == "auto" and method == "randomized"
     fit = nystroem_eigh(
         Xb,
@@ -305,6 +311,7 @@ def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> S
         max_passes=plan.max_passes,
         random_state=np.random.default_rng(rng.integers(2**63)),
         warn=not auto,
+        keep_statistics=keep_stats,
     )
     if auto and not fit.converged:
         # "auto" escalates: the covariance method is exact on the Nyström problem
@@ -314,7 +321,9 @@ def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> S
             fit.n_passes,
         )
         first = {"n_passes": fit.n_passes, "certificate": fit.info.get("certificate")}
-        fit = nystroem_eigh(Xb, basis, k, method="covariance")
+        fit = nystroem_eigh(
+            Xb, basis, k, method="covariance", keep_statistics=keep is not False
+        )
         fit.n_passes += first["n_passes"]
         fit.info["escalated_from"] = first
         method = "covariance"
@@ -339,6 +348,8 @@ def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> S
         "landmark_method_": lm.info.get("method", params["landmark_method"]),
         "nystroem_method_": method,
         "mean_weights_": fit.mean_weights,
+        # sufficient statistics for exact updates (kpca_dask.update); None: not kept
+        "statistics_": fit.statistics,
     }
     return Solution(
         res, fit.column_means, fit.grand_mean, fit.kernel_trace, "nystroem", lm.points, extra

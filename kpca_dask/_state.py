@@ -17,6 +17,7 @@ from .exceptions import ModelFormatError
 from .kernels import kernel_from_dict
 from .persistence import ModelState
 from .preimage import PREIMAGE_METHODS
+from .preprocess import Scaler
 
 __all__ = ["restore", "state_of"]
 
@@ -78,8 +79,51 @@ def state_of(est: Any) -> ModelState:
         dtype=np.dtype(est._dtype).name,
         fitted={k: _jsonable(getattr(est, k)) for k in FITTED_SCALARS if hasattr(est, k)},
         arrays={k: np.asarray(v) for k, v in arrays.items() if v is not None},
-        extra={"preimage": {"method": est.preimage_}} if hasattr(est, "dual_coef_") else {},
+        extra=_extra_of(est),
     )
+
+
+def _extra_of(est: Any) -> dict[str, Any]:
+    """The optional blocks of a saved model: "preimage", "features" and "preprocess"."""
+    extra: dict[str, Any] = {}
+    if hasattr(est, "dual_coef_"):
+        extra["preimage"] = {"method": est.preimage_}
+    scaler = getattr(est, "preprocess_", None)
+    if scaler is not None:
+        extra["preprocess"] = scaler.to_dict()
+    features = features_of(est)
+    if features is not None:
+        extra["features"] = features
+    return extra
+
+
+def features_of(est: Any) -> dict[str, Any] | None:
+    """The model's "features" block (names, dtypes, ...), or None when it has no names."""
+    names = getattr(est, "feature_names_in_", None)
+    if names is None:
+        return None
+    block = dict(getattr(est, "features_", None) or {})
+    block["names"] = [str(c) for c in names]
+    block.setdefault("dtypes", None)
+    return block
+
+
+def _restore_preprocess(est: Any, extra: dict[str, Any], where: str) -> None:
+    """The fitted scaling (``extra["preprocess"]``); ModelFormatError when malformed."""
+    info = extra.get("preprocess") if isinstance(extra, dict) else None
+    est.preprocess_ = None
+    if info is None:
+        return
+    try:
+        scaler = Scaler.from_dict(info)
+    except (ValueError, TypeError) as exc:
+        raise ModelFormatError(f"{where}: malformed preprocess block ({exc}).") from None
+    if scaler.n_features != int(est.n_features_in_):
+        raise ModelFormatError(
+            f"{where}: the preprocess block has {scaler.n_features} columns but the model "
+            f"{est.n_features_in_} features."
+        )
+    est.preprocess_ = scaler
 
 
 def restore(est: Any, state: ModelState) -> Any:
@@ -103,6 +147,8 @@ def restore(est: Any, state: ModelState) -> Any:
     est.explained_variance_ratio_ = arrays.get("explained_variance_ratio")
     est.residuals_ = arrays.get("residuals")
     _restore_preimage(est, state.extra, arrays)
+    _restore_features(est, state.extra, where)
+    _restore_preprocess(est, state.extra, where)
     est._coef_cache = None
     return est
 
@@ -161,3 +207,27 @@ def _restore_preimage(est: Any, extra: dict[str, Any], arrays: dict[str, np.ndar
         est.preimage_components_, est.preimage_mean_ = C, mu
     if method == "exact" and "preimage_components" not in arrays:
         raise ModelFormatError("an exact (linear) pre-image needs preimage_components.")
+
+
+def _restore_features(est: Any, extra: dict[str, Any], where: str) -> None:
+    """The "features" block back as ``feature_names_in_`` and ``features_`` (models saved
+    before it existed, or fitted without names, have none: they load without names)."""
+    block = extra.get("features") if isinstance(extra, dict) else None
+    if block is None:
+        return
+    names = block.get("names") if isinstance(block, dict) else None
+    dtypes = block.get("dtypes")
+    ok = (
+        isinstance(names, list)
+        and all(isinstance(c, str) for c in names)
+        and len(names) == est.n_features_in_
+        and len(set(names)) == len(names)
+        and (dtypes is None or (isinstance(dtypes, list) and len(dtypes) == len(names)))
+    )
+    if not ok:
+        raise ModelFormatError(
+            f'{where}: malformed "features" block (need one distinct name per each of '
+            f"the {est.n_features_in_} features); re-save the model from a fitted one."
+        )
+    est.feature_names_in_ = np.asarray(names, dtype=object)
+    est.features_ = dict(block)

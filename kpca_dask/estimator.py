@@ -23,6 +23,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.utils.metaestimators import available_if
 
 from . import plan as _plan
+from . import preprocess as _pre
 from . import validation as V
 from ._eigvals import select_eigenpairs
 from ._fitted import STRATEGIES, model_of
@@ -33,6 +34,7 @@ from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
 from .persistence import load_state, save_state
 from .plan import FitPlan
 from .preimage import warn_not_converged
+from .preprocess import Scaler
 from .projection import project_block
 from .threads import blas_threads_for_dask
 
@@ -168,6 +170,16 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         per product. "auto" picks the cheaper by a measured cost model
         (covariance below about 1700 landmarks for 64 features and 16
         components, and whenever ``n_components=None``).
+    keep_statistics : {"auto", True, False}, default="auto"
+        Nyström only: keep the sufficient statistics (the m x m sum of the
+        landmark kernel values' outer products, their column sums, the row
+        count and trace) in the model, so that :meth:`partial_fit` adds rows
+        exactly (the result equals a fit on all rows with the same
+        landmarks; docs/update.md). "auto" keeps them when they are free
+        (the covariance method); True makes ``nystroem_method="auto"`` use
+        the covariance method (one pass, exact) and costs one more pass with
+        an explicit "randomized"; False never keeps them (m x m floats
+        fewer in the saved model).
     fit_inverse_transform : bool, default=False
         Also learn the pre-image map, so that :meth:`inverse_transform` maps
         embeddings back to input space (denoising: ``inverse_transform(
@@ -229,6 +241,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         RAM on the threaded scheduler (dask config ``kpca.kernel-cache-budget``
         overrides), else "recompute". The choice is in
         ``solver_info_["kernel_cache"]`` (docs/kernel-store.md).
+    preprocess : {"none", "standard", "robust"}, default="none"
+        Feature scaling fitted on the training rows and kept in the model
+        (:mod:`kpca_dask.preprocess`): "standard" is scikit-learn's
+        StandardScaler (mean, population std), "robust" its RobustScaler
+        (median, inter-quartile range). ``transform``, ``score_samples`` and
+        ``fit``'s ``gamma="scale"`` see scaled rows; ``inverse_transform``
+        returns rows in the original units. Constant columns are scaled by 1.
 
     Attributes
     ----------
@@ -283,8 +302,19 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_features_in_ : int
         Columns of X (n_samples for ``kernel="precomputed"``, as scikit-learn).
     feature_names_in_ : ndarray of shape (n_features_in_,)
-        Column names of a DataFrame passed to fit (all strings); transform
-        then refuses columns in another order or with other names.
+        Column names of a DataFrame passed to fit (all strings), or those given
+        to :meth:`record_features`. :meth:`transform` and :meth:`score_samples`
+        then select a DataFrame's columns by name: the same columns in another
+        order give the same result (scikit-learn refuses them); a missing
+        column, or one the model was not fitted on, is refused in one line
+        naming it; a numpy array is taken by position with scikit-learn's
+        warning, a dask or zarr array by position without one. Saved with the
+        model.
+    features_ : dict
+        Present with ``feature_names_in_``: ``{"names": [...], "dtypes":
+        [...]}`` (dtypes of the DataFrame's columns at fit, or None) plus what
+        :meth:`record_features` was told (the pipeline: id and label columns,
+        how the features were chosen). Saved with the model.
     eigen_solver_ : str
         Solver actually used.
     dtype_ : numpy.dtype
@@ -313,6 +343,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ``(n_features_in_,)`` and ``(n_components_, n_features_in_)``: the exact
         pre-image is ``preimage_mean_ + z @ preimage_components_`` (for exact
         solvers the training mean and linear PCA's components).
+
+    preprocess_ : kpca_dask.preprocess.Scaler or None
+        The fitted scaling (None with ``preprocess="none"``).
 
     Examples
     --------
@@ -346,6 +379,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         landmark_method: str = "rpcholesky",
         landmark_sample_size: Any = "auto",
         nystroem_method: str = "auto",
+        keep_statistics: Any = "auto",
         fit_inverse_transform: bool = False,
         alpha: float = 1.0,
         preimage: str = "auto",
@@ -357,6 +391,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         copy_X: bool = True,
         n_jobs: int | None = None,
         kernel_cache: str = "auto",
+        preprocess: str = "none",
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -377,6 +412,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.landmark_method = landmark_method
         self.landmark_sample_size = landmark_sample_size
         self.nystroem_method = nystroem_method
+        self.keep_statistics = keep_statistics
         self.fit_inverse_transform = fit_inverse_transform
         self.alpha = alpha
         self.preimage = preimage
@@ -388,6 +424,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.copy_X = copy_X
         self.n_jobs = n_jobs
         self.kernel_cache = kernel_cache
+        self.preprocess = preprocess
 
     # ---------------------------------------------------------------- planning
     def plan(
@@ -429,6 +466,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         *,
         kernel_blocks: Any = None,
         centring: tuple[np.ndarray, float] | None = None,
+        scaler: Scaler | None = None,
     ) -> KernelPCA:
         """Fit the model on ``X`` (numpy, dask or zarr array of shape (n_samples, n_features)).
 
@@ -445,9 +483,27 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             Precomputed centring statistics of the training kernel matrix
             (e.g. from a distributed reduction over stored blocks); the first
             pass then does not compute them.
+        scaler : kpca_dask.preprocess.Scaler, optional
+            A scaling already fitted on these training rows (e.g. by a distributed
+            pipeline stage); used instead of fitting ``preprocess`` again. Stored
+            ``kernel_blocks`` must then be those of the scaled rows.
         """
-        self._fit(X, kernel_blocks=kernel_blocks, centring=centring)
+        self._fit(X, kernel_blocks=kernel_blocks, centring=centring, scaler=scaler)
         return self
+
+    def partial_fit(self, X: Any, y: Any = None) -> KernelPCA:
+        """Add the rows ``X`` to a fitted Nyström model exactly (an unfitted estimator is
+        fitted on ``X``).
+
+        The model must keep its sufficient statistics (``keep_statistics``); the result
+        equals a fit on all rows seen so far with the same landmarks (kpca_dask.update,
+        docs/update.md). Costs one pass over ``X`` only.
+        """
+        if not self.__sklearn_is_fitted__():
+            return self.fit(X)
+        from .update import update
+
+        return update(self, X)
 
     def fit_transform(self, X: Any, y: Any = None, **params: Any) -> Any:
         """Fit and return the training embedding (numpy in, numpy out; dask or zarr
@@ -466,6 +522,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         X: Any,
         kernel_blocks: Any = None,
         centring: tuple[np.ndarray, float] | None = None,
+        scaler: Scaler | None = None,
     ) -> tuple[da.Array, str]:
         t0 = time.perf_counter()
         params = self.get_params(deep=False)
@@ -474,15 +531,25 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         names = V.feature_names(X)
         Xd, kind = _plan.validate_fit_input(X, self._is_precomputed())
         self.__dict__.pop("feature_names_in_", None)
+        self.__dict__.pop("features_", None)
         if names is not None:
             self.feature_names_in_ = names
+            self.features_ = {
+                "names": [str(c) for c in names],
+                "dtypes": [str(t) for t in X.dtypes],
+            }
         self._out_float32 = Xd.dtype == np.float32
         n, d = (int(s) for s in Xd.shape)
         plan = _plan.make_plan(
             params, n, d, exact_inputs=kernel_blocks is not None or centring is not None
         )
         if not plan.precomputed:  # a precomputed K is checked by its own first read (inspect)
-            V.check_finite(Xd)
+            V.check_finite(Xd, names=names)
+        self.preprocess_ = scaler = _pre.for_fit(
+            self.preprocess, Xd, scaler, precomputed=plan.precomputed
+        )
+        if scaler is not None:
+            Xd = scaler.transform(Xd)
         for model in STRATEGIES.values():  # a refit leaves no attribute of another kind
             for attr in model.ATTRS + PREIMAGE_ATTRS:
                 self.__dict__.pop(attr, None)
@@ -525,6 +592,22 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             kernel_blocks=kernel_blocks,
             centring=centring,
         )
+        self._apply_solution(sol, n)
+        if self.fit_inverse_transform:
+            fit_preimage(self, Xb, n)
+        self.fit_seconds_ = time.perf_counter() - t0
+        logger.info(
+            "KernelPCA fit done in %.2f s: %d components, %d passes, max residual %.2e",
+            self.fit_seconds_,
+            self.n_components_,
+            self.n_passes_,
+            float(np.max(self.residuals_)) if self.residuals_.size else 0.0,
+        )
+        return Xd, kind
+
+    def _apply_solution(self, sol: Any, n: int) -> None:
+        """The fitted attributes of a :class:`~kpca_dask._solve.Solution` on ``n`` rows
+        (a fit, or an exact update of a Nyström model: kpca_dask.update)."""
         self.eigen_solver_ = sol.solver
         self.X_fit_ = sol.X_fit
         if sol.solver == "nystroem":
@@ -555,17 +638,6 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.solver_info_ = res.info
         self._coef_cache = {}
         self._preimage_cache = None
-        if self.fit_inverse_transform:
-            fit_preimage(self, Xb, n)
-        self.fit_seconds_ = time.perf_counter() - t0
-        logger.info(
-            "KernelPCA fit done in %.2f s: %d components, %d passes, max residual %.2e",
-            self.fit_seconds_,
-            self.n_components_,
-            self.n_passes_,
-            float(np.max(resid)) if resid.size else 0.0,
-        )
-        return Xd, kind
 
     # ------------------------------------------------- scikit-learn's contract
     def _is_precomputed(self) -> bool:
@@ -622,7 +694,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
     def _project(self, X: Any, what: str) -> Any:
         self._check_fitted()
-        V.check_feature_names(getattr(self, "feature_names_in_", None), X)
+        names = getattr(self, "feature_names_in_", None)
+        X = V.check_feature_names(names, X)  # a DataFrame's columns selected by name
         Xd, kind = V.as_dask_array(X)
         if self._is_precomputed():
             n_fit = self.n_samples_fit_
@@ -640,7 +713,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 f"{self.n_features_in_} features as input (fitted with {self.n_features_in_}); "
                 "pass data with the same columns as in fit."
             )
-        V.check_finite(Xd)
+        V.check_finite(Xd, names=None if self._is_precomputed() else names)
+        scaler = getattr(self, "preprocess_", None)
+        if scaler is not None:
+            Xd = scaler.transform(Xd)
         return self._project_array(Xd, kind, what)
 
     def _out_dtype(self, in_dtype: Any = None) -> np.dtype:
@@ -787,9 +863,44 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         if kind == "numpy":
             V.check_finite(Zd, what="Z")
         out, status = inverse_transform_graph(self, Zd, kind, method, return_status)
+        scaler = getattr(self, "preprocess_", None)
+        if scaler is not None:  # pre-images in the original units
+            out = scaler.inverse_transform(out)
         if kind == "numpy" and not return_status:
             warn_not_converged(status, int(self.preimage_max_iter))
         return (out, status) if return_status else out
+
+    # ---------------------------------------------------------------- features
+    def record_features(self, names: Any, *, dtypes: Any = None, **info: Any) -> KernelPCA:
+        """Record the names (and dtypes) of the columns a fitted model was fitted on.
+
+        For a model fitted on an array whose columns have names elsewhere (the
+        pipeline fits on its zarr store of a table's columns): afterwards
+        ``feature_names_in_`` holds ``names``, and :meth:`transform` selects a
+        DataFrame's columns by name, as after a fit on a DataFrame. ``info``: more
+        JSON values about the columns (the pipeline records its id and label
+        columns and how the features were chosen). All of it is in ``features_``
+        and saved with the model (its ``"features"`` block).
+        """
+        self._check_fitted()
+        names = [str(c) for c in names]
+        if len(names) != self.n_features_in_ or self._is_precomputed():
+            raise InvalidParameterError(
+                f"record_features got {len(names)} names for a model of "
+                f"{self.n_features_in_} features; pass one name per column of X."
+            )
+        if len(set(names)) != len(names):
+            dup = sorted({c for c in names if names.count(c) > 1})
+            raise InvalidParameterError(f"record_features: names given twice: {dup}.")
+        if dtypes is not None and len(dtypes) != len(names):
+            raise InvalidParameterError("record_features: one dtype per name, or none.")
+        self.feature_names_in_ = np.asarray(names, dtype=object)
+        self.features_ = {
+            "names": names,
+            "dtypes": None if dtypes is None else [str(t) for t in dtypes],
+            **info,
+        }
+        return self
 
     # ------------------------------------------------------------ persistence
     def save(self, path: Any, *, overwrite: bool = False) -> None:

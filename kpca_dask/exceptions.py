@@ -121,3 +121,7 @@ class DroppedComponentsWarning(KpcaWarning):
 class InvalidInputTypeError(InvalidInputError, TypeError):
     """Input of the wrong type (e.g. an object array holding non-numbers): a
     TypeError as well, as numpy's and scikit-learn's checks raise."""
+
+
+class NotUpdatableError(KpcaError, ValueError):
+    """A model cannot take new rows exactly (not Nyström, or no sufficient statistics)."""

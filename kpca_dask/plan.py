@@ -120,6 +120,7 @@ _PARAM_RULES = {
     "landmark_method": V.options(*LANDMARK_METHODS),
     "landmark_sample_size": V.int_range(1, allow=("auto",)),
     "nystroem_method": V.options("auto", "randomized", "covariance"),
+    "keep_statistics": [V.options("auto"), _BOOL],
     "fit_inverse_transform": _BOOL,
     "alpha": V.real_range(0),
     "preimage": V.options(*PREIMAGE_METHODS),
@@ -127,6 +128,7 @@ _PARAM_RULES = {
     "preimage_tol": V.real_range(0, lo_open=True),
     "preimage_max_iter": V.int_range(1),
     "kernel_cache": V.options(*KERNEL_CACHE_MODES),
+    "preprocess": V.options("none", "standard", "robust"),
     **_SKLEARN_PARAM_RULES,
 }
 

@@ -248,15 +248,22 @@ def _check_dtype(dtype: np.dtype, what: str) -> None:
 
 
 def _block_nonfinite(x: np.ndarray) -> np.ndarray:
-    return np.array([[np.count_nonzero(~np.isfinite(x))]], dtype=np.int64)
+    """Count of NaN/inf per column of one block (a 1 x d row)."""
+    return np.count_nonzero(~np.isfinite(x), axis=0).astype(np.int64)[None, :]
 
 
-def check_finite(Xd: da.Array, what: str = "X") -> None:
-    """One pass over the values: refuse NaN/inf, naming the first rows involved."""
+def column_label(j: int, names: Any = None) -> str:
+    """``'name'`` when the columns have names, else ``j`` (0-based index)."""
+    if names is not None and 0 <= j < len(names):
+        return repr(str(names[j]))
+    return str(j)
+
+
+def check_finite(Xd: da.Array, what: str = "X", names: Any = None) -> None:
+    """One pass over the values: refuse NaN/inf, naming the first rows and the column
+    involved (``names``: the column names, when known)."""
     per_block = Xd.map_blocks(
-        _block_nonfinite,
-        chunks=((1,) * len(Xd.chunks[0]), (1,) * len(Xd.chunks[1])),
-        dtype=np.int64,
+        _block_nonfinite, chunks=((1,) * len(Xd.chunks[0]), Xd.chunks[1]), dtype=np.int64
     )
     (counts2d,) = dask.compute(per_block)
     counts = counts2d.sum(axis=1)
@@ -264,10 +271,13 @@ def check_finite(Xd: da.Array, what: str = "X") -> None:
     if total:
         offsets = np.concatenate([[0], np.cumsum(Xd.chunks[0])])
         b = int(np.flatnonzero(counts)[0])
+        cols = np.flatnonzero(counts2d[b])
+        col = f" in column {column_label(int(cols[0]), names)}" if cols.size else ""
+        more = f" (and {cols.size - 1} other column(s))" if cols.size > 1 else ""
         raise InvalidInputError(
             f"{what} contains NaN or infinity ({total} value(s); the first in rows "
-            f"{offsets[b]}-{offsets[b + 1] - 1}). Remove or impute them before fitting "
-            "(the pipeline's ingest can drop such rows with nonfinite='drop')."
+            f"{offsets[b]}-{offsets[b + 1] - 1}){col}{more}. Remove or impute them before "
+            "fitting (the pipeline's ingest can drop such rows with nonfinite='drop')."
         )
 
 
@@ -362,42 +372,78 @@ def check_min_samples(n: int, what: str = "X", minimum: int = 2) -> None:
         )
 
 
-def check_feature_names(fitted: np.ndarray | None, X: Any) -> None:
-    """scikit-learn's rule: columns given by name must be the fitted ones, in order.
+def check_feature_names(fitted: np.ndarray | None, X: Any) -> Any:
+    """Columns by name: ``X`` with the fitted columns in their fitted order.
 
-    ``fitted``: the names seen at fit (``feature_names_in_``) or None. Warnings point
-    at the caller of the estimator method that calls this (two frames up).
+    ``fitted``: the names seen at fit (``feature_names_in_``) or None. A DataFrame
+    whose columns are the fitted ones in another order is reordered (the result is the
+    same as in fit's order; scikit-learn refuses it); one that lacks a fitted column
+    or has a column the model does not know is refused in one line naming them, with
+    scikit-learn's sentences. Without names on either side, scikit-learn's warnings
+    (they point at the caller of the estimator method that calls this, two frames up);
+    none for dask and zarr arrays, which have no column names (taken by position).
     """
     names = feature_names(X)
     if fitted is None and names is None:
-        return
+        return X
     if fitted is None:
         warnings.warn(
             "X has feature names, but KernelPCA was fitted without feature names",
             UserWarning,
             stacklevel=4,
         )
-        return
+        return X
     if names is None:
-        if hasattr(X, "columns"):
-            return
+        if hasattr(X, "columns") or _is_lazy_array(X):
+            # non-string column names: scikit-learn's rule is silence; dask and zarr
+            # arrays never have names (the pipeline's stores keep the fitted order)
+            return X
         warnings.warn(
             "X does not have valid feature names, but KernelPCA was fitted with feature names",
             UserWarning,
             stacklevel=4,
         )
-        return
+        return X
     if len(names) == len(fitted) and np.all(names == fitted):
-        return
-    unseen = [c for c in names if c not in set(fitted)]
-    missing = [c for c in fitted if c not in set(names)]
+        return X
+    seen = set(fitted)
+    unseen = [str(c) for c in names if c not in seen]
+    missing = [str(c) for c in fitted if c not in set(names)]
+    dup = sorted({str(c) for c in names if list(names).count(c) > 1})
+    if not unseen and not missing and not dup:
+        return X[list(fitted)]  # the same columns in another order: select by name
     # scikit-learn's sentences (its checks look for them), on one line
     msg = "The feature names should match those that were passed during fit."
     if unseen:
-        msg += f" Feature names unseen at fit time: {unseen[:5]}."
+        msg += f" Feature names unseen at fit time: {_names(unseen)}."
     if missing:
-        msg += f" Feature names seen at fit time, yet now missing: {missing[:5]}."
-    if not unseen and not missing:
-        msg += " Feature names must be in the same order as they were in fit."
-    msg += " Pass the fitted columns in their order, e.g. X[model.feature_names_in_]."
+        msg += f" Feature names seen at fit time, yet now missing: {_names(missing)}."
+    if dup:
+        msg += f" Columns given more than once: {_names(dup)}."
+    fix = []
+    if unseen:
+        fix.append("drop the columns the model does not know")
+    if missing:
+        fix.append("add the missing ones")
+    if dup:
+        fix.append("keep one column of each name")
+    msg += (
+        f" {' and '.join(fix).capitalize()} (the model's features: feature_names_in_), "
+        "e.g. X[model.feature_names_in_]."
+    )
     raise InvalidInputError(msg)
+
+
+def _is_lazy_array(X: Any) -> bool:
+    if isinstance(X, da.Array):
+        return True
+    try:
+        import zarr
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(X, zarr.Array)
+
+
+def _names(cols: list[str], limit: int = 10) -> str:
+    shown = ", ".join(repr(c) for c in cols[:limit])
+    return f"[{shown}{f', ... ({len(cols)} in all)' if len(cols) > limit else ''}]"

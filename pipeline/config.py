@@ -39,6 +39,7 @@ __all__ = [
     "ClusterConfig",
     "DenoiseConfig",
     "EvaluateConfig",
+    "PreprocessConfig",
     "PipelineConfig",
     "RESERVED_NAMES",
     "SGD_MIN_ROWS",
@@ -234,8 +235,14 @@ class InputConfig(_Model):
     )
     columns: list[str] | None = Field(
         None,
-        description="Feature columns by name for CSV/Parquet (default: every numeric "
-        "column except the label and id columns).",
+        description="Feature columns by name for CSV/Parquet (default: every column "
+        "except the label, id and excluded columns; numeric and bool columns only).",
+    )
+    exclude_columns: list[str] | None = Field(
+        None,
+        description="Columns that are not features, left out of the default selection "
+        "(e.g. a numeric code or timestamp; non-numeric columns are left out anyway, "
+        "with a warning this silences; docs/config.md, 'Feature columns').",
     )
     label_column: str | None = Field(
         None, description="Optional class label column, kept alongside (enables evaluation)."
@@ -354,6 +361,13 @@ class SolverConfig(_Model):
     )
     landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
         "rpcholesky", description="How Nyström landmarks are chosen."
+    )
+    keep_statistics: bool | Literal["auto"] = Field(
+        True,
+        description="Nyström: keep the sufficient statistics (m x m float64) in the model so "
+        "that `kpca update` adds rows exactly (docs/update.md); true makes the Nyström "
+        "solve use one covariance pass; 'auto' keeps them only when that method is chosen "
+        "anyway.",
     )
 
 
@@ -700,6 +714,22 @@ RESERVED_NAMES = {
 }
 
 
+class PreprocessConfig(_Model):
+    """Feature scaling, fitted on the training rows and stored with the model."""
+
+    scale: Literal["standard", "robust", "none"] = Field(
+        "standard",
+        description="'standard': subtract the mean, divide by the standard deviation "
+        "(scikit-learn's StandardScaler); 'robust': median and inter-quartile "
+        "range (RobustScaler; exact up to 16 million training rows, "
+        "approximate beyond); 'none': the raw values (the run warns when "
+        "column spreads differ by more than 1e3). Fitted on the training rows "
+        "only, stored in the model, applied by transform and undone by the "
+        "pre-image; gamma: scale is computed after scaling. Constant columns "
+        "are scaled by 1. Why 'standard' is the default: docs/evaluate.md.",
+    )
+
+
 class DenoiseConfig(BaseModel):
     """Pre-images of the embedding ("denoised" rows), written next to the embedding."""
 
@@ -779,10 +809,77 @@ class DenoiseConfig(BaseModel):
         return v
 
 
+class UpdateConfig(_Model):
+    """`kpca update`: the drift checks on a new batch and what to do about drift."""
+
+    base: str | None = Field(
+        None,
+        description="The published run an update starts from (set by `kpca update RUN`); "
+        "null for a full run.",
+    )
+    reembed: bool = Field(
+        False,
+        description="After a merge, embed every row again with the updated model (reads all "
+        "rows); false keeps the published rows' embedding and appends the batch's. Refits "
+        "always embed every row.",
+    )
+    policy: Literal["auto", "merge", "refresh_landmarks", "refit"] = Field(
+        "auto",
+        description="'merge': add the batch to the Nyström statistics (exact, reads only "
+        "the batch); 'refresh_landmarks': new landmarks and a fit on all rows; 'refit': a "
+        "fit on all rows with the configured solver; 'auto': merge unless the drift report "
+        "flags the batch, then `on_drift`.",
+    )
+    on_drift: Literal["merge", "refresh_landmarks", "refit"] = Field(
+        "refresh_landmarks", description="What policy 'auto' does with a flagged batch."
+    )
+    novelty_pvalue: float = Field(
+        1e-3,
+        gt=0,
+        lt=1,
+        description="Flag the batch when the two-sample KS test of its novelty scores "
+        "against the training rows' has a p-value below this (the false-positive rate on "
+        "i.i.d. batches).",
+    )
+    novelty_effect: float = Field(
+        1.25,
+        ge=1,
+        description="A novelty flag also needs the batch's median novelty score to be at "
+        "least this many times the training rows' (a large batch makes tiny differences "
+        "significant).",
+    )
+    captured_drop: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Flag the batch when the share of its kernel variance the components "
+        "capture is this much (absolute) below the training rows'.",
+    )
+    mean_shift: float = Field(
+        0.5,
+        gt=0,
+        description="Flag the batch when its embedding mean moves by more than this many "
+        "training standard deviations along any component.",
+    )
+    spread_ratio: float = Field(
+        2.0,
+        gt=1,
+        description="Flag the batch when its embedding spread along any component is more "
+        "than this factor above or below the training rows'.",
+    )
+    reference_rows: int = Field(
+        4096,
+        ge=50,
+        description="Training rows sampled (seeded, landmarks excluded) as the drift "
+        "reference.",
+    )
+
+
 class PipelineConfig(_Model):
     """A whole pipeline run."""
 
     input: InputConfig
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     solver: SolverConfig = Field(default_factory=SolverConfig)
     chunks: ChunkConfig = Field(default_factory=ChunkConfig)
@@ -791,6 +888,7 @@ class PipelineConfig(_Model):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     denoise: DenoiseConfig = Field(default_factory=DenoiseConfig)
+    update: UpdateConfig = Field(default_factory=UpdateConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:
@@ -956,6 +1054,51 @@ def _type_name(t: Any) -> str:
     return text.replace("pipeline.config.", "").replace("__main__.", "")
 
 
+#: prose after a section's table in docs/config.md (the policies its fields select)
+REFERENCE_NOTES: dict[str, str] = {
+    "input": """### Feature columns (CSV and Parquet)
+
+Which columns of a table are features (pipeline/features.py):
+
+- **Numeric** columns (integers, floats) are features. Without `input.columns`, every
+  column except `id_column`, `label_column` and `exclude_columns` is a feature, in the
+  table's order.
+- **bool** columns are features, as 0/1. The run logs a note naming them and
+  `kpca info` lists them ("bool as 0/1"); list `input.columns` or `exclude_columns` to
+  leave them out.
+- **Text, categorical, datetime and timedelta** columns are not features. Without
+  `input.columns` they are left out with a warning naming them and their kind, recorded
+  as left out in the run's features block and listed by `kpca info` ("left out (not
+  numeric)"); `input.exclude_columns` leaves them out without the warning. Listed in
+  `input.columns` they are refused in one line (encode them as numbers first: one-hot,
+  epoch seconds...). A table with no numeric column is refused.
+- NaN or infinity in a feature column stops the run naming the first row and column
+  (`nonfinite: drop` drops such rows instead).
+
+The run records what it used, its *features block*: names in order, dtypes, bool
+columns, the id and label columns, the columns left out, and how the features were
+chosen (`columns`: listed in `input.columns`; `all`: every column but the id, label,
+excluded and non-numeric ones; `positions`: NPY and zarr input, whose columns have no
+names). It is saved with the model (its `features`
+block: `KernelPCA.feature_names_in_` and `features_` after `kpca_dask.load`) and in
+the manifest (`input.features`); `kpca info` lists it.
+
+`kpca transform RUN DATA` (and `--inverse`) selects the model's features from a table
+**by name, in any order**, and carries the run's id and label columns when the table has
+them (no flags needed for a table shaped like the training one; `--id-column` and
+`--label-column` override). A missing feature is refused in one line naming it. A
+column that is none of the features nor the id/label is refused naming it when the run
+took every column as a feature (a new column means the table changed; `--ignore-extra`
+embeds with the model's features anyway; columns the run excluded or left out are
+ignored), and ignored with a note when the run listed
+its features in `input.columns` (other columns were never features). NPY and zarr input
+are taken by position, with the same number of columns as at fit. The estimator does the
+same for a pandas DataFrame: `transform` selects `feature_names_in_` by name, refusing
+missing or unknown columns (docs/sklearn.md).
+""",
+}
+
+
 def reference_markdown() -> str:
     """docs/config.md: every section and field with its type, default and description."""
     lines = [
@@ -986,6 +1129,8 @@ def reference_markdown() -> str:
             desc = (f.description or "").replace("|", "\\|")
             lines.append(f"| `{fname}` | `{typ}` | `{default}` | {desc} |")
         lines.append("")
+        if name in REFERENCE_NOTES:
+            lines += [REFERENCE_NOTES[name].strip(), ""]
     return "\n".join(lines)
 
 

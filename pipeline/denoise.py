@@ -250,14 +250,16 @@ def denoise_to_store(
     chunks: Any = None,
     method: str | None = None,
     overwrite: bool = False,
+    storage_options: dict | None = None,
 ) -> dict[str, Any]:
     """``kpca transform --inverse``: denoised rows of new data with a saved model (zarr).
+
+    ``storage_options``: of the model's and the output's URLs (the input has its own).
 
     Writes a zarr group at ``output`` with ``denoised`` (n x d) and ``ids``/``labels``
     when the input has them; the model comes from a verified run or a model folder.
     """
-    from .ingest import read_input
-    from .transform import load_model
+    from .transform import load_model, read_model_input
 
     t0 = time.perf_counter()
     if output.rstrip("/").endswith(".parquet"):
@@ -269,10 +271,14 @@ def denoise_to_store(
     from .transform import verify_transform_output
 
     out = check_transform_output(
-        output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+        output,
+        model_path=model_path,
+        inputs=[input_cfg.path],
+        overwrite=overwrite,
+        storage_options=storage_options,
     )
-    model = load_model(model_path)
-    src = read_input(input_cfg, chunks)
+    model = load_model(model_path, storage_options)
+    src = read_model_input(model, input_cfg, chunks)  # columns by name (pipeline/transform.py)
     dcfg = DenoiseConfig(
         enabled=True,
         preimage=method or "auto",
@@ -318,7 +324,11 @@ def denoise_to_store(
 
     with OutputLock(out):
         check_transform_output(
-            output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+            output,
+            model_path=model_path,
+            inputs=[input_cfg.path],
+            overwrite=overwrite,
+            storage_options=storage_options,
         )
         publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
     counts = counts_box[-1]

@@ -125,5 +125,9 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, OSError):
         return True
+    # an object store that cannot be reached (botocore's are not OSErrors)
+    unreachable = _loaded("botocore.exceptions", "ConnectionError")
+    if unreachable is not None and isinstance(exc, unreachable):
+        return True
     killed = _loaded("distributed.scheduler", "KilledWorker")
     return killed is not None and isinstance(exc, killed)

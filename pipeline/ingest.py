@@ -25,6 +25,7 @@ import numpy as np
 from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
 from .config import ChunkConfig, InputConfig
+from .features import record as record_features
 from .progress import compute
 from .readers import (
     InputError,
@@ -74,6 +75,9 @@ class IngestResult:
     label_column: str | None = None
     id_column: str | None = None
     classes: list[str] | None = None
+    #: the features block: names, dtypes, bool/id/label columns, how they were chosen
+    #: (pipeline/features.py: record); None in results written before it existed
+    features: dict[str, Any] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     reused: bool = False
@@ -258,10 +262,13 @@ def ingest(
             bad |= masks[1]
         if bad.any() and cfg.nonfinite == "error":
             first = int(np.flatnonzero(bad)[0])
+            (row,) = dask.compute(X[first])
+            cols = np.flatnonzero(~np.isfinite(row))
+            where = f", column {_columns(cols, src.columns)}" if cols.size else ""
             raise InputError(
                 f"{cfg.path} contains NaN or infinity in "
                 f"{_count(int(bad.sum()), 'row')} "
-                f"(first: row {first}); clean the data or set input.nonfinite: drop."
+                f"(first: row {first}{where}); clean the data or set input.nonfinite: drop."
             )
         dropped = int(bad.sum())
         if dropped:
@@ -302,10 +309,9 @@ def ingest(
         sources.append(arr)
     stored = da.store(sources, targets, lock=False, compute=False)
     digests = {k: _digest_blocks(a) for k, a in arrays.items()}
-    counts = X.map_blocks(
-        lambda x: np.array([np.count_nonzero(~np.isfinite(x))]),
-        drop_axis=1,
-        chunks=((1,) * len(X.chunks[0]),),
+    counts = X.map_blocks(  # NaN/inf per column of each row block
+        lambda x: np.count_nonzero(~np.isfinite(x), axis=0).astype(np.int64)[None, :],
+        chunks=((1,) * len(X.chunks[0]), X.chunks[1]),
         dtype=np.int64,
     )
     try:
@@ -318,11 +324,14 @@ def ingest(
     if int(nonfinite.sum()):
         store.remove()
         offs = np.concatenate([[0], np.cumsum(X.chunks[0])])
-        b = int(np.flatnonzero(nonfinite)[0])
+        per_block = nonfinite.sum(axis=1)
+        b = int(np.flatnonzero(per_block)[0])
+        cols = np.flatnonzero(nonfinite[b])
         raise InputError(
             f"{cfg.path} contains NaN or infinity ({_count(int(nonfinite.sum()), 'value')}; "
             "the first in "
-            f"rows {offs[b]}-{offs[b + 1] - 1}); clean the data or set input.nonfinite: drop."
+            f"rows {offs[b]}-{offs[b + 1] - 1}) in column {_columns(cols, src.columns)}; "
+            "clean the data or set input.nonfinite: drop."
         )
     fingerprint = _fingerprint_from_digests(
         arrays, digest_values, {"columns": src.columns, "classes": src.classes}
@@ -340,6 +349,13 @@ def ingest(
         label_column=cfg.label_column,
         id_column=cfg.id_column,
         classes=src.classes,
+        features=record_features(
+            src.selection,
+            src.columns,
+            id_column=cfg.id_column,
+            label_column=cfg.label_column,
+            source_format=detect_format(cfg),
+        ),
         source={"path": cfg.path},
         seconds=time.perf_counter() - t0,
     )
@@ -362,6 +378,14 @@ def ingest(
         fingerprint,
     )
     return res
+
+
+def _columns(cols: np.ndarray, names: list[str]) -> str:
+    """ "'b'" or "'b' (and 2 other columns)": the first column by name."""
+    first = int(cols[0])
+    name = repr(str(names[first])) if first < len(names) else str(first)
+    more = f" (and {_count(cols.size - 1, 'other column')})" if cols.size > 1 else ""
+    return name + more
 
 
 def _count(k: int, noun: str) -> str:

@@ -19,6 +19,7 @@ __all__ = [
     "CHECKSUMMED",
     "CHECKSUMMED_FILES",
     "DENOISED",
+    "DRIFT_REPORT",
     "EMBEDDING",
     "FLOW_CACHE",
     "GROUP_FILE",
@@ -37,6 +38,7 @@ __all__ = [
     "RUN_NAMES",
     "SPECTRUM",
     "SPECTRUM_ARRAYS",
+    "UPDATE",
     "WORK",
     "RunLayout",
     "output_location",
@@ -76,11 +78,14 @@ REPORT_MD = "report.md"
 DENOISED = "denoised"
 #: the zarr group's own metadata file: the run folder is a zarr v3 group
 GROUP_FILE = "zarr.json"
+#: an update run's drift report (``kpca update``, pipeline/update.py)
+UPDATE = "update"
+DRIFT_REPORT = "drift.json"
 
 #: arrays of the run group covered by the manifest's checksums (when present)
 CHECKSUMMED = (EMBEDDING, *SPECTRUM_ARRAYS, "labels", "ids", "split")
 #: folders of the run whose files are covered by the manifest's checksums (when present)
-CHECKSUMMED_FILES = (PARQUET, REPORT)
+CHECKSUMMED_FILES = (PARQUET, REPORT, UPDATE)
 #: top-level names a run writes (and may replace) in its output folder
 RUN_NAMES = frozenset(
     {
@@ -95,6 +100,7 @@ RUN_NAMES = frozenset(
         WORK,
         DENOISED,
         LOCK,
+        UPDATE,
     }
 )
 
@@ -174,6 +180,4 @@ def run_layout(cfg) -> RunLayout:
 def output_location(path: str, storage_options: dict | None = None) -> Location:
     """The :class:`Location` of a run folder: its options apply to URLs only (a local
     folder takes none)."""
-    path = str(path)
-    remote = "://" in path and not path.startswith("file://")
-    return Location(path, dict(storage_options or {}) if remote else {})
+    return Location.at(str(path), storage_options)

@@ -270,7 +270,12 @@ def _is_transform_output(p: Path) -> bool:
 
 
 def check_transform_output(
-    output: str, *, model_path: str, inputs: list[str], overwrite: bool
+    output: str,
+    *,
+    model_path: str,
+    inputs: list[str],
+    overwrite: bool,
+    storage_options: dict | None = None,
 ) -> Location:
     """The output of ``kpca transform`` once it is known safe: refuses ``""``/``.``, the
     current or home folder, the input, a run folder or anything inside the model's run,
@@ -284,7 +289,7 @@ def check_transform_output(
             f"output path {raw!r} names no new folder (empty or '.'); give the output a "
             "name of its own, e.g. embedding.zarr."
         )
-    out = Location(raw)
+    out = Location.at(raw, storage_options)
     try:
         check_not_overlapping(
             out,

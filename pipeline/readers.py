@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -21,6 +22,8 @@ from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
 from .config import ChunkConfig, InputConfig
 from .errors import UserError
+from .features import FeatureError, Selection
+from .features import select as select_features
 from .store import Location
 
 logger = logging.getLogger("pipeline")
@@ -28,12 +31,14 @@ logger = logging.getLogger("pipeline")
 __all__ = [
     "InputError",
     "NpyFile",
+    "RemoteNpyFile",
     "SourceData",
     "check_exists",
     "detect_format",
     "explain_table_error",
     "read_input",
     "rows_per_chunk",
+    "table_columns",
 ]
 
 
@@ -50,6 +55,8 @@ class SourceData:
     labels: da.Array | None = None
     classes: list[str] | None = None
     ids: da.Array | None = None
+    #: how the feature columns were chosen (tables only; pipeline/features.py)
+    selection: Selection | None = None
 
 
 def detect_format(cfg: InputConfig) -> str:
@@ -111,17 +118,16 @@ def read_input(cfg: InputConfig, chunks: ChunkConfig | None = None) -> SourceDat
 
 
 def _read_npy(cfg, loc, chunks) -> SourceData:
-    if cfg.columns or cfg.label_column or cfg.id_column:
+    if cfg.columns or cfg.label_column or cfg.id_column or cfg.exclude_columns:
         raise InputError(
             "NPY input has no named columns: remove input.columns/label_column/"
-            "id_column, or convert the data to Parquet/CSV."
+            "id_column/exclude_columns, or convert the data to Parquet/CSV."
         )
     try:
         if loc.is_local:
             arr = np.load(loc.local_path, mmap_mode="r", allow_pickle=False)
-        else:  # remote NPY is read whole (use Parquet or zarr for large remote data)
-            with loc.fs.open(loc.fs_path, "rb") as f:
-                arr = np.load(f, allow_pickle=False)
+        else:  # only the header here: the workers read their rows in byte ranges
+            arr = RemoteNpyFile.open(loc)
     except ValueError as exc:
         if "allow_pickle" in str(exc) or "Python objects" in str(exc):
             raise InputError(
@@ -131,7 +137,7 @@ def _read_npy(cfg, loc, chunks) -> SourceData:
         raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
     except (OSError, EOFError) as exc:
         raise InputError(f"{cfg.path} is not a readable NPY file: {exc}") from exc
-    if not isinstance(arr, np.ndarray):  # np.load opens NPZ archives whatever the name
+    if not isinstance(arr, np.ndarray | RemoteNpyFile):  # np.load opens NPZ archives too
         names = list(getattr(arr, "files", []))[:10]
         if hasattr(arr, "close"):
             arr.close()
@@ -150,6 +156,7 @@ def _read_npy(cfg, loc, chunks) -> SourceData:
     # the memmap itself to dask would pickle the whole array into the graph (every byte
     # through the scheduler, and a worker killed for memory when the file is large).
     source = NpyFile(str(loc.local_path), arr.shape, arr.dtype) if loc.is_local else arr
+    # (a remote file is a RemoteNpyFile already: its url and storage options travel)
     X = da.from_array(
         source,
         chunks=(rows, -1),
@@ -181,13 +188,137 @@ class NpyFile:
         return ("NpyFile", self.path, self.shape, self.dtype.str)
 
 
+class RemoteNpyFile:
+    """An NPY file at a URL (any fsspec filesystem) as an array-like that dask can slice.
+
+    Made from the file's header alone (:meth:`open`, on the client); each read fetches
+    only the byte range of its rows (C order: one range; Fortran order: one range per
+    column), on whichever worker runs it, through the location's own storage options.
+    Only the URL, the options and the layout travel with the tasks, never the data.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        offset: int,
+        fortran_order: bool,
+    ):
+        self.url, self.storage_options = url, dict(storage_options)
+        self.shape, self.dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+        self.offset, self.fortran_order = int(offset), bool(fortran_order)
+        self.ndim = len(self.shape)
+
+    @classmethod
+    def open(cls, loc: Location) -> RemoteNpyFile:
+        """Read and check the header of the NPY file at ``loc`` (ValueError/OSError when
+        it is not one: the caller turns them into an InputError)."""
+        fmt = np.lib.format
+        fs, path = loc.fs, loc.fs_path
+        with fs.open(path, "rb") as f:
+            head = f.read(6)
+            if head.startswith(b"PK"):  # a zip: np.load would open it as an NPZ archive
+                raise ValueError(
+                    "it is an NPZ archive (a zip of arrays), not an NPY file; save the "
+                    "feature matrix with numpy.save"
+                )
+            f.seek(0)
+            major, minor = fmt.read_magic(f)
+            if (major, minor) == (1, 0):
+                shape, fortran, dtype = fmt.read_array_header_1_0(f)
+            elif (major, minor) == (2, 0):
+                shape, fortran, dtype = fmt.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"NPY format version {major}.{minor} is not supported")
+            offset = f.tell()
+        if dtype.hasobject:
+            raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+        size = fs.size(path)
+        expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if size != expected:
+            raise ValueError(
+                f"the file holds {size} bytes where its header promises {expected} "
+                "(truncated or still being written)"
+            )
+        return cls(loc.url, loc.storage_options, shape, dtype, offset, fortran)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_fs"}
+
+    def _fs_path(self):
+        fs = self.__dict__.get("_fs")
+        if fs is None:
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            self._fs = fs, path
+        return self._fs
+
+    def _rows(self, start: int, stop: int, cols: slice) -> np.ndarray:
+        """Rows ``start:stop`` (all columns in C order; ``cols`` in Fortran order)."""
+        fs, path = self._fs_path()
+        item = self.dtype.itemsize
+        n = self.shape[0]
+        d = int(np.prod(self.shape[1:], dtype=np.int64)) if self.ndim > 1 else 1
+        if start >= stop:
+            return np.empty((0, *self.shape[1:]), dtype=self.dtype)
+        if not self.fortran_order or self.ndim == 1:
+            a = self.offset + start * d * item
+            b = self.offset + stop * d * item
+            data = fs.cat_file(path, start=a, end=b)
+            self._check(len(data), b - a)
+            rows = np.frombuffer(data, dtype=self.dtype)
+            return rows.reshape((stop - start, *self.shape[1:]))
+        # Fortran order (2-D only here): each column's rows are one range
+        js = range(*cols.indices(self.shape[1]))
+        starts = [self.offset + (j * n + start) * item for j in js]
+        ends = [self.offset + (j * n + stop) * item for j in js]
+        parts = fs.cat_ranges([path] * len(starts), starts, ends)
+        out = np.empty((stop - start, len(starts)), dtype=self.dtype)
+        for k, part in enumerate(parts):
+            if isinstance(part, BaseException):
+                raise part
+            self._check(len(part), ends[k] - starts[k])
+            out[:, k] = np.frombuffer(part, dtype=self.dtype)
+        return out
+
+    def _check(self, got: int, want: int) -> None:
+        if got != want:
+            raise InputError(
+                f"{self.url} changed while it was being read ({got} bytes where {want} "
+                "were expected); re-run when the file is complete."
+            )
+
+    def __getitem__(self, key) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        rows, rest = key[0], key[1:]
+        n = self.shape[0]
+        if isinstance(rows, slice) and rows.step in (None, 1):
+            start, stop, _ = rows.indices(n)
+            local: Any = slice(None)
+        else:  # any other selection: the bounding range of its rows, then select
+            idx = np.arange(n)[rows]
+            start, stop = (int(idx.min()), int(idx.max()) + 1) if idx.size else (0, 0)
+            local = idx - start
+        cols = rest[0] if rest and isinstance(rest[0], slice) else slice(None)
+        block = self._rows(start, max(start, stop), cols)[local]
+        if self.fortran_order and self.ndim == 2 and rest and isinstance(rest[0], slice):
+            rest = rest[1:]  # the read selected the columns already
+        return np.array(block[(slice(None), *rest)] if rest else block)
+
+    def __dask_tokenize__(self):
+        return ("RemoteNpyFile", self.url, self.shape, self.dtype.str, self.offset)
+
+
 def _read_zarr(cfg, loc, chunks) -> SourceData:
     import zarr
 
-    if cfg.columns or cfg.label_column or cfg.id_column:
+    if cfg.columns or cfg.label_column or cfg.id_column or cfg.exclude_columns:
         raise InputError(
             "zarr input has no named columns: remove input.columns/label_column/"
-            "id_column, or pass a Parquet/CSV file."
+            "id_column/exclude_columns, or pass a Parquet/CSV file."
         )
     try:
         node = zarr.open(
@@ -251,7 +382,8 @@ def _check_matrix_dtype(dtype, path) -> None:
         )
 
 
-def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
+def _open_table(cfg: InputConfig, fmt: str):
+    """The source as a lazy dask DataFrame (nothing read but the schema and a sample)."""
     import dask.dataframe as dd
 
     opts = dict(cfg.storage_options)
@@ -273,50 +405,51 @@ def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
                 "file with data."
             ) from exc
         raise InputError(explain_table_error(cfg.path, exc, fmt)) from exc
-    available = list(df.columns)
-    if not available:
+    if not list(df.columns):
         raise InputError(
             f"{cfg.path} has no columns (empty file?); point input.path at a file with data."
         )
+    return df
+
+
+def table_columns(cfg: InputConfig) -> tuple[list[str], dict[str, str]] | None:
+    """A CSV/Parquet source's column names and dtypes (from its schema and a sample;
+    no pass over the data), or None for NPY/zarr input (no names)."""
+    check_exists(cfg)
+    fmt = detect_format(cfg)
+    if fmt not in ("csv", "parquet"):
+        return None
+    df = _open_table(cfg, fmt)
+    return [str(c) for c in df.columns], {str(c): str(t) for c, t in df.dtypes.items()}
+
+
+def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
+    df = _open_table(cfg, fmt)
+    available = list(df.columns)
     for what, col in (("label_column", cfg.label_column), ("id_column", cfg.id_column)):
         if col is not None and col not in available:
             raise InputError(
                 f"input.{what} {col!r} is not a column of {cfg.path}; available: "
                 f"{available[:20]}"
             )
-    reserved = {cfg.label_column, cfg.id_column} - {None}
-    if cfg.columns:
-        missing = [c for c in cfg.columns if c not in available]
-        if missing:
-            raise InputError(
-                f"input.columns {missing} are not in {cfg.path}; available: {available[:20]}"
-            )
-        features = list(cfg.columns)
-        bad = [c for c in features if not _is_numeric(df[c].dtype)]
-        if bad:
-            raise InputError(
-                f"input.columns {bad} are not numeric ({[str(df[c].dtype) for c in bad]}); "
-                "drop them from input.columns or encode them as numbers."
-            )
-    else:
-        features = [c for c in available if c not in reserved and _is_numeric(df[c].dtype)]
-        skipped = [c for c in available if c not in reserved and c not in features]
-        if skipped:
-            logger.warning(
-                "ingest: ignoring non-numeric columns %s (list input.columns to "
-                "choose features explicitly)",
-                skipped[:10],
-            )
-        if not features and fmt == "csv" and _no_rows(df):
+    try:  # the policy for bool, text, categorical and datetime columns: pipeline/features.py
+        selection = select_features(
+            cfg.path,
+            available,
+            dict(df.dtypes.items()),
+            columns=cfg.columns,
+            exclude=cfg.exclude_columns,
+            id_column=cfg.id_column,
+            label_column=cfg.label_column,
+        )
+    except FeatureError as exc:
+        if "has no numeric feature columns" in str(exc) and fmt == "csv" and _no_rows(df):
             raise InputError(
                 f"{cfg.path} is empty: it has a header ({available[:5]}) but no "
                 "data rows; point input.path at a file with data."
-            )
-        if not features:
-            raise InputError(
-                f"{cfg.path} has no numeric feature columns (columns: "
-                f"{available[:20]}); set input.columns."
-            )
+            ) from None
+        raise InputError(str(exc)) from None
+    features = selection.features
     try:
         X = df[features].astype("float64").to_dask_array(lengths=True)
     except Exception as exc:
@@ -335,7 +468,12 @@ def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
     if ids is not None:
         ids = ids.rechunk({0: X.chunks[0]})
     return SourceData(
-        X=X, columns=[str(c) for c in features], labels=labels, classes=classes, ids=ids
+        X=X,
+        columns=[str(c) for c in features],
+        labels=labels,
+        classes=classes,
+        ids=ids,
+        selection=selection,
     )
 
 

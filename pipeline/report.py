@@ -471,6 +471,30 @@ _CLASSIFIER_NAMES = {
 }
 
 
+_SCALE_NAMES = {
+    "none": "none (raw values)",
+    "standard": "standard (mean 0, std 1 on the training rows)",
+    "robust": "robust (median 0, inter-quartile range 1 on the training rows)",
+}
+
+
+def _preprocess_rows(pre: dict[str, Any] | None) -> list[list[Any]]:
+    """The report's row about feature scaling (none for a model without a preprocess
+    block); linear PCA sees the same scaled features."""
+    if not pre:
+        return []
+    text = _SCALE_NAMES.get(pre["scale"], pre["scale"])
+    ratio = pre.get("spread_ratio")
+    if ratio is not None:
+        text += (
+            f"; raw column spreads differ by {_fmt_num(ratio)}x "
+            f"(widest {pre.get('widest')}, narrowest {pre.get('narrowest')})"
+        )
+    if pre.get("constant_columns"):
+        text += f"; {pre['constant_columns']} constant column(s) scaled by 1"
+    return [["Feature scaling", text + " (kernel and linear PCA alike)"]]
+
+
 def report_markdown(
     metrics: dict[str, Any],
     *,
@@ -514,10 +538,14 @@ def report_markdown(
                     f"{_CLASSIFIER_NAMES.get(clf['name'], clf['name'])} on {std}, "
                     f"C={_fmt_num(clf.get('C'))}",
                 ],
+                *_preprocess_rows(metrics.get("preprocess")),
             ],
         ),
         "",
     ]
+    warning = (metrics.get("preprocess") or {}).get("warning")
+    if warning:
+        lines += [f"**Warning: {warning}**", ""]
 
     lines += [
         "## Classification of held-out rows",

@@ -76,6 +76,8 @@ class SplitResult(_Flat):
     n_test: int
     split_id: str
     checksums: dict[str, str] | None = None
+    #: the scaling fitted on the training rows (kpca_dask.preprocess.Scaler.to_dict)
+    preprocess: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

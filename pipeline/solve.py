@@ -120,9 +120,16 @@ def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> Kerne
     s = cfg.solver
     params = _model_params(cfg)
     params.update(
-        n_power_iter=s.n_power_iter, tol=s.tol, max_iter=s.max_iter, chunk_size=block_rows
+        n_power_iter=s.n_power_iter,
+        tol=s.tol,
+        max_iter=s.max_iter,
+        chunk_size=block_rows,
+        keep_statistics=s.keep_statistics,  # Nyström: for `kpca update` (pipeline/update.py)
     )
     params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
+    # the scaling a refit (the evaluate stage's gamma cross-validation clones the model)
+    # fits on its own training rows; the solve passes the split stage's fitted scaler
+    params["preprocess"] = cfg.preprocess.scale
     return KernelPCA().set_params(**params)
 
 
@@ -206,8 +213,17 @@ def solve(
     *,
     block_rows: int | str = "auto",
     block_reader: Any = None,
+    features: dict[str, Any] | None = None,
+    scaler: Any = None,
 ) -> tuple[KernelPCA, dict[str, Any]]:
-    """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON)."""
+    """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON).
+
+    ``features``: the run's features block (pipeline/features.py), saved with the model
+    (``KernelPCA.record_features``): its transform then selects columns by name.
+    ``scaler``: the feature scaling the split stage fitted on these rows
+    (:class:`kpca_dask.preprocess.Scaler`); the estimator applies it and keeps it in
+    the model. ``X_train`` is in the original units.
+    """
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
     reading: dict[str, Any] = {}
@@ -218,6 +234,8 @@ def solve(
         X_train, reading = nystroem_rows(X_train, cfg)
         est.set_params(chunk_size=reading["block_rows"])
     fit_kw: dict[str, Any] = {}
+    if scaler is not None:
+        fit_kw["scaler"] = scaler
     if block_reader is not None:
         fit_kw["kernel_blocks"] = block_reader
     with warnings.catch_warnings(record=True) as caught:
@@ -237,6 +255,9 @@ def solve(
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
+    if features is not None:
+        info_ = {k: v for k, v in features.items() if k not in ("names", "dtypes")}
+        est.record_features(features["names"], dtypes=features.get("dtypes"), **info_)
     est.save(
         model_loc.local_path if model_loc.is_local else model_loc.zarr_source(writable=True),
         overwrite=True,
@@ -249,6 +270,7 @@ def solve(
         "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
         "gamma": est.gamma_,
         "kernel": est.kernel_.to_dict(),
+        "preprocess": None if scaler is None else scaler.method,
         "fit_seconds": fit_s,
         "seconds": time.perf_counter() - t0,
         **reading,

@@ -61,6 +61,7 @@ from .layout import (
     RunLayout,
     run_layout,
 )
+from .preprocess import fit_training_scaler, scaler_id, scaler_of
 from .project import write_embedding, write_parquet
 from .results import (
     KernelResult,
@@ -456,11 +457,15 @@ def stage_split(cfg: Any, ing: IngestResult) -> SplitResult:
         "all" if mask is None else hashlib.blake2b(mask.tobytes(), digest_size=8).hexdigest()
     )
     n_train = res.n_rows if mask is None else int(mask.sum())
+    # the scaling sees the training rows only: held-out rows never move its statistics
+    X_train = src.X if mask is None else src.X[mask.astype(bool)]
+    pre = fit_training_scaler(cfg.preprocess.scale, X_train, res.columns)
     return SplitResult(
         held_out=mask is not None,
         n_train=n_train,
         n_test=res.n_rows - n_train,
         split_id=split_id,
+        preprocess=pre,
     )
 
 
@@ -497,6 +502,9 @@ def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResul
     )
     result = KernelResult(materialized=materialize, reason=why, solver=solver, block_rows=r)
     if materialize:
+        scaler = scaler_of(split)
+        if scaler is not None:  # the kernel of the scaled rows, as the solve fits them
+            X_train = scaler.transform(X_train)
         X_train = X_train.persist()
         plan = planner.plan(X_train)  # gamma="scale": a sample of the persisted rows
         store = run_layout(cfg).kernel
@@ -505,12 +513,19 @@ def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResul
             plan.kernel,
             cfg.solver.dtype,
             store,
-            input_fingerprint=f"{res.fingerprint}:split={split.split_id}",
+            input_fingerprint=_kernel_input(res.fingerprint, split),
             verify=cfg.kernel_store.verify,
         )
         built = {k: v for k, v in ks.to_dict().items() if k != "path"}
         result = replace(result, store=store, gamma=plan.gamma, **built)
     return result
+
+
+def _kernel_input(fingerprint: str, split: Any) -> str:
+    """What a kernel store was built from: the input, the split and the scaling."""
+    split_id = split["split_id"] if isinstance(split, dict) else split.split_id
+    pre = scaler_id(split)
+    return f"{fingerprint}:split={split_id}" + (f":scale={pre}" if pre else "")
 
 
 def _fresh_kernel(cfg: Any, inputs: dict, res: dict) -> str | None:
@@ -519,7 +534,7 @@ def _fresh_kernel(cfg: Any, inputs: dict, res: dict) -> str | None:
     g = run_layout(cfg).kernel.open_group("r")
     ing, split = inputs["ing"], inputs["split"]
     expected = {
-        "input_fingerprint": f"{ing['fingerprint']}:split={split['split_id']}",
+        "input_fingerprint": _kernel_input(ing["fingerprint"], split),
         "kernel": res["kernel"],
         "dtype": res["dtype"],
         "block_rows": res["block_rows"],
@@ -554,7 +569,21 @@ def stage_solve(
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
             solve_cfg = cfg.model_copy(deep=True)
             solve_cfg.kernel.gamma = float(kernel.gamma)
-    _, info = solve(X_train, solve_cfg, layout.model, block_rows=r, block_reader=reader)
+    # the model records the table's column names (its transform then selects a DataFrame's
+    # columns by name); NPY/zarr columns have none, and neither has an ingest result
+    # written before the features block
+    features = ing.features
+    if features is not None and features.get("selection") == "positions":
+        features = None
+    _, info = solve(
+        X_train,
+        solve_cfg,
+        layout.model,
+        block_rows=r,
+        block_reader=reader,
+        features=features,
+        scaler=scaler_of(split),
+    )
     return SolveResult(model=layout.model, info=dict(info))
 
 
@@ -784,11 +813,13 @@ REGISTRY = Registry(
                 "evaluate.test_fraction",
                 "evaluate.random_state",
                 "evaluate.stratify",
+                "preprocess",
             ),
             publishes=ROW_ARRAYS,
             fingerprint=_fingerprint_split,
             fresh=_fresh_split,
-            doc="held-out rows (labelled input), labels/ids/split next to the embedding",
+            doc="held-out rows (labelled input), labels/ids/split next to the embedding; "
+            "the feature scaling fitted on the training rows",
         ),
         Stage(
             "kernel",
@@ -806,7 +837,8 @@ REGISTRY = Registry(
             inputs=("ing", "split", "kernel"),
             result="solved",
             result_type=SolveResult,
-            config=("kernel", "solver", "chunks.block_rows", "kernel_store") + _PREIMAGE_FIELDS,
+            config=("kernel", "solver", "chunks.block_rows", "kernel_store", "preprocess")
+            + _PREIMAGE_FIELDS,
             publishes=(MODEL,),
             fingerprint=_fingerprint_solve,
             fresh=_fresh_solve,

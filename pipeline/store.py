@@ -201,6 +201,16 @@ class Location:
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
+    @classmethod
+    def at(cls, url: Any, storage_options: dict[str, Any] | None = None) -> Location:
+        """The location of ``url`` with ``storage_options`` applied to an object-store URL
+        only (a local path takes none: fsspec's local filesystem refuses most of them)."""
+        if isinstance(url, Location):
+            return url
+        url = str(url)
+        remote = "://" in url and not url.startswith("file://")
+        return cls(url, dict(storage_options or {}) if remote else {})
+
     @property
     def is_local(self) -> bool:
         return "://" not in self.url or self.url.startswith("file://")

@@ -25,13 +25,22 @@ import kpca_dask
 
 from .config import ChunkConfig, InputConfig
 from .export import verify_run
+from .features import FeatureError
+from .features import match as match_features
 from .parquet import component_names, write_parquet
 from .progress import compute
 from .publish import OutputLock, check_transform_output, publish_beside
-from .readers import InputError, read_input
+from .readers import InputError, SourceData, read_input, table_columns
 from .store import Location
 
-__all__ = ["embed_rows", "load_model", "transform_to_store", "verify_transform_output"]
+__all__ = [
+    "embed_rows",
+    "load_model",
+    "model_input",
+    "read_model_input",
+    "transform_to_store",
+    "verify_transform_output",
+]
 
 logger = logging.getLogger("pipeline")
 
@@ -97,14 +106,15 @@ def _run_folder_of(loc: Location) -> Location | None:
     return parent if kind == "kpca-dask-run" else None
 
 
-def load_model(path: str) -> Any:
-    """A model from a run folder (manifest verified) or a model folder.
+def load_model(path: str | Location, storage_options: dict | None = None) -> Any:
+    """A model from a run folder (manifest verified) or a model folder, local or at a
+    URL read with ``storage_options``.
 
     The ``model/`` folder of a run is accepted only if its run verifies: a model
     left by a run that did not finish (or was tampered with) is refused like the
     run itself.
     """
-    loc = Location(path)
+    loc = Location.at(path, storage_options)
     run = (
         loc
         if (loc.child("manifest.json").exists() or loc.child("model").exists())
@@ -112,8 +122,8 @@ def load_model(path: str) -> Any:
     )
     if run is not None:
         verify_run(run)
-        path = run.child("model").url
-    return kpca_dask.load(path)
+        loc = run.child("model")
+    return kpca_dask.load(loc.zarr_source())
 
 
 def transform_to_store(
@@ -123,8 +133,15 @@ def transform_to_store(
     *,
     chunks: ChunkConfig | None = None,
     overwrite: bool = False,
+    storage_options: dict | None = None,
+    ignore_extra: bool = False,
 ) -> dict:
     """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``.
+
+    ``storage_options``: fsspec options of the model's and the output's URLs (the input
+    has its own, ``input_cfg.storage_options``). The input's columns are matched to the
+    model's features by name and the run's id and label columns reused
+    (:func:`read_model_input`).
 
     The output is refused before anything is read when it is ``""``/``.``, the input, a
     run folder or inside the model's run, a link, or an existing path kpca did not write
@@ -135,16 +152,14 @@ def transform_to_store(
     """
     t0 = time.perf_counter()
     out = check_transform_output(
-        output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+        output,
+        model_path=model_path,
+        inputs=[input_cfg.path],
+        overwrite=overwrite,
+        storage_options=storage_options,
     )
-    model = load_model(model_path)
-    src = read_input(input_cfg, chunks)
-    if src.X.shape[1] != model.n_features_in_:
-        raise InputError(
-            f"{input_cfg.path} has {src.X.shape[1]} feature columns but the model "
-            f"was fitted on {model.n_features_in_}; select the same columns "
-            "(input.columns) as in training."
-        )
+    model = load_model(model_path, storage_options)
+    src = read_model_input(model, input_cfg, chunks, ignore_extra=ignore_extra)
     emb = embed_rows(model, src.X, training_data=False)
     n = int(src.X.shape[0])
     parquet = output.rstrip("/").endswith(".parquet")
@@ -190,12 +205,105 @@ def transform_to_store(
     with OutputLock(out):
         # checked again under the lock: another transform may have published meanwhile
         check_transform_output(
-            output, model_path=model_path, inputs=[input_cfg.path], overwrite=overwrite
+            output,
+            model_path=model_path,
+            inputs=[input_cfg.path],
+            overwrite=overwrite,
+            storage_options=storage_options,
         )
         publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
     secs = time.perf_counter() - t0
     logger.info("transform: %d rows -> %s in %.1f s", n, output, secs)
     return {"rows": n, "components": int(emb.shape[1]), "output": output, "seconds": secs}
+
+
+def model_input(
+    model: Any, input_cfg: InputConfig, *, ignore_extra: bool = False
+) -> InputConfig:
+    """``input_cfg`` with the columns to read for ``model``: its features by name, in its
+    order, and the run's id and label columns when the table has them.
+
+    Applies when the model records its features by name (the "features" block a run
+    saves) and the input is a table (CSV/Parquet). NPY and zarr input have no names: their
+    columns are taken by position. ``input_cfg.columns``, when given, must name the
+    model's features (any order). Raises InputError naming a missing feature, or a column
+    the model does not know when the run took every column (pipeline/features.py).
+    """
+    block = getattr(model, "features_", None)
+    if not block or block.get("selection") == "positions":
+        return input_cfg
+    cols = table_columns(input_cfg)
+    if cols is None:
+        logger.info(
+            "transform: %s has no column names; its %s columns are taken by position as "
+            "the model's features %s",
+            input_cfg.path,
+            model.n_features_in_,
+            block["names"][:10],
+        )
+        return input_cfg
+    available, _ = cols
+    names = list(block["names"])
+    if input_cfg.columns is not None:
+        given = list(input_cfg.columns)
+        if sorted(given) != sorted(names):
+            unknown = [c for c in given if c not in names]
+            missing = [c for c in names if c not in given]
+            raise InputError(
+                f"--columns must name the model's {len(names)} features (any order): "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"not features: {unknown}" if unknown else "",
+                        f"missing: {missing[:10]}" if missing else "",
+                    )
+                    if part
+                )
+                + "; or leave --columns out: the features are selected by name."
+            )
+    try:
+        m = match_features(
+            block,
+            input_cfg.path,
+            available,
+            id_column=input_cfg.id_column,
+            label_column=input_cfg.label_column,
+            ignore_extra=ignore_extra or input_cfg.columns is not None,
+        )
+    except FeatureError as exc:
+        raise InputError(str(exc)) from None
+    return input_cfg.model_copy(
+        update={"columns": m.features, "id_column": m.id_column, "label_column": m.label_column}
+    )
+
+
+def read_model_input(
+    model: Any,
+    input_cfg: InputConfig,
+    chunks: ChunkConfig | None = None,
+    *,
+    ignore_extra: bool = False,
+) -> SourceData:
+    """The rows to embed with ``model``: columns by name (:func:`model_input`), checked
+    against the model's feature count. A label column reused from the run that the new
+    rows cannot be read with (one class only) is left out, with a note."""
+    cfg = model_input(model, input_cfg, ignore_extra=ignore_extra)
+    try:
+        src = read_input(cfg, chunks)
+    except InputError as exc:
+        label = cfg.label_column
+        reused = label is not None and input_cfg.label_column is None
+        if not (reused and str(exc).startswith(f"label column {label!r} has")):
+            raise
+        logger.info("transform: not carrying the label column %r (%s)", label, exc)
+        src = read_input(cfg.model_copy(update={"label_column": None}), chunks)
+    if src.X.shape[1] != model.n_features_in_:
+        raise InputError(
+            f"{input_cfg.path} has {src.X.shape[1]} feature columns but the model "
+            f"was fitted on {model.n_features_in_}; select the same columns "
+            "(input.columns) as in training."
+        )
+    return src
 
 
 def _parent_and_name(loc: Location) -> tuple[Location, str]:

@@ -70,7 +70,10 @@ __all__ = [
     "nystroem_basis",
     "FeatureCovariance",
     "NystroemFit",
+    "NystroemStatistics",
+    "batch_statistics",
     "nystroem_eigh",
+    "solve_statistics",
     "NYSTROEM_METHODS",
 ]
 
@@ -289,6 +292,93 @@ def block_stats_graph(
     return Delayed(root, graph, layer=root[0])
 
 
+# --------------------------------------------------------- sufficient statistics
+@dataclass
+class NystroemStatistics:
+    """Sums over rows that determine the Nyström eigenproblem for fixed landmarks.
+
+    With ``C' = k(X, Z) - 1 shift^T`` (kernel values against the landmarks, shifted by a
+    fixed vector to avoid cancellation): ``colsum = C'^T 1`` (m,), ``cross = C'^T C'``
+    (m x m, symmetric), ``n_rows`` and ``kernel_trace = sum_i k(x_i, x_i)``, all float64.
+    Every one is a sum over rows, so the statistics of a union of row sets are the sums
+    of theirs (``a + b``): a model that keeps them updates exactly with new rows
+    (:func:`solve_statistics` on the sum equals a fit on all rows with the same
+    landmarks). ``Sigma = T^T (cross - colsum colsum^T / n) T``.
+    """
+
+    shift: np.ndarray
+    n_rows: int
+    colsum: np.ndarray
+    cross: np.ndarray
+    kernel_trace: float
+
+    def __add__(self, other: NystroemStatistics) -> NystroemStatistics:
+        if self.shift.shape != other.shift.shape or not np.array_equal(self.shift, other.shift):
+            raise ValueError("statistics taken with different landmark shifts cannot be added")
+        return NystroemStatistics(
+            self.shift,
+            self.n_rows + other.n_rows,
+            self.colsum + other.colsum,
+            self.cross + other.cross,
+            self.kernel_trace + other.kernel_trace,
+        )
+
+    @property
+    def delta(self) -> np.ndarray:
+        """``c - shift`` with ``c`` the mean kernel value at each landmark."""
+        return self.colsum / self.n_rows
+
+    @property
+    def column_means(self) -> np.ndarray:
+        return self.shift + self.delta
+
+    def sigma(self, basis: NystroemBasis) -> np.ndarray:
+        """The centred feature covariance ``Sigma`` (m' x m') of the rows summed here."""
+        R = self.cross - self.n_rows * np.outer(self.delta, self.delta)
+        S = basis.T.T @ R @ basis.T
+        return (S + S.T) / 2
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays a saved model keeps (``n_rows`` and ``kernel_trace`` are scalars of
+        the model already)."""
+        return {"stat_shift": self.shift, "stat_colsum": self.colsum, "stat_cross": self.cross}
+
+
+def batch_statistics(X: da.Array, basis: NystroemBasis) -> NystroemStatistics:
+    """The statistics of the rows of ``X`` (row-chunked dask array): one pass with an
+    m x m tree reduction over row blocks, on the current Dask scheduler."""
+    op = FeatureCovariance(X, basis)
+    with blas_threads_for_driver():
+        return op.statistics()
+
+
+def solve_statistics(
+    basis: NystroemBasis, stats: NystroemStatistics, n_components: int | None
+) -> NystroemFit:
+    """The top eigenpairs of ``Sigma`` from statistics (no pass over rows): the covariance
+    method's solve, the same arithmetic as :func:`nystroem_eigh` with
+    ``method="covariance"``."""
+    mp = basis.rank
+    k = mp if n_components is None else min(int(n_components), mp)
+    with blas_threads_for_driver():
+        res = _eigh_sigma(stats.sigma(basis), k, 0)
+        fit = _fit_from(res, basis, stats.column_means, stats.kernel_trace, "covariance", 0.0)
+    fit.statistics = stats
+    return fit
+
+
+def _eigh_sigma(Sigma: np.ndarray, k: int, n_passes: int) -> EigResult:
+    """The top ``k`` eigenpairs of the formed ``Sigma`` (descending) and their residuals."""
+    mp = Sigma.shape[0]
+    lam, P = scipy.linalg.eigh(Sigma, subset_by_index=(mp - k, mp - 1), check_finite=False)
+    lam, P = lam[::-1], P[:, ::-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        residuals = np.linalg.norm(Sigma @ P - P * lam, axis=0) / np.abs(lam)
+    return EigResult(
+        lam, P, residuals, n_passes=n_passes, converged=True, info={"finish": "eigh"}
+    )
+
+
 # ------------------------------------------------------------------ operator
 @dataclass
 class FeatureCovariance:
@@ -349,11 +439,28 @@ class FeatureCovariance:
 
     def covariance(self) -> np.ndarray:
         """The whole ``Sigma`` (m' x m'): one pass with an m x m reduction."""
-        R = self._pass(None)  # upper triangle of C'^T C' (the lower one is zero)
-        R += np.triu(R, 1).T
-        R -= self.n_rows * np.outer(self.delta, self.delta)
-        S = self.basis.T.T @ R @ self.basis.T
-        return (S + S.T) / 2
+        return self.statistics().sigma(self.basis)
+
+    def statistics(self) -> NystroemStatistics:
+        """The rows' :class:`NystroemStatistics`: one pass with an m x m reduction (sets
+        ``delta`` and ``kernel_trace`` when this is the first pass)."""
+        first = self.delta is None
+        t0 = time.perf_counter()
+        with blas_threads_for_dask():
+            ((acc, colsum, diag, rows),) = dask.compute(
+                block_stats_graph(self.X, self.basis, self._Zp, None, True)
+            )
+        if rows != self.n_rows:  # pragma: no cover - a graph bug, never data
+            raise RuntimeError(f"pass covered {rows} of {self.n_rows} rows")
+        if first:
+            self.delta = colsum / self.n_rows
+            self.kernel_trace = diag
+        self.n_passes += 1
+        self.pass_seconds.append(time.perf_counter() - t0)
+        acc += np.triu(acc, 1).T  # upper triangle of C'^T C' (the lower one is zero)
+        return NystroemStatistics(
+            np.array(self.basis.shift, dtype=np.float64), int(rows), colsum, acc, float(diag)
+        )
 
     @property
     def column_means(self) -> np.ndarray:
@@ -398,6 +505,8 @@ class NystroemFit:
     n_passes: int
     converged: bool
     info: dict[str, Any] = field(default_factory=dict)
+    #: the rows' sufficient statistics (covariance method, or ``keep_statistics``)
+    statistics: NystroemStatistics | None = None
 
 
 def nystroem_eigh(
@@ -413,6 +522,7 @@ def nystroem_eigh(
     max_passes: int = 20,
     random_state: Any = None,
     warn: bool = True,
+    keep_statistics: bool = False,
 ) -> NystroemFit:
     """Top eigenpairs of the centred Nyström feature covariance of ``X``.
 
@@ -429,6 +539,9 @@ def nystroem_eigh(
         randomized method is certified the same way; ``converged`` says
         whether the certificate holds, and a ConvergenceWarning is emitted
         when it does not and ``warn``).
+    keep_statistics : bool
+        Return the rows' :class:`NystroemStatistics` (``fit.statistics``) for exact
+        updates. Free with the covariance method; one more pass with the randomized one.
     """
     if method not in NYSTROEM_METHODS:
         raise ValueError(f"Unknown Nyström method {method!r}; use one of {NYSTROEM_METHODS}.")
@@ -445,6 +558,7 @@ def nystroem_eigh(
             max_passes,
             random_state,
             warn,
+            keep_statistics,
         )
 
 
@@ -460,20 +574,16 @@ def _nystroem_eigh(
     max_passes,
     random_state,
     warn,
+    keep_statistics=False,
 ) -> NystroemFit:
     op = FeatureCovariance(X, basis)
+    stats = None
     mp = basis.rank
     k = mp if n_components is None else min(int(n_components), mp)
     t0 = time.perf_counter()
     if method == "covariance":
-        Sigma = op.covariance()
-        lam, P = scipy.linalg.eigh(Sigma, subset_by_index=(mp - k, mp - 1), check_finite=False)
-        lam, P = lam[::-1], P[:, ::-1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            residuals = np.linalg.norm(Sigma @ P - P * lam, axis=0) / np.abs(lam)
-        res = EigResult(
-            lam, P, residuals, n_passes=op.n_passes, converged=True, info={"finish": "eigh"}
-        )
+        stats = op.statistics()
+        res = _eigh_sigma(stats.sigma(basis), k, op.n_passes)
     else:
         if n_components is None:
             raise ValueError("The randomized Nyström method needs n_components.")
@@ -491,8 +601,25 @@ def _nystroem_eigh(
             centre=False,
             warn=warn,
         )
+    if keep_statistics and stats is None:
+        stats = op.statistics()  # one more pass: the m x m sums the randomized solve avoids
+    fit = _fit_from(res, basis, op.column_means, float(op.kernel_trace), method, t0)
+    fit.n_passes = op.n_passes
+    fit.info["pass_seconds"] = list(op.pass_seconds)
+    fit.statistics = stats if keep_statistics else None
+    return fit
+
+
+def _fit_from(
+    res: EigResult,
+    basis: NystroemBasis,
+    c: np.ndarray,
+    kernel_trace: float,
+    method: str,
+    t0: float,
+) -> NystroemFit:
+    """The model of eigenpairs ``res`` of Sigma: projection, offset, centring vectors."""
     lam, P = np.asarray(res.eigenvalues, dtype=np.float64), np.asarray(res.eigenvectors)
-    c = op.column_means
     f = basis.T.T @ c
     A = basis.T @ P
     # Deterministic signs on the landmark coefficients: with all rows as
@@ -505,11 +632,11 @@ def _nystroem_eigh(
     info = {
         "method": method,
         "n_landmarks": basis.m,
-        "rank": mp,
+        "rank": basis.rank,
         "w_dropped": basis.n_dropped,
         "w_condition": float(basis.w_eigenvalues[0] / basis.w_eigenvalues[-1]),
-        "pass_seconds": list(op.pass_seconds),
-        "seconds": time.perf_counter() - t0,
+        "pass_seconds": [],
+        "seconds": time.perf_counter() - t0 if t0 else 0.0,
         **{k_: v for k_, v in res.info.items() if k_ not in ("seconds",)},
     }
     return NystroemFit(
@@ -519,9 +646,9 @@ def _nystroem_eigh(
         column_means=c,
         mean_weights=basis.T @ f,
         grand_mean=float(f @ f),
-        kernel_trace=float(op.kernel_trace),
+        kernel_trace=float(kernel_trace),
         residuals=np.asarray(res.residuals, dtype=np.float64),
-        n_passes=op.n_passes,
+        n_passes=res.n_passes,
         converged=bool(res.converged),
         info=info,
     )

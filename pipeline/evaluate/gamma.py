@@ -35,6 +35,7 @@ def gamma_cv_sweep(
     components: Sequence[int],
     *,
     config: EvaluateConfig | dict[str, Any] | None = None,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Cross-validated accuracy over (gamma, k) on the training split only.
 
@@ -91,6 +92,15 @@ def gamma_cv_sweep(
     with threadpool_limits(1, user_api="blas"):
         for gi, g in enumerate(gammas):
             for fi, (tr, va) in enumerate(splits):
+                if progress is not None:  # pipeline.progress.Steps: one log line per fit
+                    progress.sub(
+                        "gamma %.4g, fold %d of %d",
+                        gi * folds + fi + 1,
+                        len(gammas) * folds,
+                        g,
+                        fi + 1,
+                        folds,
+                    )
                 est = clone(estimator).set_params(gamma=float(g), n_components=kmax)
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")

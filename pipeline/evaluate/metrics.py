@@ -29,6 +29,7 @@ __all__ = [
     "ModelSummary",
     "Novelty",
     "PerClass",
+    "Preprocess",
     "Quantiles",
     "Spectrum",
     "Sweep",
@@ -167,6 +168,23 @@ class Spectrum(_Section):
     explained_variance_ratio: list[float]
 
 
+class Preprocess(_Section):
+    """The feature scaling the model applies (fitted on the training rows), and how far
+    apart the raw columns' spreads are."""
+
+    scale: Literal["none", "standard", "robust"]
+    n_rows: Count = Field(description="training rows the scaling was fitted on")
+    constant_columns: Count = Field(description="columns with zero spread (scaled by 1)")
+    spread_ratio: float | None = Field(
+        description="widest over narrowest non-constant column spread (std; IQR for robust)"
+    )
+    widest: str | None
+    narrowest: str | None
+    warning: str | None = Field(
+        description="set when spreads differ by more than 1e3 and scale is 'none'"
+    )
+
+
 class Metrics(_Section):
     """A complete ``report/metrics.json``."""
 
@@ -192,16 +210,22 @@ class Metrics(_Section):
     gamma_sweep: GammaSweep | GammaSkipped | None
     novelty: Novelty
     spectrum: Spectrum
+    preprocess: Preprocess | None = Field(
+        None, description="the model's feature scaling (absent: a model without one)"
+    )
     config: dict[str, Any] = Field(description="the evaluate section of the run's config")
     timings: dict[str, float] = Field(description="seconds per step")
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON object written to metrics.json (``sweep.pca_max_components`` only
-        when linear PCA has fewer components than kernel PCA)."""
-        skip = (
-            {"sweep": {"pca_max_components"}} if self.sweep.pca_max_components is None else None
-        )
-        return self.model_dump(mode="json", by_alias=True, exclude=skip)
+        when linear PCA has fewer components than kernel PCA; ``preprocess`` only when the
+        model records its scaling)."""
+        skip: dict[str, Any] = {}
+        if self.sweep.pca_max_components is None:
+            skip["sweep"] = {"pca_max_components"}
+        if self.preprocess is None:  # a model saved without a preprocess block
+            skip["preprocess"] = True
+        return self.model_dump(mode="json", by_alias=True, exclude=skip or None)
 
 
 #: JSON Schema (draft 2020-12) of a complete ``report/metrics.json``, generated.

@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import logging
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,8 @@ import numpy as np
 
 from ..config import EvaluateConfig
 from ..errors import EvaluationError
+from ..preprocess import preprocess_report
+from ..progress import Steps
 from ..store import Location, atomic_write_json
 from .baseline import linear_pca_baseline
 from .classify import (
@@ -151,18 +154,21 @@ def evaluate_run(
         ks,
     )
 
-    with run.timed("kpca_classifier"):
+    report = cfg.report if write_report is None else write_report
+    steps = Steps("evaluate", 3 + (cfg.gamma_sweep is not None) + bool(report))
+    with run.timed("kpca_classifier"), steps.step("%s on the kernel PCA embedding", kind):
         kpca, conf_k = classify_embedding(run, cfg, kind, ks)
-    with run.timed("pca_baseline"):
-        pca, conf_p = classify_linear_pca(run, cfg, kind, ks)
+    model = load_model(run)
+    scaler = getattr(model, "preprocess_", None)
+    with run.timed("pca_baseline"), steps.step("linear PCA baseline, %s", kind):
+        pca, conf_p = classify_linear_pca(run, cfg, kind, ks, scaler=scaler)
     sweep = accuracy_sweep(conf_k, conf_p, ks, skipped, pca.n_components)
-    with run.timed("novelty"):
-        model = load_model(run)
+    with run.timed("novelty"), steps.step("novelty scores"):
         novelty, scores = novelty_scores(run, model, cfg)
     gamma_sweep = None
     if cfg.gamma_sweep is not None:
-        with run.timed("gamma_sweep"):
-            gamma_sweep = cross_validate_gamma(run, model, cfg, ks)
+        with run.timed("gamma_sweep"), steps.step("gamma cross-validation"):
+            gamma_sweep = cross_validate_gamma(run, model, cfg, ks, steps=steps)
 
     metrics = Metrics(
         schema_version=METRICS_SCHEMA_VERSION,
@@ -192,6 +198,7 @@ def evaluate_run(
         gamma_sweep=gamma_sweep,
         novelty=novelty,
         spectrum=spectrum(run, model),
+        preprocess=preprocess_report(scaler),
         config=cfg.model_dump(mode="json"),
         timings=run.timings,
     ).to_json_dict()
@@ -203,10 +210,11 @@ def evaluate_run(
         metrics["margin"],
     )
 
-    if cfg.report if write_report is None else write_report:
+    if report:
         t = time.perf_counter()
         metrics["timings"]["total"] = t - t_start
-        draw_report(run, cfg, metrics, scores, title=title, description=description)
+        with steps.step("report"):
+            draw_report(run, cfg, metrics, scores, title=title, description=description)
         metrics["timings"]["report"] = time.perf_counter() - t
     metrics["timings"]["total"] = time.perf_counter() - t_start
     Metrics.model_validate(metrics)  # what is written is what the schema says
@@ -343,11 +351,14 @@ def classify_embedding(
 
 
 def classify_linear_pca(
-    run: RunFolder, cfg: EvaluateConfig, kind: str, ks: list[int]
+    run: RunFolder, cfg: EvaluateConfig, kind: str, ks: list[int], *, scaler: Any = None
 ) -> tuple[Baseline, dict[int, np.ndarray]]:
-    """The same classifier on linear PCA of the same rows, same k (capped at d)."""
+    """The same classifier on linear PCA of the same rows, same k (capped at d), on the
+    same features: scaled by the model's fitted scaling when it has one."""
     s = run.split
     X = da.from_zarr(run.z_X)
+    if scaler is not None:
+        X = scaler.transform(X)
     P_tr, P_te, pca_info = linear_pca_baseline(
         X[s], X[~s], run.k, random_state=cfg.random_state, memory_mb=cfg.baseline_memory_mb
     )
@@ -408,8 +419,10 @@ def novelty_scores(
     seed = cfg.random_state
     test_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 1, run.test_idx)
     train_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 2, run.train_idx)
-    test = np.asarray(model.score_samples(_rows(run.z_X, test_idx)), dtype=np.float64)
-    train = np.asarray(model.score_samples(_rows(run.z_X, train_idx)), dtype=np.float64)
+    with warnings.catch_warnings():  # rows of the ingest store: in the model's feature order
+        warnings.filterwarnings("ignore", "X does not have valid feature names", UserWarning)
+        test = np.asarray(model.score_samples(_rows(run.z_X, test_idx)), dtype=np.float64)
+        train = np.asarray(model.score_samples(_rows(run.z_X, train_idx)), dtype=np.float64)
     threshold = float(np.quantile(train, 0.99)) if train.size else None
     novelty = Novelty(
         n_test_scored=int(test.size),
@@ -425,7 +438,7 @@ def novelty_scores(
 
 
 def cross_validate_gamma(
-    run: RunFolder, model: Any, cfg: EvaluateConfig, ks: list[int]
+    run: RunFolder, model: Any, cfg: EvaluateConfig, ks: list[int], steps: Steps | None = None
 ) -> GammaSweep | GammaSkipped:
     """Kernel coefficients compared by cross-validation on sampled training rows."""
     kname = getattr(model, "kernel", None)
@@ -439,7 +452,9 @@ def cross_validate_gamma(
     )
     cv_idx = _sample_indices(run.n, cfg.cv_max_rows, cfg.random_state + 3, run.train_idx)
     y = np.asarray(run.z_lab.oindex[cv_idx], dtype=np.int64)
-    result = gamma_cv_sweep(_rows(run.z_X, cv_idx), y, model, gammas, ks, config=cfg)
+    result = gamma_cv_sweep(
+        _rows(run.z_X, cv_idx), y, model, gammas, ks, config=cfg, progress=steps
+    )
     return GammaSweep(**result, fitted_gamma=float(model.gamma_))
 
 

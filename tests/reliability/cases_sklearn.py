@@ -4,7 +4,6 @@ matrices, DataFrame columns, too little data. Loaded by catalogue.py (EXTENSIONS
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from .catalogue import Case
 from .helpers import blobs
@@ -39,13 +38,6 @@ def _indefinite(ctx):
     Q = np.linalg.qr(np.column_stack([one, Q[:, 1:]]))[0][:, 1:]  # orthogonal to 1: centred
     K = Q @ np.diag([3.0, 2.0, 1.0, -2.0, -3.0]) @ Q.T
     return lambda: _kpca(n_components=5, kernel="precomputed", eigen_solver="dense").fit(K)
-
-
-def _columns_reordered(ctx):
-    cols = ["a", "b", "c"]
-    df = pd.DataFrame(blobs(60, 3), columns=cols)
-    m = _kpca(n_components=2, kernel="rbf", gamma=0.5).fit(df)
-    return lambda: m.transform(df[cols[::-1]])
 
 
 def _one_sample(ctx):
@@ -84,17 +76,6 @@ CASES = [
             "1 significantly negative, 3 positive",
             "Ask for n_components=3 or fewer",
             "remove_zero_eig=True",
-        ),
-    ),
-    Case(
-        "est-columns-order",
-        "estimator",
-        "DataFrame columns in another order than at fit",
-        _columns_reordered,
-        (
-            "feature names should match",
-            "same order as they were in fit",
-            "X[model.feature_names_in_]",
         ),
     ),
     Case(

@@ -515,8 +515,8 @@ INPUT = [
         "input",
         "NaN in an NPY file",
         _nan_npy,
-        (
-            "contains NaN or infinity (1 value; the first in rows 124-185)",
+        (  # found on the pre-start sample (pipeline/validate.py); cases_cli: after it
+            "contains NaN or infinity in column(s) ['x2'] (first: row 150)",
             "set input.nonfinite: drop",
         ),
     ),
@@ -1029,7 +1029,15 @@ CASES = ESTIMATOR + CONFIG + INPUT + FIT + OUTPUT + CLUSTER + TRANSFORM
 # More cases live in sibling modules (``cases_<topic>.py``, each with a ``CASES`` list built
 # from ``Case``/``Ctx`` above). Run as ``python -m``, this file is ``__main__``: the real
 # module (imported below) loads them, so they are not loaded twice.
-EXTENSIONS = ("cases_safety", "cases_integrity", "cases_solver", "cases_sklearn")
+EXTENSIONS = (
+    "cases_safety",
+    "cases_integrity",
+    "cases_solver",
+    "cases_sklearn",
+    "cases_tabular",
+    "cases_cli",
+    "cases_update",
+)
 if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: spawned workers
     import importlib
 

@@ -1,0 +1,582 @@
+"""``kpca update RUN NEW_DATA``: a new run (version n+1) from a published run and a batch.
+
+    ingest -> base -> drift -> update -> project -> export
+
+The stages are a :class:`~pipeline.stages.Registry` like the full pipeline's, run by
+the same machinery (:func:`pipeline.run.run_pipeline`: the run lock, the publishing
+transaction, resumable stages; the Prefect flow ``kpca_update`` walks the same
+registry). The update's config is the base run's own (from its manifest) with
+``input.path`` set to the batch, ``output.path`` to the new run and ``update.base`` to
+the base run (:func:`update_config`).
+
+* ``ingest``: the batch -> ``<new>/work/ingest.zarr`` (the full pipeline's stage).
+* ``base``: verifies the base run (manifest, checksums) and reads its lineage: the
+  ingest stores holding every row the base has seen, training rows marked.
+* ``drift``: the drift report of the batch against a seeded sample of the training rows
+  (landmarks excluded) under the base model (pipeline/drift.py), and the action the
+  policy chooses; written to ``<new>/update/drift.json`` and logged in one line.
+* ``update``: ``merge`` adds the batch's sufficient statistics to the base model's
+  (exact: equals a fit on all rows with the same landmarks, reads only the batch);
+  ``refresh_landmarks`` / ``refit`` fit again on every row of the lineage.
+* ``project``: the union's embedding, row-chunked like the base's: after a merge the
+  base's embedding rows are copied and the batch's appended (``update.reembed``: every
+  row embedded again); after a refit every row is embedded again. Row arrays (split,
+  labels, ids) and the Parquet copy follow.
+* ``export``: the manifest, with an ``update`` record: base, version, lineage, the
+  drift summary, the action and why.
+
+The base run is only read, never written: the new run goes to another folder, which
+must not overlap it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import replace
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from .config import ConfigError, PipelineConfig, load_config
+from .errors import UserError
+from .export import verify_run, write_manifest, write_spectrum
+from .ingest import IngestResult, load_ingested
+from .layout import DRIFT_REPORT, EMBEDDING, MODEL, PARQUET, UPDATE, run_layout
+from .results import ProjectResult, SolveResult
+from .stages import (
+    Registry,
+    Stage,
+    _fingerprint_project,
+    _fingerprint_solve,
+    _fresh_ingest,
+    _fresh_project,
+    _fresh_solve,
+    _store_array,
+    stage_ingest,
+)
+from .store import Location, atomic_write_json
+
+__all__ = [
+    "UPDATE_REGISTRY",
+    "UpdateError",
+    "default_output",
+    "latest_run",
+    "run_update",
+    "update_config",
+]
+
+logger = logging.getLogger("pipeline")
+
+
+class UpdateError(UserError, ValueError):
+    """An update that cannot be done as asked; the message says why and what to do."""
+
+
+# --------------------------------------------------------------------- config
+def default_output(base: Location, version: int) -> str:
+    """``<base>-v<version>`` next to the base run (a trailing ``-vN`` replaced); in a
+    series folder (runs named ``v1``, ``v2``...) the next ``v<version>``."""
+    url = base.url.rstrip("/")
+    head, _, name = url.rpartition("/")
+    if re.fullmatch(r"v\d+", name):
+        name = f"v{version}"
+    else:
+        name = re.sub(r"-v\d+$", "", name) + f"-v{version}"
+    return f"{head}/{name}" if head else name
+
+
+def latest_run(series: Location) -> Location | None:
+    """The newest published run ``v<N>`` of a series folder (None: ``series`` is not one).
+
+    A nightly deployment names the series (``/srv/kpca/runs/features``) instead of a run:
+    each night updates the newest complete version into the next (docs/update.md).
+    """
+    from .layout import MANIFEST
+
+    if series.child(MANIFEST).exists() or not series.exists():
+        return None
+    versions = []
+    for p in series.fs.ls(series.fs_path, detail=False):
+        name = str(p).rstrip("/").rpartition("/")[2]
+        m = re.fullmatch(r"v(\d+)", name)
+        if m and series.child(name, MANIFEST).exists():
+            versions.append((int(m.group(1)), name))
+    if not versions:
+        return None
+    return series.child(max(versions)[1])
+
+
+def _version(manifest: dict) -> int:
+    return int((manifest.get("update") or {}).get("version", 1))
+
+
+def update_config(
+    base: str,
+    new_data: str,
+    output: str | None = None,
+    *,
+    policy: str | None = None,
+    overwrite: bool = False,
+) -> PipelineConfig:
+    """The update run's config: the base run's (from its verified manifest) with the batch
+    as input, the new run as output and ``update.base`` set. Refuses an output that
+    overlaps the base run."""
+    loc = Location(base)
+    newest = latest_run(loc)
+    if newest is not None:
+        loc = newest
+    manifest = verify_run(loc)
+    data = dict(manifest["config"])
+    version = _version(manifest) + 1
+    out = output or default_output(loc, version)
+    data["input"] = {**data["input"], "path": new_data, "format": "auto"}
+    data["output"] = {**data["output"], "path": out, "overwrite": bool(overwrite)}
+    upd = dict(data.get("update") or {})
+    upd["base"] = loc.url
+    if policy is not None:
+        upd["policy"] = policy
+    data["update"] = upd
+    # an update reports drift instead of evaluating; denoising belongs to full runs
+    data["evaluate"] = {**data.get("evaluate", {}), "enabled": False}
+    data["denoise"] = {**data.get("denoise", {}), "enabled": False}
+    cfg = load_config(data)
+    a = Location(out).url.rstrip("/") + "/"
+    b = loc.url.rstrip("/") + "/"
+    if a.startswith(b) or b.startswith(a):
+        raise UpdateError(
+            f"the update's output {out} overlaps the base run {base}; a published run is "
+            "never modified: choose another --output."
+        )
+    return cfg
+
+
+# ---------------------------------------------------------------- the lineage
+def _lineage(base: Location, manifest: dict) -> list[dict[str, Any]]:
+    """The ingest stores holding every row of the base run, in embedding order; each
+    with its row count and whether a ``split`` mask (1 = training) of the run marks its
+    training rows."""
+    rows = (manifest.get("update") or {}).get("rows")
+    if rows:
+        return [dict(r) for r in rows]
+    inp = manifest["input"]
+    g = base.open_group("r")
+    return [
+        {
+            "store": inp["path"],
+            "n_rows": int(inp["n_rows"]),
+            "split_run": base.url if "split" in g else None,
+        }
+    ]
+
+
+def _entry_rows(entry: dict[str, Any]) -> tuple[da.Array, np.ndarray]:
+    """One lineage entry's rows (lazy) and its training mask."""
+    store = Location(entry["store"], dict(entry.get("storage_options") or {}))
+    if not store.exists():
+        raise UpdateError(
+            f"the ingest store {store} that holds rows of the base run is gone; the refit "
+            "and the drift reference need it: re-run the full pipeline (kpca run) instead."
+        )
+    X = da.from_zarr(store.open_group("r")["X"])
+    if X.shape[0] != entry["n_rows"]:
+        raise UpdateError(
+            f"the ingest store {store} holds {X.shape[0]} rows, the base run recorded "
+            f"{entry['n_rows']}; it was rebuilt since: re-run the full pipeline instead."
+        )
+    mask = np.ones(X.shape[0], dtype=bool)
+    if entry.get("split_run"):
+        g = Location(entry["split_run"]).open_group("r")
+        mask = np.asarray(g["split"][...]).astype(bool)
+    return X, mask
+
+
+def _training_rows(lineage: list[dict[str, Any]], extra: da.Array | None = None) -> da.Array:
+    """Every training row of the lineage (and ``extra``), as one dask array."""
+    parts = []
+    for entry in lineage:
+        X, mask = _entry_rows(entry)
+        parts.append(X if mask.all() else X[np.flatnonzero(mask)])
+    if extra is not None:
+        parts.append(extra)
+    return da.concatenate(parts, axis=0)
+
+
+def _all_rows(lineage: list[dict[str, Any]], extra: da.Array) -> da.Array:
+    return da.concatenate([_entry_rows(e)[0] for e in lineage] + [extra], axis=0)
+
+
+def _sample(n: int, size: int, seed: Any) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n, size=min(n, size), replace=False))
+
+
+def _reference_rows(
+    lineage, landmarks: np.ndarray, size: int, seed: Any, scaler: Any = None
+) -> np.ndarray:
+    """A seeded uniform sample of ``size`` training rows, landmark rows left out (their
+    reconstruction error is zero by construction). ``scaler``: the model's feature
+    scaling (its landmarks are scaled rows; the same elementwise scaling of a raw row
+    gives the same bytes)."""
+    from kpca_dask.solvers.landmarks import gather_rows
+
+    X = _training_rows(lineage)
+    idx = _sample(int(X.shape[0]), size + landmarks.shape[0], seed)
+    rows = gather_rows(X, idx)
+    scaled = rows if scaler is None else scaler.transform(rows)
+    lm = {r.tobytes() for r in np.ascontiguousarray(landmarks, dtype=np.float64)}
+    keep = np.array(
+        [r.tobytes() not in lm for r in np.ascontiguousarray(scaled, dtype=np.float64)],
+        dtype=bool,
+    )
+    return rows[keep][:size]
+
+
+# -------------------------------------------------------------------- stages
+def stage_base(cfg: Any) -> dict[str, Any]:
+    """The base run, verified, and its lineage (every row it has seen)."""
+    if not cfg.update.base:
+        raise ConfigError("update.base is not set; start an update with kpca update RUN DATA.")
+    base = Location(cfg.update.base)
+    m = verify_run(base)
+    lineage = _lineage(base, m)
+    return {
+        "path": base.url,
+        "version": _version(m),
+        "created": m["created"],
+        "model_checksums": m["model"]["checksums"],
+        "lineage": lineage,
+        "n_rows": int(sum(e["n_rows"] for e in lineage)),
+        "columns": list(m["input"].get("columns") or []),
+    }
+
+
+def _load_base_model(base: dict[str, Any]) -> Any:
+    import kpca_dask
+
+    return kpca_dask.load(Location(base["path"]).child(MODEL).zarr_source())
+
+
+def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, Any]:
+    """The drift report of the batch and the action; ``<new>/update/drift.json``."""
+    from kpca_dask.solvers.landmarks import gather_rows
+    from kpca_dask.update import check_updatable
+
+    from .drift import decide, drift_report
+
+    pol = cfg.update
+    if base["columns"] and list(ing.columns) != base["columns"]:
+        raise UpdateError(
+            f"the batch's feature columns {list(ing.columns)[:8]} differ from the base run's "
+            f"{base['columns'][:8]}; pass data with the same columns in the same order."
+        )
+    model = _load_base_model(base)
+    seed = cfg.solver.random_state
+    X_new = load_ingested(ing).X
+    new = gather_rows(X_new, _sample(int(X_new.shape[0]), pol.reference_rows, seed))
+    ref = _reference_rows(
+        base["lineage"],
+        np.asarray(model.X_fit_),
+        pol.reference_rows,
+        seed,
+        getattr(model, "preprocess_", None),
+    )
+    if ref.shape[0] < 2 or new.shape[0] < 2:
+        raise UpdateError(
+            f"too few rows for a drift report ({ref.shape[0]} training, {new.shape[0]} new); "
+            "a batch needs at least 2 rows."
+        )
+    report = drift_report(model, ref, new, pol)
+    try:
+        check_updatable(model)
+        updatable = True
+    except Exception:  # noqa: BLE001 - the reason is in decide's line
+        updatable = False
+    action, why = decide(report, pol, updatable)
+    report.update(action=action, reason=why, policy=pol.policy, base=base["path"])
+    out = run_layout(cfg).out
+    atomic_write_json(out.child(UPDATE, DRIFT_REPORT), report)
+    nov = report["checks"]["novelty"]
+    logger.info(
+        "update: drift %s (novelty KS p=%.2g, median x%.2f; captured %.2f -> %.2f): %s, "
+        "because %s",
+        "FLAGGED " + ",".join(report["flagged"]) if report["drifted"] else "none",
+        nov["p_value"],
+        nov["median_ratio"],
+        report["checks"]["captured_variance"]["training"],
+        report["checks"]["captured_variance"]["batch"],
+        action,
+        why,
+    )
+    return report
+
+
+def stage_update(
+    cfg: Any, ing: IngestResult, base: dict[str, Any], drift: dict[str, Any]
+) -> SolveResult:
+    """The new model: merged (exact Nyström update) or refitted on every row."""
+    from kpca_dask.update import update
+
+    from .solve import check_fit, solve
+
+    layout = run_layout(cfg)
+    t0 = time.perf_counter()
+    X_new = load_ingested(ing).X
+    action = drift["action"]
+    if action == "merge":
+        model = _load_base_model(base)
+        update(model, X_new)
+        check_fit(model, cfg)
+        loc = layout.model
+        model.save(loc.url if not loc.is_local else loc.local_path, overwrite=True)
+        info = {
+            "solver": model.eigen_solver_,
+            "n_components": int(model.n_components_),
+            "n_passes": 1,
+            "converged": True,
+            "max_residual": float(np.max(model.residuals_)),
+            "gamma": model.gamma_,
+            "kernel": model.kernel_.to_dict(),
+            "n_samples_fit": int(model.n_samples_fit_),
+            "seconds": time.perf_counter() - t0,
+        }
+        logger.info(
+            "update: merged %d rows into the model: %d training rows, %d components",
+            X_new.shape[0],
+            model.n_samples_fit_,
+            model.n_components_,
+        )
+    else:
+        fit_cfg = cfg.model_copy(deep=True)
+        if action == "refresh_landmarks":
+            fit_cfg.solver.eigen_solver = "nystroem"
+        X = _training_rows(base["lineage"], X_new)
+        features = ing.features  # the table's column names, as the full run records them
+        if features is not None and features.get("selection") == "positions":
+            features = None
+        # the scaling is fitted again on every row (preprocess), as a full run would
+        _, info = solve(X, fit_cfg, layout.model, features=features)
+        info = {**info, "n_samples_fit": int(X.shape[0])}
+    info["action"] = action
+    return SolveResult(model=layout.model, info=info)
+
+
+def stage_project(
+    cfg: Any,
+    ing: IngestResult,
+    base: dict[str, Any],
+    solved: SolveResult,
+) -> ProjectResult:
+    """The union's embedding (base rows then the batch's), row arrays, spectrum, Parquet."""
+    import kpca_dask
+
+    from .progress import compute
+    from .project import component_names, write_parquet
+    from .transform import embed_rows
+
+    t0 = time.perf_counter()
+    layout = run_layout(cfg)
+    out = layout.out
+    model = kpca_dask.load(solved.model.zarr_source())
+    src = load_ingested(ing)
+    bg = Location(base["path"]).open_group("r")
+    old = da.from_zarr(bg[EMBEDDING])
+    rows = old.chunks[0][0]
+    reembed = solved.info.get("action") != "merge" or cfg.update.reembed
+    if reembed:
+        X = _all_rows(base["lineage"], src.X).rechunk({0: rows, 1: -1})
+        emb = embed_rows(model, X, training_data=False, dtype=model.dtype_)
+    else:
+        new = embed_rows(model, src.X, training_data=False, dtype=model.dtype_)
+        emb = da.concatenate([old.astype(new.dtype), new], axis=0)
+    emb = emb.rechunk({0: rows, 1: -1})
+    g = out.open_group("a")
+    if EMBEDDING in g:
+        del g[EMBEDDING]
+    z = g.create_array(EMBEDDING, shape=emb.shape, dtype=emb.dtype, chunks=(rows, emb.shape[1]))
+    z.attrs["columns"] = component_names(emb.shape[1])
+    z.attrs["rows_by_this_model"] = [0 if reembed else int(old.shape[0]), int(emb.shape[0])]
+    compute(da.store(emb, z, lock=False, compute=False), label="embedding")
+    arrays = _row_arrays(bg, src, int(src.X.shape[0]))
+    chunks = emb.chunks[0]
+    for name in ("split", "labels", "ids"):
+        if arrays.get(name) is not None:
+            _store_array(g, name, arrays[name], chunks)
+        elif name in g:
+            del g[name]
+    if arrays.get("labels") is not None:
+        g["labels"].attrs["classes"] = arrays["classes"]
+    write_spectrum(out, model)
+    result = ProjectResult(
+        rows=int(emb.shape[0]), components=int(emb.shape[1]), seconds=time.perf_counter() - t0
+    )
+    if cfg.output.parquet:
+        pq = write_parquet(
+            out,
+            da.from_zarr(g[EMBEDDING]),
+            ids=arrays.get("ids"),
+            labels=arrays.get("labels"),
+            classes=arrays.get("classes"),
+            split=arrays.get("split"),
+        )
+        result = replace(result, parquet=pq["path"])
+    elif layout.parquet.exists():
+        layout.parquet.remove(root=out)
+    logger.info(
+        "update: embedding of %d rows (%s) in %.1f s",
+        result.rows,
+        "every row embedded again" if reembed else f"{src.X.shape[0]} appended",
+        time.perf_counter() - t0,
+    )
+    return result
+
+
+def _row_arrays(bg: Any, src: Any, n_new: int) -> dict[str, Any]:
+    """split / labels / ids of the union: the base's then the batch's (split: the batch is
+    training data; labels only when both have them with the same classes)."""
+    out: dict[str, Any] = {}
+    if "split" in bg:
+        out["split"] = da.concatenate(
+            [da.from_zarr(bg["split"]), da.ones(n_new, dtype=bg["split"].dtype, chunks=n_new)]
+        )
+    if "labels" in bg and src.labels is not None:
+        classes = list(bg["labels"].attrs.get("classes") or [])
+        if list(src.classes or []) == classes:
+            out["labels"] = da.concatenate(
+                [da.from_zarr(bg["labels"]), src.labels.astype(bg["labels"].dtype)]
+            )
+            out["classes"] = classes
+        else:
+            logger.warning(
+                "update: the batch's classes %s differ from the base run's %s; the labels "
+                "are not carried into the new run",
+                src.classes,
+                classes,
+            )
+    if "ids" in bg and src.ids is not None:
+        old_ids = da.from_zarr(bg["ids"])
+        if old_ids.dtype.kind in "OUT" or src.ids.dtype.kind in "OUT":
+            out["ids"] = da.concatenate([old_ids.astype(str), src.ids.astype(str)])
+        else:
+            out["ids"] = da.concatenate([old_ids, src.ids.astype(old_ids.dtype)])
+    return out
+
+
+def stage_export(
+    cfg: Any,
+    ing: IngestResult,
+    base: dict[str, Any],
+    drift: dict[str, Any],
+    solved: SolveResult,
+    projected: ProjectResult,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The new run's manifest (last, atomically), with its ``update`` record."""
+    lineage = list(base["lineage"]) + [
+        {
+            "store": ing.store.url,
+            "n_rows": int(ing.n_rows),
+            "split_run": None,
+            "run": run_layout(cfg).out.url,
+        }
+    ]
+    record = {
+        "base": base["path"],
+        "base_created": base["created"],
+        "version": int(base["version"]) + 1,
+        "action": drift["action"],
+        "reason": drift["reason"],
+        "drifted": drift["drifted"],
+        "flagged": drift["flagged"],
+        "batch_rows": int(ing.n_rows),
+        "n_rows": int(projected.rows),
+        "rows": lineage,
+        "report": f"{UPDATE}/{DRIFT_REPORT}",
+    }
+    ing_d = {k: v for k, v in ing.to_dict().items() if k != "storage_options"}
+    return write_manifest(
+        run_layout(cfg).out,
+        config=cfg.to_json_dict(),
+        ingest=ing_d,
+        model={**solved.info, "path": MODEL},
+        timings=timings,
+        extra={"update": record, "kernel_store": None, "evaluation": None, "denoise": None},
+    )
+
+
+_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise", "preprocess")
+
+UPDATE_REGISTRY = Registry(
+    [
+        Stage(
+            "ingest",
+            stage_ingest,
+            config=("input", "chunks.target_chunk_mb"),
+            result="ing",
+            result_type=IngestResult,
+            fresh=_fresh_ingest,
+            reads_source=True,
+            doc="the batch -> work/ingest.zarr, validated and fingerprinted",
+        ),
+        Stage(
+            "base",
+            stage_base,
+            config=("update.base",),
+            result="base",
+            doc="verify the base run; its lineage of row stores",
+        ),
+        Stage(
+            "drift",
+            stage_drift,
+            inputs=("ing", "base"),
+            result="drift",
+            config=("update", "solver.random_state"),
+            publishes=(UPDATE,),
+            doc="drift report of the batch against the training rows; the action",
+        ),
+        Stage(
+            "update",
+            stage_update,
+            inputs=("ing", "base", "drift"),
+            result="solved",
+            result_type=SolveResult,
+            config=_FIT_FIELDS,
+            publishes=(MODEL,),
+            fingerprint=_fingerprint_solve,
+            fresh=_fresh_solve,
+            doc="merge the batch into the model (exact), or refit on every row",
+        ),
+        Stage(
+            "project",
+            stage_project,
+            inputs=("ing", "base", "solved"),
+            result="projected",
+            result_type=ProjectResult,
+            config=("update.reembed", "output.parquet"),
+            publishes=(EMBEDDING, "spectrum", PARQUET, "split", "labels", "ids"),
+            fingerprint=_fingerprint_project,
+            fresh=_fresh_project,
+            doc="the union's embedding: the base's rows and the batch's",
+        ),
+        Stage(
+            "export",
+            stage_export,
+            inputs=("ing", "base", "drift", "solved", "projected"),
+            result="manifest",
+            config=tuple(PipelineConfig.model_fields),
+            run_info=("timings",),
+            publishes=("manifest.json",),
+            doc="the manifest with the update record, written last and atomically",
+        ),
+    ]
+)
+
+
+def run_update(cfg: PipelineConfig) -> Any:
+    """The update's stages in order on the current Dask client, holding the new run's
+    lock (pipeline.run.run_pipeline with :data:`UPDATE_REGISTRY`)."""
+    from .run import run_pipeline
+
+    return run_pipeline(cfg, UPDATE_REGISTRY)

@@ -1,0 +1,118 @@
+"""``kpca run`` in Prefect mode (the default) keeps the plain mode's contract: a dead
+PREFECT_API_URL is a user error (one line, exit 2, nothing written), and Ctrl-C -- a real
+SIGINT to a real process, mid-solve -- ends the run within 5 s with exit 130 and one line;
+running the same command again resumes from the finished stages."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        PREFECT_HOME=str(tmp / "prefect-home"),
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        **extra,
+    )
+    return env
+
+
+def _config(tmp: Path, n: int = 300) -> Path:
+    from sklearn.datasets import make_blobs
+
+    X = make_blobs(n, n_features=10, centers=5, cluster_std=3.0, random_state=0)[0]
+    np.save(tmp / "x.npy", X)
+    cfg = {
+        "input": {"path": str(tmp / "x.npy")},
+        "kernel": {"name": "rbf", "gamma": 0.05},
+        "solver": {"n_components": 8, "eigen_solver": "randomized", "dtype": "float64"},
+        "chunks": {"target_chunk_mb": 0.05, "block_rows": 500},
+        "kernel_store": {"materialize": "never"},
+        "output": {"path": str(tmp / "out"), "parquet": False},
+        "evaluate": {"enabled": False},
+        "cluster": {"n_workers": 1, "dashboard_address": None},
+    }
+    (tmp / "run.yaml").write_text(yaml.safe_dump(cfg))
+    return tmp / "run.yaml"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the socket is
+
+
+def test_an_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path):
+    cfg = _config(tmp_path)
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    res = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", str(cfg), "--no-progress"],
+        env=_env(tmp_path, PREFECT_API_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"kpca run: error: the Prefect API at PREFECT_API_URL={url} ")
+    assert "not reachable" in lines[0] and "--no-prefect" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_mid_solve_exits_130_within_5_s_and_the_run_resumes(tmp_path):
+    """Two real flow runs on an ephemeral Prefect API (the issue's must-show test: kept
+    in the default suite; 4000 rows give the solve a few seconds of passes)."""
+    cfg = _config(tmp_path, n=4000)
+    env = _env(tmp_path)
+    args = [sys.executable, "-m", "flows.cli", "run", str(cfg), "--no-progress"]
+    err_file = tmp_path / "stderr.txt"
+    with open(err_file, "w") as err:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            t_end = time.monotonic() + 240
+            while "randomized solver: pass 1," not in err_file.read_text():
+                assert proc.poll() is None, err_file.read_text()
+                assert time.monotonic() < t_end, err_file.read_text()
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            os.kill(proc.pid, signal.SIGINT)
+            rc = proc.wait(timeout=30)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = err_file.read_text()
+    after = text.split("randomized solver: pass 1,", 1)[1].splitlines()[1:]
+    after = [ln for ln in after if ln.strip() and "randomized solver: pass" not in ln]
+    assert rc == 130, text
+    assert took < 5.0, took
+    assert len(after) == 1, "\n".join(after)
+    assert after[0].startswith("kpca run: interrupted after ")
+    assert after[0].endswith("re-run the same command to resume.")
+    assert "Traceback" not in text
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+    res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "run complete" in res.stdout
+    # the ingest that finished before Ctrl-C is not done again: its task is a cache hit
+    prefect_line = next(ln for ln in res.stdout.splitlines() if "stages cached" in ln)
+    ran = prefect_line.split("ran ", 1)[1] if "ran " in prefect_line else ""
+    assert "ingest" not in ran and "solve" in ran, prefect_line
