@@ -126,8 +126,10 @@ def transform(
     output: str,
     chunks: ChunkConfig | None = None,
     overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Embed a batch with a saved model (streaming).
+    """Embed a batch with a saved model (streaming); ``storage_options`` are the model's
+    and the output's fsspec options.
 
     Not cached and its result not persisted (the output store is the result): the task
     writes nothing outside ``output``, whatever the Prefect server's default result
@@ -137,5 +139,12 @@ def transform(
     failed attempt leaves nothing behind and a retry starts clean.
     """
     return jsonable(
-        transform_to_store(model, input, output, chunks=chunks, overwrite=overwrite)
+        transform_to_store(
+            model,
+            input,
+            output,
+            chunks=chunks,
+            overwrite=overwrite,
+            storage_options=storage_options,
+        )
     )

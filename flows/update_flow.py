@@ -24,7 +24,7 @@ from pipeline.run import run_lock, run_stages, stage_begin
 from pipeline.update import UPDATE_REGISTRY, run_update, update_config
 
 from . import tasks
-from .caching import result_storage
+from .caching import result_storage, with_result_storage
 from .pipeline_flow import FlowRunSummary
 from .runtime import check_prefect_api, dashboard_line, forward_library_logs
 
@@ -48,6 +48,7 @@ def _drift_markdown(manifest: dict[str, Any]) -> str:
 @flow(
     name="kpca-update",
     validate_parameters=True,
+    persist_result=False,  # the summary goes back to the caller, never to result storage
     description="Add a batch of new rows to a published kernel PCA run: drift report, "
     "exact Nyström merge or refit, the union's embedding, a new verified run.",
 )
@@ -63,7 +64,8 @@ def kpca_update(config: PipelineConfig) -> dict[str, Any]:
     timings: dict[str, float] = {}
 
     def call(stage, args: dict[str, Any]) -> Any:
-        bound = tasks.stage_task(stage).with_options(result_storage=storage)
+        # any fsspec output: an unsaved remote storage, see flows/caching.py
+        bound = with_result_storage(tasks.stage_task(stage), storage)
         state = bound(cfg, **args, return_state=True)
         states[stage.name] = state.name
         return state.result()
@@ -80,7 +82,7 @@ def kpca_update(config: PipelineConfig) -> dict[str, Any]:
     return {"out": str(out), "manifest": manifest, "states": states, "timings": timings}
 
 
-@flow(name="kpca-update-from", validate_parameters=True)
+@flow(name="kpca-update-from", validate_parameters=True, persist_result=False)
 def kpca_update_from(
     run: str, new_data: str, output: str | None = None, policy: str | None = None
 ) -> dict[str, Any]:

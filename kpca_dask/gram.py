@@ -87,6 +87,16 @@ def pair_products(
     )
 
 
+def _aligned(a: np.ndarray, dtype: Any) -> np.ndarray:
+    """``a`` as a C-contiguous array of ``dtype`` whose data are aligned to its items
+    (copied only when they are not). An array deserialised from a Dask message can
+    start at any byte; numpy's matmul hands only aligned operands to BLAS and multiplies
+    the others with its own loop, whose sums round differently: a product's last bits
+    would then depend on where a message put the array (seen as run-to-run and
+    local-vs-object-store differences in the embedding, issue 14)."""
+    return np.require(a, dtype=dtype, requirements=["C_CONTIGUOUS", "ALIGNED"])
+
+
 def stored_pair_products(
     block: np.ndarray, zi: np.ndarray, zj: np.ndarray | None, dtype: Any
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -98,17 +108,17 @@ def stored_pair_products(
     # block are faster and, bound by streaming it, cost little more with wider Z
     # (docs/tuning.md).
     dtype = np.dtype(dtype)
-    blk = block if block.dtype == dtype else block.astype(dtype)
-    zi_c = np.ascontiguousarray(zi, dtype=dtype)
-    yi = blk @ (zi_c if zj is None else np.ascontiguousarray(zj, dtype=dtype))
+    blk = _aligned(block, dtype)
+    zi_c = _aligned(zi, dtype)
+    yi = blk @ (zi_c if zj is None else _aligned(zj, dtype))
     yj = None if zj is None else np.ascontiguousarray((zi_c.T @ blk).T)
     # partials travel in the compute dtype, as in pair_products
     return yi, yj
 
 
 def _accumulate(strip_fn, ri, rj, zi, zj, diagonal, dtype):
-    zi_c = np.ascontiguousarray(zi, dtype=dtype)
-    zj_c = zi_c if diagonal else np.ascontiguousarray(zj, dtype=dtype)
+    zi_c = _aligned(zi, dtype)
+    zj_c = zi_c if diagonal else _aligned(zj, dtype)
     ncols = zi.shape[1]
     yi = np.zeros((ri, ncols), dtype=np.float64)
     yj = None if diagonal else np.zeros((rj, ncols), dtype=np.float64)

@@ -80,6 +80,9 @@ def _rows(est: Any, X: Any):
             "in the same order."
         )
     V.check_finite(Xd)
+    scaler = getattr(est, "preprocess_", None)
+    if scaler is not None:  # the model's scaling, fitted on its first rows, stays fixed
+        Xd = scaler.transform(Xd)
     r = int(getattr(est, "chunk_size_", 8192) or 8192)
     return Xd.rechunk({0: r, 1: -1})
 

@@ -241,8 +241,8 @@ class InputConfig(_Model):
     exclude_columns: list[str] | None = Field(
         None,
         description="Columns that are not features, left out of the default selection "
-        "(e.g. text, categorical or datetime columns, which are refused as features; "
-        "docs/config.md, 'Feature columns').",
+        "(e.g. a numeric code or timestamp; non-numeric columns are left out anyway, "
+        "with a warning this silences; docs/config.md, 'Feature columns').",
     )
     label_column: str | None = Field(
         None, description="Optional class label column, kept alongside (enables evaluation)."
@@ -1066,18 +1066,20 @@ Which columns of a table are features (pipeline/features.py):
 - **bool** columns are features, as 0/1. The run logs a note naming them and
   `kpca info` lists them ("bool as 0/1"); list `input.columns` or `exclude_columns` to
   leave them out.
-- **Text, categorical, datetime and timedelta** columns are never used or dropped
-  silently: the run stops before anything is written, in one line naming them and
-  their kind, with the fix: list the features in `input.columns`, or leave these
-  columns out with `input.exclude_columns`. Encode them as numbers (one-hot, epoch
-  seconds...) to use them.
+- **Text, categorical, datetime and timedelta** columns are not features. Without
+  `input.columns` they are left out with a warning naming them and their kind, recorded
+  as left out in the run's features block and listed by `kpca info` ("left out (not
+  numeric)"); `input.exclude_columns` leaves them out without the warning. Listed in
+  `input.columns` they are refused in one line (encode them as numbers first: one-hot,
+  epoch seconds...). A table with no numeric column is refused.
 - NaN or infinity in a feature column stops the run naming the first row and column
   (`nonfinite: drop` drops such rows instead).
 
 The run records what it used, its *features block*: names in order, dtypes, bool
-columns, the id and label columns, and how they were chosen (`columns`: listed in
-`input.columns`; `all`: every column but id/label/excluded; `positions`: NPY and zarr
-input, whose columns have no names). It is saved with the model (its `features`
+columns, the id and label columns, the columns left out, and how the features were
+chosen (`columns`: listed in `input.columns`; `all`: every column but the id, label,
+excluded and non-numeric ones; `positions`: NPY and zarr input, whose columns have no
+names). It is saved with the model (its `features`
 block: `KernelPCA.feature_names_in_` and `features_` after `kpca_dask.load`) and in
 the manifest (`input.features`); `kpca info` lists it.
 
@@ -1087,7 +1089,8 @@ them (no flags needed for a table shaped like the training one; `--id-column` an
 `--label-column` override). A missing feature is refused in one line naming it. A
 column that is none of the features nor the id/label is refused naming it when the run
 took every column as a feature (a new column means the table changed; `--ignore-extra`
-embeds with the model's features anyway), and ignored with a note when the run listed
+embeds with the model's features anyway; columns the run excluded or left out are
+ignored), and ignored with a note when the run listed
 its features in `input.columns` (other columns were never features). NPY and zarr input
 are taken by position, with the same number of columns as at fit. The estimator does the
 same for a pandas DataFrame: `transform` selects `feature_names_in_` by name, refusing

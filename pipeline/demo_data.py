@@ -57,6 +57,9 @@ class DemoDataset:
     label_column: str = "label"
     id_column: str = "id"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: preprocess.scale to run with: the gammas below are tuned on the raw values (one
+    #: unit for every column: pixel intensities, plane coordinates), so no scaling
+    scale: str = "none"
 
 
 #: Settings checked in tests/pipeline/test_evaluate.py (digits) and

@@ -5,19 +5,18 @@ The policy (docs/config.md, "Feature columns"), applied by the readers
 
 - numeric columns (integer, float) are features;
 - bool columns are features, as 0/1; the log names them (a note, not a warning);
-- text, categorical, datetime, timedelta and other non-numeric columns are never
-  silently used nor silently dropped: without ``input.columns`` they are refused in
-  one line that names them and the fix (list the features in ``input.columns``, or
-  leave these out with ``input.exclude_columns``); listed in ``input.columns`` they
-  are refused too (encode them first);
+- text, categorical, datetime, timedelta and other non-numeric columns are not
+  features: without ``input.columns`` they are left out with a warning that names them
+  and their kind, and recorded as left out (``kpca info`` lists them); listed in
+  ``input.columns`` they are refused in one line (encode them as numbers first);
 - the id and label columns are never features.
 
 The ingest stage records the outcome as the run's *features block* (:func:`record`):
-names in order, dtypes, bool columns, the id and label columns, and how the features
-were chosen (``"columns"``: listed in ``input.columns``; ``"all"``: every column but
-the id, label and excluded ones). The solve stage stores it in the model
-(``KernelPCA.record_features``, the model's ``"features"`` block) and the manifest has
-it under ``input.features``; ``kpca info`` lists it.
+names in order, dtypes, bool columns, the id and label columns, the columns left out,
+and how the features were chosen (``"columns"``: listed in ``input.columns``;
+``"all"``: every column but the id, label, excluded and non-numeric ones). The solve
+stage stores it in the model (``KernelPCA.record_features``, the model's ``"features"``
+block) and the manifest has it under ``input.features``; ``kpca info`` lists it.
 
 At transform, :func:`match` reads a new table's columns against the block: the model's
 features are selected by name in any order; a missing feature is refused naming it; a
@@ -101,6 +100,9 @@ class Selection:
     bools: list[str] = field(default_factory=list)
     selection: str = "all"  # "columns" (input.columns) or "all"
     excluded: list[str] = field(default_factory=list)
+    #: non-numeric columns left out of "all", with their dtypes
+    ignored: list[str] = field(default_factory=list)
+    ignored_dtypes: list[str] = field(default_factory=list)
 
 
 def select(
@@ -140,6 +142,7 @@ def select(
         if twice:
             raise FeatureError(f"input.columns lists {_names(twice)} more than once.")
         features = list(columns)
+        ignored = []
         bad = [c for c in features if kind_of(dtypes[c]) not in ("numeric", "bool")]
         if bad:
             raise FeatureError(
@@ -151,19 +154,21 @@ def select(
     else:
         candidates = [c for c in available if c not in reserved and c not in exclude]
         bad = [c for c in candidates if kind_of(dtypes[c]) not in ("numeric", "bool")]
-        if bad and len(bad) == len(candidates):
+        if len(bad) == len(candidates):  # none, or none numeric
             raise FeatureError(
                 f"{path} has no numeric feature columns (columns: {_names(available, 20)}); "
                 "set input.columns."
             )
         if bad:
-            raise FeatureError(
-                f"{path}: column(s) {_kinds(bad[:10], dtypes)} are not numeric and cannot be "
-                "features; list the features in input.columns, or leave these out with "
-                f"input.exclude_columns: {[str(c) for c in bad]} (encode them as numbers "
-                "to use them)."
+            logger.warning(
+                "ingest: leaving out non-numeric column(s) %s: not features (encode them as "
+                "numbers to use them; list input.columns, or input.exclude_columns to leave "
+                "them out without this warning)",
+                _kinds(bad[:10], dtypes)
+                + (f", ... ({len(bad)} in all)" if len(bad) > 10 else ""),
             )
-        features = candidates
+        ignored = bad
+        features = [c for c in candidates if c not in set(bad)]
         selection = "all"
     bools = [c for c in features if kind_of(dtypes[c]) == "bool"]
     if bools:
@@ -178,6 +183,8 @@ def select(
         bools=[str(c) for c in bools],
         selection=selection,
         excluded=[str(c) for c in exclude],
+        ignored=[str(c) for c in ignored],
+        ignored_dtypes=[str(dtypes[c]) for c in ignored],
     )
 
 
@@ -199,6 +206,7 @@ def record(
             "label_column": None,
             "selection": "positions",
             "excluded": [],
+            "ignored": [],
             "source_format": source_format,
         }
     return {
@@ -209,6 +217,7 @@ def record(
         "label_column": label_column,
         "selection": sel.selection,
         "excluded": list(sel.excluded),
+        "ignored": [{"name": c, "dtype": t} for c, t in zip(sel.ignored, sel.ignored_dtypes)],
         "source_format": source_format,
     }
 
@@ -258,13 +267,19 @@ def match(
         )
     reserved = {c for c in (id_column, label_column, run_id, run_label) if c is not None}
     extra = [c for c in available if c not in set(names) and c not in reserved]
-    excluded = set(block.get("excluded") or [])
+    excluded = set(block.get("excluded") or []) | {
+        c["name"] if isinstance(c, dict) else c for c in block.get("ignored") or []
+    }
     unknown = [c for c in extra if c not in excluded]
     if unknown and block.get("selection") != "columns" and not ignore_extra:
+        had = ", ".join(
+            [f"its {len(names)} features"]
+            + [f"the {w} column {c!r}" for w, c in (("id", run_id), ("label", run_label)) if c]
+        )
         raise FeatureError(
             f"{path} has column(s) {_names(unknown)} the model was not fitted on (its "
-            f"training table had no other columns: {len(names)} features, id and label); "
-            "drop them, or pass --ignore-extra to embed with the model's features only."
+            f"training table had only {had}); drop them, or pass --ignore-extra to embed "
+            "with the model's features only."
         )
     if extra:
         logger.info(

@@ -264,11 +264,11 @@ def ingest(
             first = int(np.flatnonzero(bad)[0])
             (row,) = dask.compute(X[first])
             cols = np.flatnonzero(~np.isfinite(row))
-            where = f" in column {_columns(cols, src.columns)}" if cols.size else ""
+            where = f", column {_columns(cols, src.columns)}" if cols.size else ""
             raise InputError(
                 f"{cfg.path} contains NaN or infinity in "
                 f"{_count(int(bad.sum()), 'row')} "
-                f"(first: row {first}){where}; clean the data or set input.nonfinite: drop."
+                f"(first: row {first}{where}); clean the data or set input.nonfinite: drop."
             )
         dropped = int(bad.sum())
         if dropped:

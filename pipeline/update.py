@@ -63,6 +63,7 @@ __all__ = [
     "UPDATE_REGISTRY",
     "UpdateError",
     "default_output",
+    "latest_run",
     "run_update",
     "update_config",
 ]
@@ -76,11 +77,36 @@ class UpdateError(UserError, ValueError):
 
 # --------------------------------------------------------------------- config
 def default_output(base: Location, version: int) -> str:
-    """``<base>-v<version>`` next to the base run (a trailing ``-vN`` replaced)."""
+    """``<base>-v<version>`` next to the base run (a trailing ``-vN`` replaced); in a
+    series folder (runs named ``v1``, ``v2``...) the next ``v<version>``."""
     url = base.url.rstrip("/")
     head, _, name = url.rpartition("/")
-    name = re.sub(r"-v\d+$", "", name) + f"-v{version}"
+    if re.fullmatch(r"v\d+", name):
+        name = f"v{version}"
+    else:
+        name = re.sub(r"-v\d+$", "", name) + f"-v{version}"
     return f"{head}/{name}" if head else name
+
+
+def latest_run(series: Location) -> Location | None:
+    """The newest published run ``v<N>`` of a series folder (None: ``series`` is not one).
+
+    A nightly deployment names the series (``/srv/kpca/runs/features``) instead of a run:
+    each night updates the newest complete version into the next (docs/update.md).
+    """
+    from .layout import MANIFEST
+
+    if series.child(MANIFEST).exists() or not series.exists():
+        return None
+    versions = []
+    for p in series.fs.ls(series.fs_path, detail=False):
+        name = str(p).rstrip("/").rpartition("/")[2]
+        m = re.fullmatch(r"v(\d+)", name)
+        if m and series.child(name, MANIFEST).exists():
+            versions.append((int(m.group(1)), name))
+    if not versions:
+        return None
+    return series.child(max(versions)[1])
 
 
 def _version(manifest: dict) -> int:
@@ -99,6 +125,9 @@ def update_config(
     as input, the new run as output and ``update.base`` set. Refuses an output that
     overlaps the base run."""
     loc = Location(base)
+    newest = latest_run(loc)
+    if newest is not None:
+        loc = newest
     manifest = verify_run(loc)
     data = dict(manifest["config"])
     version = _version(manifest) + 1
@@ -184,16 +213,24 @@ def _sample(n: int, size: int, seed: Any) -> np.ndarray:
     return np.sort(rng.choice(n, size=min(n, size), replace=False))
 
 
-def _reference_rows(lineage, landmarks: np.ndarray, size: int, seed: Any) -> np.ndarray:
+def _reference_rows(
+    lineage, landmarks: np.ndarray, size: int, seed: Any, scaler: Any = None
+) -> np.ndarray:
     """A seeded uniform sample of ``size`` training rows, landmark rows left out (their
-    reconstruction error is zero by construction)."""
+    reconstruction error is zero by construction). ``scaler``: the model's feature
+    scaling (its landmarks are scaled rows; the same elementwise scaling of a raw row
+    gives the same bytes)."""
     from kpca_dask.solvers.landmarks import gather_rows
 
     X = _training_rows(lineage)
     idx = _sample(int(X.shape[0]), size + landmarks.shape[0], seed)
     rows = gather_rows(X, idx)
+    scaled = rows if scaler is None else scaler.transform(rows)
     lm = {r.tobytes() for r in np.ascontiguousarray(landmarks, dtype=np.float64)}
-    keep = np.array([r.tobytes() not in lm for r in rows], dtype=bool)
+    keep = np.array(
+        [r.tobytes() not in lm for r in np.ascontiguousarray(scaled, dtype=np.float64)],
+        dtype=bool,
+    )
     return rows[keep][:size]
 
 
@@ -239,7 +276,13 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
     seed = cfg.solver.random_state
     X_new = load_ingested(ing).X
     new = gather_rows(X_new, _sample(int(X_new.shape[0]), pol.reference_rows, seed))
-    ref = _reference_rows(base["lineage"], np.asarray(model.X_fit_), pol.reference_rows, seed)
+    ref = _reference_rows(
+        base["lineage"],
+        np.asarray(model.X_fit_),
+        pol.reference_rows,
+        seed,
+        getattr(model, "preprocess_", None),
+    )
     if ref.shape[0] < 2 or new.shape[0] < 2:
         raise UpdateError(
             f"too few rows for a drift report ({ref.shape[0]} training, {new.shape[0]} new); "
@@ -310,7 +353,11 @@ def stage_update(
         if action == "refresh_landmarks":
             fit_cfg.solver.eigen_solver = "nystroem"
         X = _training_rows(base["lineage"], X_new)
-        _, info = solve(X, fit_cfg, layout.model)
+        features = ing.features  # the table's column names, as the full run records them
+        if features is not None and features.get("selection") == "positions":
+            features = None
+        # the scaling is fitted again on every row (preprocess), as a full run would
+        _, info = solve(X, fit_cfg, layout.model, features=features)
         info = {**info, "n_samples_fit": int(X.shape[0])}
     info["action"] = action
     return SolveResult(model=layout.model, info=info)
@@ -459,7 +506,7 @@ def stage_export(
     )
 
 
-_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise")
+_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise", "preprocess")
 
 UPDATE_REGISTRY = Registry(
     [

@@ -256,12 +256,19 @@ def _check_npy(cfg, v: Validation, fs, fs_path: str) -> None:
                 head = f.read(4)
             except Exception:  # noqa: BLE001
                 pass
-            why = "an NPZ archive" if head.startswith(b"PK") else _short(exc)
+            if head.startswith(b"PK"):  # np.load opens NPZ archives whatever the name
+                v.findings.append(
+                    Finding(
+                        "types",
+                        f"{cfg.input.path} is an NPZ archive, not an NPY file; save the "
+                        "feature matrix with numpy.save and point input.path at it.",
+                    )
+                )
+                return
             v.findings.append(
                 Finding(
                     "types",
-                    f"{cfg.input.path} is not a readable NPY file ({why}); save the feature "
-                    "matrix with numpy.save and point input.path at it.",
+                    f"{cfg.input.path} is not a readable NPY file: {_short(exc)}",
                 )
             )
             return
@@ -303,8 +310,9 @@ def _check_zarr(cfg, v: Validation, fs, fs_path: str) -> None:
             return None
         except (ValueError, UnicodeDecodeError) as exc:
             raise _Stop(
-                f"{cfg.input.path} is not a readable zarr store (zarr.json: {_short(exc)}); "
-                "restore it from a good copy."
+                f"{cfg.input.path} is not a readable zarr store ({type(exc).__name__}: "
+                f"{_short(exc)}); restore it from a good copy or point input.path at an "
+                "intact store."
             ) from None
 
     m = meta(fs_path)
@@ -320,6 +328,15 @@ def _check_zarr(cfg, v: Validation, fs, fs_path: str) -> None:
     if m.get("node_type") == "group":
         name = cfg.input.zarr_array or "X"
         m = meta(posixpath.join(fs_path, name))
+        if m is not None and m.get("node_type") == "group":
+            v.findings.append(
+                Finding(
+                    "columns",
+                    f"{cfg.input.path}: {name!r} is a zarr group, not an array; set "
+                    "input.zarr_array to an array's path.",
+                )
+            )
+            return
         if m is None or m.get("node_type") != "array":
             v.findings.append(
                 Finding(
@@ -354,6 +371,12 @@ def _open_table_sample(cfg, fs, fs_path: str, fmt: str):
                     "a file with data."
                 ) from None
             except Exception as exc:  # noqa: BLE001 - pandas raises many kinds
+                msg = _short(exc)
+                if "Expected" in msg and "fields" in msg:
+                    raise _Stop(
+                        f"{cfg.input.path} is ragged: {msg}. Every row needs the same number "
+                        "of fields; fix the file (quoting? stray delimiters?)."
+                    ) from None
                 raise _Stop(
                     f"cannot read {cfg.input.path} as csv ({type(exc).__name__}: "
                     f"{_short(exc)}); check that the file is intact and input.format is right."
@@ -415,7 +438,18 @@ def _check_table(cfg, v: Validation, fs, fs_path: str, fmt: str) -> None:
                     f"input.{what} {col!r} is not a column of {inp.path}; available: {shown}",
                 )
             )
-    reserved = {inp.label_column, inp.id_column} - {None}
+    # input.exclude_columns are not features (pipeline/features.py: the same rule at ingest)
+    excluded = list(inp.exclude_columns or [])
+    unknown = [c for c in excluded if c not in available]
+    if unknown:
+        v.findings.append(
+            Finding(
+                "columns",
+                f"input.exclude_columns {unknown} are not columns of {inp.path}; "
+                f"available: {shown}.",
+            )
+        )
+    reserved = {inp.label_column, inp.id_column, *excluded} - {None}
     if inp.columns:
         missing = [c for c in inp.columns if c not in available]
         if missing:
@@ -607,8 +641,8 @@ def _check_not_overlapping(cfg: PipelineConfig, out: str, local: bool) -> None:
     i = Path(src.removeprefix("file://")).resolve()
     if o == i or o in i.parents or i in o.parents:
         raise _Stop(
-            f"output.path {cfg.output.path} overlaps the input {src}; write the run to a "
-            "folder of its own (not the input, inside it, or around it)."
+            f"output.path {cfg.output.path} is, holds or lies inside the input {src}; write "
+            "the output somewhere else (the input is never overwritten)."
         )
 
 
@@ -647,12 +681,12 @@ def _probe_writable(raw: str, fs, out: str, local: bool) -> None:
     except _Stop:
         raise
     except OSError as exc:
-        if getattr(exc, "errno", None) == 30:  # EROFS
-            why = "the file system is read-only"
-        elif isinstance(exc, PermissionError):
-            why = "permission denied"
-        else:
-            why = f"{type(exc).__name__}: {_short(exc)}"
+        if getattr(exc, "errno", None) == 30:  # EROFS: the words of the run's own check
+            raise _Stop(
+                f"cannot write {raw}: the file system is read-only; set output.path (or "
+                "--output) to a writable folder."
+            ) from None
+        why = "permission denied" if isinstance(exc, PermissionError) else _short(exc)
         raise _Stop(
             f"cannot write to output {raw} ({why}); set output.path (or --output) to a "
             "folder this user may write."

@@ -218,11 +218,14 @@ class Metrics(_Section):
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON object written to metrics.json (``sweep.pca_max_components`` only
-        when linear PCA has fewer components than kernel PCA)."""
-        skip = (
-            {"sweep": {"pca_max_components"}} if self.sweep.pca_max_components is None else None
-        )
-        return self.model_dump(mode="json", by_alias=True, exclude=skip)
+        when linear PCA has fewer components than kernel PCA; ``preprocess`` only when the
+        model records its scaling)."""
+        skip: dict[str, Any] = {}
+        if self.sweep.pca_max_components is None:
+            skip["sweep"] = {"pca_max_components"}
+        if self.preprocess is None:  # a model saved without a preprocess block
+            skip["preprocess"] = True
+        return self.model_dump(mode="json", by_alias=True, exclude=skip or None)
 
 
 #: JSON Schema (draft 2020-12) of a complete ``report/metrics.json``, generated.

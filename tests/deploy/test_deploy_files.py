@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -39,7 +40,9 @@ def test_image_name_is_the_project_version():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert IMAGE == f"{project['name']}:{project['version']}"
     text = (DEPLOY / "Dockerfile").read_text()
-    assert re.search(r"^RUN pip install \"\.\[s3\]\"", text, re.M), "the image must install ."
+    assert re.search(r"^RUN pip install \"\.\[s3,gcs,azure\]\"", text, re.M), (
+        "the image must install . with every object store"
+    )
     for pkg in ("kpca_dask", "pipeline", "flows"):
         assert f"COPY {pkg} ./{pkg}" in text
 
@@ -96,12 +99,15 @@ def test_each_deployment_imports_and_its_parameters_validate(prefect_yaml, name)
 
     (d,) = [d for d in prefect_yaml["deployments"] if d["name"] == name]
     flow = load_flow_from_entrypoint(d["entrypoint"], use_placeholder_flow=False)
-    assert flow.name in ("kpca-pipeline", "kpca-transform")
+    assert flow.name in ("kpca-pipeline", "kpca-transform", "kpca-update-from")
     params = flow.validate_parameters(d["parameters"])
     if flow.name == "kpca-pipeline":
         cfg = PipelineConfig.model_validate(d["parameters"]["config"])
         assert params["config"] == cfg
         for path in (cfg.input.path, cfg.output.path):
+            assert path.startswith(("/", "s3://")), f"{d['name']}: relative path {path}"
+    elif flow.name == "kpca-update-from":  # a series folder and the batch
+        for path in (d["parameters"]["run"], d["parameters"]["new_data"]):
             assert path.startswith(("/", "s3://")), f"{d['name']}: relative path {path}"
     else:
         assert d["parameters"]["model"].startswith(("/", "s3://"))
@@ -301,3 +307,248 @@ def test_the_local_cluster_scripts_python_one_liners_run():
         )
         assert res.returncode == 0, f"{code}\n{res.stderr}"
         assert res.stdout.strip(), code
+
+
+# ------------------------------------------------------------ object stores, credentials
+K8S = DEPLOY / "kubernetes"
+#: the Kubernetes objects every spec refers to by name (deploy/kubernetes/service-account.yaml)
+SERVICE_ACCOUNT = "kpca-dask"
+STORE_SECRET = "kpca-object-store"
+#: names of environment variables that carry a secret (must come from a Secret reference)
+SECRET_ENV = re.compile(r"(KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|CONNECTION_STRING)", re.I)
+
+
+def _yaml_docs() -> dict[str, list]:
+    docs = {}
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        docs[str(path.relative_to(DEPLOY))] = [
+            d for d in yaml.safe_load_all(path.read_text()) if d is not None
+        ]
+    return docs
+
+
+def _walk(node, path=()):
+    """Every (path, mapping) in a parsed YAML tree."""
+    if isinstance(node, dict):
+        yield path, node
+        for k, v in node.items():
+            yield from _walk(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, (*path, i))
+
+
+def test_object_store_extras_are_declared_and_in_the_image():
+    """gs:// and az:// next to s3://: gcsfs and adlfs as extras, all installed in the image."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    want = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs"}
+    for extra, pkg in want.items():
+        assert any(r.startswith(f"{pkg}>=") for r in extras[extra]), (extra, extras[extra])
+    docker = (DEPLOY / "Dockerfile").read_text()
+    (installed,) = re.findall(r'^RUN pip install "\.\[([^\]]+)\]"', docker, re.M)
+    assert set(installed.split(",")) >= set(want)
+    assert re.search(r"import [^\"]*\bs3fs, gcsfs, adlfs\b", docker), "the build imports them"
+
+
+def test_no_literal_credentials_anywhere_in_deploy():
+    """Secrets are references: an env var that carries one comes from a secretKeyRef, an
+    envFrom names a Secret, and no file defines a Secret's data."""
+    from pipeline.config import _secret_value
+
+    seen_refs = 0
+    for name, docs in _yaml_docs().items():
+        for doc in docs:
+            assert not (
+                doc.get("kind") == "Secret" and (doc.get("data") or doc.get("stringData"))
+            ), f"{name} defines a Secret's data: create it by hand instead"
+            for path, node in _walk(doc):
+                if "name" in node and ("value" in node or "valueFrom" in node):  # an env entry
+                    if SECRET_ENV.search(str(node["name"])):
+                        assert "value" not in node, f"{name}: literal {node['name']}"
+                        ref = node["valueFrom"]["secretKeyRef"]
+                        assert ref["name"] == STORE_SECRET, (name, ref)
+                        seen_refs += 1
+                for src in node.get("envFrom") or []:
+                    assert set(src) == {"secretRef"}, (name, src)
+                    assert src["secretRef"]["name"] == STORE_SECRET
+                    seen_refs += 1
+                for key, value in node.items():
+                    # a value shaped like a credential (an access key id, a private key,
+                    # a token...: the check config files get, pipeline/config.py)
+                    what = _secret_value(value) if isinstance(value, str) else None
+                    assert what is None, f"{name}: {'/'.join(map(str, path))}/{key} is {what}"
+    assert seen_refs >= 3  # the operator's workers (plain and TLS) and the Helm workers
+    # and in the configs: storage_options never hold credentials (the model refuses them)
+    from pipeline.config import PipelineConfig
+
+    for d in yaml.safe_load((DEPLOY / "prefect.yaml").read_text())["deployments"]:
+        if "config" in d["parameters"]:
+            PipelineConfig.model_validate(d["parameters"]["config"])
+
+
+def test_pods_that_do_io_run_as_the_data_service_account():
+    """Workers (operator, TLS, Helm) and the Prefect flow-run pods use the service account
+    the manifest defines; the scheduler, which moves no data, does not need it."""
+    (sa,) = yaml.safe_load_all((K8S / "service-account.yaml").read_text())
+    assert sa["kind"] == "ServiceAccount" and sa["metadata"]["name"] == SERVICE_ACCOUNT
+    assert sa["metadata"]["namespace"] == "kpca"
+    assert any("role-arn" in k or "service-account" in k for k in sa["metadata"]["annotations"])
+    for f in ("dask-cluster.yaml", "dask-cluster-tls.yaml"):
+        spec = yaml.safe_load((K8S / f).read_text())
+        assert spec["spec"]["worker"]["spec"]["serviceAccountName"] == SERVICE_ACCOUNT, f
+        (w,) = _containers(spec["spec"]["worker"])
+        assert {"secretRef": {"name": STORE_SECRET, "optional": True}} in w["envFrom"], f
+    values = yaml.safe_load((DEPLOY / "helm" / "dask-values.yaml").read_text())
+    assert values["worker"]["serviceAccountName"] == SERVICE_ACCOUNT
+    assert "serviceAccountName" not in values["scheduler"]
+    pools = yaml.safe_load((DEPLOY / "prefect.yaml").read_text())["definitions"]["work_pools"]
+    assert pools["kubernetes"]["job_variables"]["service_account_name"] == SERVICE_ACCOUNT
+
+
+def _helm_fullname(release: str, values: dict, chart: str = "dask") -> str:
+    """dask/templates/_helpers.tpl's ``dask.fullname`` (the chart's naming rule)."""
+    if values.get("fullnameOverride"):
+        return values["fullnameOverride"][:63].rstrip("-")
+    name = values.get("nameOverride") or chart
+    full = release if name in release else f"{release}-{name}"
+    return full[:63].rstrip("-")
+
+
+HELM_RELEASE = "kpca"  # the release name the docs install with
+
+
+def test_helm_scheduler_address_in_the_docs_is_the_one_the_chart_creates():
+    """The chart's Service is ``<fullname>-scheduler``; every document that tells a user
+    where the Helm scheduler is names exactly that, whatever the release is called."""
+    values = yaml.safe_load((DEPLOY / "helm" / "dask-values.yaml").read_text())
+    for release in (HELM_RELEASE, "nightly", "my-dask"):
+        assert _helm_fullname(release, values) == "kpca-dask"  # fixed by fullnameOverride
+    address = (
+        f"tcp://{_helm_fullname(HELM_RELEASE, values)}-scheduler.kpca.svc.cluster.local:8786"
+    )
+    docs = {
+        "deploy/README.md": (DEPLOY / "README.md").read_text(),
+        "docs/cluster.md": (ROOT / "docs" / "cluster.md").read_text(),
+        "deploy/helm/dask-values.yaml": (DEPLOY / "helm" / "dask-values.yaml").read_text(),
+    }
+    for name, text in docs.items():
+        assert f"helm install {HELM_RELEASE} dask/dask" in text, name
+        assert address in text, f"{name} does not name the chart's scheduler {address}"
+        assert "kpca-scheduler." not in text, f"{name} names a Service the chart never creates"
+    # the Kubernetes deployments reach the Helm scheduler as well as the operator's
+    prefect = yaml.safe_load((DEPLOY / "prefect.yaml").read_text())
+    for d in prefect["deployments"]:
+        if d["work_pool"]["name"] == "kpca-kubernetes":
+            params = d["parameters"]
+            assert (params.get("config") or params)["cluster"]["address"] == address
+
+
+@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed here")
+def test_helm_template_renders_the_documented_service(tmp_path):
+    res = subprocess.run(
+        ["helm", "template", HELM_RELEASE, "dask", "--repo", "https://helm.dask.org"]
+        + ["-n", "kpca", "-f", str(DEPLOY / "helm" / "dask-values.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if res.returncode != 0 and "dial tcp" in res.stderr + res.stdout:
+        pytest.skip("the dask chart repository is not reachable from here")
+    assert res.returncode == 0, res.stderr
+    objs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    services = {o["metadata"]["name"] for o in objs if o["kind"] == "Service"}
+    assert "kpca-dask-scheduler" in services
+    (worker,) = [
+        o for o in objs if o["kind"] == "Deployment" and "worker" in o["metadata"]["name"]
+    ]
+    (c,) = worker["spec"]["template"]["spec"]["containers"]
+    args = [str(a) for a in c["args"]]
+    assert args[args.index("--memory-limit", args.index("--memory-limit") + 1) + 1] == "7GiB"
+
+
+def _chart_worker_args(values: dict) -> list[str]:
+    """The worker command dask/templates/dask-worker-deployment.yaml builds from values
+    (resources.limits set: --nthreads and --memory-limit from them, then extraArgs)."""
+    w = values["worker"]
+    service = f"{_helm_fullname(HELM_RELEASE, values)}-scheduler"
+    return [
+        f"{service}:{values['scheduler']['servicePort']}",
+        "--nthreads",
+        str(w.get("threads_per_worker") or w["resources"]["limits"]["cpu"]),
+        "--memory-limit",
+        str(w["resources"]["limits"]["memory"]),
+        "--no-dashboard",
+        "--dashboard-address",
+        str(w.get("portDashboard", 8790)),
+        *map(str, w.get("extraArgs") or []),
+    ]
+
+
+def test_workers_have_memory_headroom_above_the_dask_limit():
+    """Every worker's Dask memory limit (as distributed's own command line parser reads
+    the arguments) is below its container's limit, by at least 512 MiB."""
+    from dask.utils import parse_bytes
+    from distributed.cli.dask_worker import main as dask_worker
+
+    def parsed(args: list[str]) -> dict:
+        return dask_worker.make_context("dask worker", list(args)).params
+
+    values = yaml.safe_load((DEPLOY / "helm" / "dask-values.yaml").read_text())
+    limits = {"helm": (_chart_worker_args(values), values["worker"]["resources"]["limits"])}
+    for f in ("dask-cluster.yaml", "dask-cluster-tls.yaml"):
+        (w,) = _containers(yaml.safe_load((K8S / f).read_text())["spec"]["worker"])
+        args = [a for a in w["args"][2:] if not a.startswith("--tls")]
+        args = [a for a in args if not a.startswith("/etc/dask/tls")]
+        limits[f] = (args, w["resources"]["limits"])
+    for name, (args, container) in limits.items():
+        p = parsed(args)
+        dask_limit = parse_bytes(p["memory_limit"])
+        assert dask_limit + parse_bytes("512MiB") <= parse_bytes(container["memory"]), name
+        assert int(p["nthreads"]) <= int(container["cpu"]), name
+
+
+def test_tls_example_is_mutual_tls_end_to_end(tmp_path):
+    """deploy/kubernetes/dask-cluster-tls.yaml: scheduler and workers (as distributed's
+    command line parsers read them) speak tls:// with the CA, certificate and key mounted
+    from a Secret; the flow's cluster section in its header is a valid config."""
+    from distributed.cli.dask_scheduler import main as dask_scheduler
+    from distributed.cli.dask_worker import main as dask_worker
+
+    from pipeline.config import ClusterConfig
+
+    text = (K8S / "dask-cluster-tls.yaml").read_text()
+    spec = yaml.safe_load(text)
+    name, ns = spec["metadata"]["name"], spec["metadata"]["namespace"]
+    address = f"tls://{name}-scheduler.{ns}.svc.cluster.local:8786"
+    certs = tmp_path / "tls"
+    certs.mkdir()
+    for f in ("ca.pem", "tls.crt", "tls.key"):
+        (certs / f).write_text("PEM")
+
+    def local(args):  # the mounted files, here
+        return [a.replace("/etc/dask/tls", str(certs)) for a in args]
+
+    (s,) = _containers(spec["spec"]["scheduler"])
+    sp = dask_scheduler.make_context("dask scheduler", local(s["args"][2:])).params
+    assert sp["protocol"] == "tls" and sp["tls_key"] and sp["tls_cert"] and sp["tls_ca_file"]
+    (w,) = _containers(spec["spec"]["worker"])
+    wp = dask_worker.make_context("dask worker", local(w["args"][2:])).params
+    assert wp["scheduler"] == address
+    assert wp["tls_key"] and wp["tls_cert"] and wp["tls_ca_file"]
+    for part, c in (("scheduler", s), ("worker", w)):
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "true", part
+        (mount,) = c["volumeMounts"]
+        assert mount["mountPath"] == "/etc/dask/tls" and mount["readOnly"] is True
+        (vol,) = spec["spec"][part]["spec"]["volumes"]
+        assert vol["name"] == mount["name"] and vol["secret"]["secretName"] == "kpca-dask-tls"
+    assert spec["spec"]["scheduler"]["service"]["selector"]["dask.org/cluster-name"] == name
+    # the flow side, from the header comment
+    block = re.search(r"^#   cluster:\n((?:#     .*\n)+)", text, re.M)
+    assert block, "the header shows the flow's cluster section"
+    cluster = yaml.safe_load("\n".join(line[6:] for line in block.group(1).splitlines()))
+    cfg = ClusterConfig.model_validate(cluster)
+    assert cfg.address == address and cfg.tls is not None
+    assert cfg.tls.ca_file.startswith("/etc/dask/tls/")

@@ -171,3 +171,14 @@ def test_demo_runs_the_whole_job(tmp_path):
     assert {"denoised", "denoised_rows", "embedding"} <= set(m["checksums"])
     assert (out / "report" / "report.md").exists()
     assert m["evaluation"]["kpca_accuracy"] > m["evaluation"]["pca_accuracy"]
+    # the demo's own input embeds with no flags: features by name, the run's id carried
+    data = tmp_path / "kpca-demo-data" / "digits.parquet"
+    assert "features   64 (every column but the id/label" in info.stdout
+    assert "pixel_0_0" in info.stdout and "id column 'id'" in info.stdout
+    res = kpca("transform", out, data, tmp_path / "again.zarr")
+    assert res.returncode == 0, res.stderr
+    again = zarr.open_group(str(tmp_path / "again.zarr"), mode="r")
+    run = zarr.open_group(str(out), mode="r")
+    np.testing.assert_array_equal(again["ids"][...], run["ids"][...])
+    # every row was a training row or a held-out one: the model reproduces its embedding
+    np.testing.assert_allclose(again["embedding"][...], run["embedding"][...], atol=1e-4)

@@ -99,6 +99,19 @@ def test_update_equals_fit_on_union_with_same_landmarks(batches):
     assert np.allclose(pca.explained_variance_ * (U.shape[0] - 1), est.eigenvalues_, rtol=1e-9)
 
 
+def test_update_keeps_the_models_scaling():
+    """A model with preprocess="standard" scales new rows with its own (first) scaler: the
+    update equals a fit on the union, scaled that way, with the same landmarks."""
+    X0, X1 = _data(500, 7) * [1, 10, 100, 1], _data(200, 8) * [1, 10, 100, 1]
+    est = _model(preprocess="standard").fit(X0)
+    centre = est.preprocess_.center.copy()
+    est.partial_fit(X1)
+    np.testing.assert_array_equal(est.preprocess_.center, centre)
+    U = est.preprocess_.transform(np.vstack([X0, X1]))
+    basis, ref = _union_fit(est, U)
+    assert np.max(np.abs(est.eigenvalues_ - ref.eigenvalues) / ref.eigenvalues) < 1e-10
+
+
 def test_update_survives_save_and_load(tmp_path):
     X0, X1 = _data(500, 1), _data(200, 2)
     est = _model().fit(X0)

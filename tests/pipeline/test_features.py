@@ -2,7 +2,7 @@
 (model, manifest, ``kpca info``); ``kpca transform`` selects them by name in any order,
 reuses the run's id and label columns, and refuses a missing feature or an unknown column
 in one line naming it; the column policy (bool as 0/1; text, categorical and datetime
-refused naming them); NaN errors name the column."""
+left out with a warning, recorded); NaN errors name the column."""
 
 from __future__ import annotations
 
@@ -126,11 +126,14 @@ def test_transform_by_name_in_any_order_reuses_id_and_label(run, tmp_path):
     # the model on the rows in the fitted order is what the transform wrote
     model = kpca_dask.load(run / "out" / "model")
     np.testing.assert_allclose(a, model.transform(new[FEATURES]), rtol=0, atol=1e-12)
-    # and scikit-learn's KernelPCA, fitted on the same training columns, agrees (up to sign)
+    # and scikit-learn (StandardScaler, the run's default preprocess, then KernelPCA),
+    # fitted on the same training columns, agrees up to sign
     from sklearn.decomposition import KernelPCA as SkKernelPCA
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
     train = table()[FEATURES].astype(float)
-    sk = SkKernelPCA(3, kernel="rbf", gamma=0.2).fit(train)
+    sk = make_pipeline(StandardScaler(), SkKernelPCA(3, kernel="rbf", gamma=0.2)).fit(train)
     ref = sk.transform(new[FEATURES].astype(float))
     np.testing.assert_allclose(np.abs(b), np.abs(ref), rtol=0, atol=1e-8)
     g = zarr.open_group(str(tmp_path / "b.zarr"), mode="r")
@@ -210,7 +213,7 @@ def test_listed_columns_ignore_other_columns_at_transform(tmp_path):
 
 
 # ------------------------------------------------------------------ the column policy
-def test_policy_refuses_text_categorical_and_datetime_naming_them():
+def test_policy_leaves_out_text_categorical_and_datetime_naming_them(caplog):
     cols = ["id", "x", "city", "kind", "when", "ok"]
     dtypes = {
         "id": np.dtype("i8"),
@@ -220,17 +223,27 @@ def test_policy_refuses_text_categorical_and_datetime_naming_them():
         "when": np.dtype("M8[ns]"),
         "ok": np.dtype(bool),
     }
-    with pytest.raises(FeatureError) as e:
-        select("t.parquet", cols, dtypes, id_column="id")
-    msg = str(e.value)
-    assert "'city' (text), 'kind' (categorical), 'when' (datetime)" in msg
-    assert "input.exclude_columns: ['city', 'kind', 'when']" in msg and "\n" not in msg
-    sel = select("t.parquet", cols, dtypes, id_column="id", exclude=["city", "kind", "when"])
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        sel = select("t.parquet", cols, dtypes, id_column="id")
     assert sel.features == ["x", "ok"] and sel.bools == ["ok"] and sel.selection == "all"
+    assert sel.ignored == ["city", "kind", "when"]
+    assert "leaving out non-numeric column(s) 'city' (text), 'kind' (categorical), " in (
+        caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        sel = select(
+            "t.parquet", cols, dtypes, id_column="id", exclude=["city", "kind", "when"]
+        )
+    assert (
+        sel.features == ["x", "ok"] and sel.ignored == [] and "leaving out" not in caplog.text
+    )
     with pytest.raises(FeatureError, match=r"input.columns \['city'\] are not numeric"):
         select("t.parquet", cols, dtypes, columns=["x", "city"])
     with pytest.raises(FeatureError, match=r"input.exclude_columns \['nope'\] are not columns"):
         select("t.parquet", cols, dtypes, exclude=["nope"])
+    with pytest.raises(FeatureError, match="has no numeric feature columns"):
+        select("t.parquet", ["id", "city"], dtypes, id_column="id")
 
 
 def test_bool_columns_are_noted(caplog):
@@ -248,14 +261,21 @@ def test_match_unit():
     assert match({**block, "selection": "columns"}, "n.csv", ["a", "b", "z"]).ignored == ["z"]
 
 
-def test_a_run_refuses_a_text_column_and_names_nan_columns(tmp_path):
-    df = table().assign(city="oslo")
-    df.to_csv(tmp_path / "t.csv", index=False)
-    with pytest.raises(InputError, match=r"column\(s\) 'city' \(text\) are not numeric"):
-        run_pipeline(config(tmp_path, tmp_path / "t.csv"))
-    assert not (tmp_path / "out" / "manifest.json").exists()
+def test_a_run_records_the_columns_it_left_out_and_names_nan_columns(tmp_path):
+    df = table().assign(city="oslo", when=pd.Timestamp("2026-01-01"))
+    df.to_parquet(tmp_path / "t.parquet")
+    run_pipeline(config(tmp_path, tmp_path / "t.parquet"))
+    block = json.loads((tmp_path / "out" / "manifest.json").read_text())["input"]["features"]
+    assert block["names"] == FEATURES
+    assert [c["name"] for c in block["ignored"]] == ["city", "when"]
+    rc, out, err = cli("info", tmp_path / "out")
+    assert rc == 0, err
+    assert "left out (not numeric): city (" in out and "when (datetime64" in out
+    # the same table again: the columns the run left out are not "unknown" at transform
+    rc, _, err = cli("transform", tmp_path / "out", tmp_path / "t.parquet", tmp_path / "t.zarr")
+    assert rc == 0, err
     df = table()
     df.loc[100, "f_c"] = np.nan
     df.to_csv(tmp_path / "n.csv", index=False)
-    with pytest.raises(InputError, match=r"\(first: row 100\) in column 'f_c'; clean"):
+    with pytest.raises(InputError, match=r"\(first: row 100, column 'f_c'\); clean"):
         run_pipeline(config(tmp_path, tmp_path / "n.csv", out="out2"))

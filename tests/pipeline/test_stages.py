@@ -94,6 +94,7 @@ def test_every_stage_slice_is_the_config_it_reads(tmp_path):
             "stratify": True,
             "test_fraction": 0.2,
         },
+        "preprocess": {"scale": "standard"},
         "output": {"path": cfg.output.path, "storage_options": {}},
     }
 

@@ -39,9 +39,10 @@ def _draw(n, seed, shift=0.0):
     return c[rng.integers(0, 3, n)] + shift + rng.normal(scale=0.7, size=(n, 4))
 
 
-def _config(folder: Path, out: Path, **solver) -> dict:
+def _config(folder: Path, out: Path, address: str = "", **solver) -> dict:
     return {
         "input": {"path": str(folder / "x.npy")},
+        "preprocess": {"scale": "none"},  # compared with fits on the raw rows
         "kernel": {"name": "rbf", "gamma": 0.2},
         "solver": {
             "n_components": K,
@@ -55,7 +56,8 @@ def _config(folder: Path, out: Path, **solver) -> dict:
         "chunks": {"target_chunk_mb": 0.01},
         "output": {"path": str(out), "parquet": True},
         "evaluate": {"enabled": False},
-        "cluster": {"n_workers": 1, "threads_per_worker": 1, "dashboard_address": None},
+        # the tests' cluster: the update subprocesses inherit the base run's cluster section
+        "cluster": {"address": address} if address else {"n_workers": 1},
     }
 
 
@@ -76,12 +78,15 @@ def base_run(tmp_path_factory, dask_cluster):
     np.save(folder / "b1.npy", _draw(300, 1))
     np.save(folder / "b2.npy", _draw(250, 2))
     with Client(dask_cluster):
-        run_pipeline(load_config(_config(folder, folder / "run")))
+        cfg = _config(folder, folder / "run", address=dask_cluster.scheduler_address)
+        run_pipeline(load_config(cfg))
     return folder
 
 
 def _union_eigenvalues(model, X):
     """A fit on every row ``X`` with the model's landmarks (and shift): the reference."""
+    if getattr(model, "preprocess_", None) is not None:  # the model's fixed scaling
+        X = model.preprocess_.transform(X)
     kern = make_kernel("rbf", gamma=model.gamma_)
     basis = nystroem_basis(model.landmarks_, kern, np.float64, shift=model.statistics_.shift)
     fit = nystroem_eigh(da.from_array(X, chunks=(211, -1)), basis, K, method="covariance")
@@ -129,7 +134,7 @@ def test_merge_equals_union_fit_and_leaves_the_base_run_unchanged(base_run, dask
     # a second batch on top: v3, every row of the lineage counted, still exact
     run_update(update_config(str(folder / "v2"), str(folder / "b2.npy")))
     v3 = Path(default_output(Location(str(folder / "v2")), 3))
-    assert v3.name == "v2-v3"  # RUN-v<n+1> beside the run
+    assert v3.name == "v3"  # a run named v<N> is one of a series: v<N+1> beside it
     m3 = verify_run(v3)
     assert m3["update"]["version"] == 3 and len(m3["update"]["rows"]) == 3
     X2 = np.load(folder / "b2.npy")
@@ -157,24 +162,20 @@ def test_refit_policy_fits_every_row(base_run, dask_client):
     np.testing.assert_allclose(emb, model.transform(U), rtol=0, atol=1e-10)  # all re-embedded
 
 
-def test_update_refuses_in_one_line(base_run, tmp_path):
+def test_update_refuses_in_one_line(base_run, tmp_path, dask_client):
     folder = base_run
     with pytest.raises(UpdateError, match="overlaps the base run"):
         update_config(str(folder / "run"), str(folder / "b1.npy"), str(folder / "run" / "x"))
     r = kpca("update", tmp_path / "nothing", folder / "b1.npy", "--no-prefect")
     assert r.returncode == 2 and "does not exist" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     np.save(tmp_path / "wide.npy", np.ones((20, 5)))
-    r = kpca(
-        "update",
-        folder / "run",
-        tmp_path / "wide.npy",
-        "--output",
-        tmp_path / "o",
-        "--no-prefect",
-    )
-    assert r.returncode == 2, r.stderr
-    assert len([ln for ln in r.stderr.splitlines() if "error" in ln]) == 1, r.stderr
-    assert "columns" in r.stderr or "features" in r.stderr
+    cfg = update_config(str(folder / "run"), str(tmp_path / "wide.npy"), str(tmp_path / "o"))
+    with pytest.raises(UpdateError, match="feature columns .* differ"):
+        run_update(cfg)
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    info = kpca("info", folder / "run")  # the base run, after all the updates above
+    assert info.returncode == 0 and "[complete, verified]" in info.stdout
 
 
 def test_model_without_statistics_is_refitted_not_merged(tmp_path, dask_client):
@@ -220,6 +221,22 @@ def test_killed_update_resumes_with_identical_artifacts(base_run, tmp_path, dask
     a, b = artifacts(out), artifacts(clean)
     a.pop("input"), b.pop("input")  # the same batch; the fingerprint names no path anyway
     assert a == b
-    info = kpca("info", out)
-    assert info.returncode == 0 and "update     v2 from" in info.stdout
-    assert kpca("info", folder / "run").returncode == 0
+    assert "update     v2 from" in kpca("info", out).stdout
+
+
+def test_series_folder_names_the_newest_run(tmp_path):
+    """A nightly deployment names a series folder; the newest complete ``v<N>`` is the base
+    and ``v<N+1>`` the new run (``kpca update SERIES BATCH`` alike)."""
+    from pipeline.update import latest_run
+
+    series = tmp_path / "features"
+    for name, complete in (("v1", True), ("v2", True), ("v10", True), ("v11", False)):
+        (series / name).mkdir(parents=True)
+        if complete:
+            (series / name / "manifest.json").write_text("{}")
+    (series / "notes").mkdir()
+    newest = latest_run(Location(str(series)))
+    assert newest is not None and newest.url.endswith("/features/v10")
+    assert default_output(newest, 11).endswith("/features/v11")
+    assert latest_run(Location(str(series / "v2"))) is None  # a run, not a series
+    assert default_output(Location(str(tmp_path / "run-v4")), 5).endswith("/run-v5")

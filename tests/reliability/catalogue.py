@@ -515,8 +515,8 @@ INPUT = [
         "input",
         "NaN in an NPY file",
         _nan_npy,
-        (
-            "contains NaN or infinity (1 value; the first in rows 124-185)",
+        (  # found on the pre-start sample (pipeline/validate.py); cases_cli: after it
+            "contains NaN or infinity in column(s) ['x2'] (first: row 150)",
             "set input.nonfinite: drop",
         ),
     ),
@@ -1035,6 +1035,8 @@ EXTENSIONS = (
     "cases_solver",
     "cases_sklearn",
     "cases_tabular",
+    "cases_cli",
+    "cases_update",
 )
 if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: spawned workers
     import importlib
