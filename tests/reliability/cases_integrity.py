@@ -126,12 +126,16 @@ def _http_scheduler(ctx):
     ]
 
 
-def _huge_values(ctx):
+def _huge_values(ctx, **extra):
     X = 1e300 * (1.0 + np.random.default_rng(0).random((N, D)))
     return [
         "run",
-        ctx.config(ctx.npy(X), solver={"eigen_solver": "nystroem", "n_landmarks": 50}),
+        ctx.config(ctx.npy(X), solver={"eigen_solver": "nystroem", "n_landmarks": 50}, **extra),
     ]
+
+
+def _huge_values_unscaled(ctx):
+    return _huge_values(ctx, preprocess={"scale": "none"})
 
 
 # ------------------------------------------------------------------ raw exceptions
@@ -272,8 +276,15 @@ CASES = [
     Case(
         "int-nystroem-huge",
         "fit",
-        "values near 1e300 (Nyström: the kernel overflows)",
+        "values near 1e300, default scaling (their spread overflows float64)",
         _huge_values,
+        ("standard scaling statistics", "overflow float64", "scale the data down"),
+    ),
+    Case(
+        "int-nystroem-huge-unscaled",
+        "fit",
+        "values near 1e300, preprocess.scale none (Nyström: the kernel overflows)",
+        _huge_values_unscaled,
         ("The kernel returned NaN or infinity on the data", "scale the data"),
     ),
     Case(
