@@ -804,6 +804,13 @@ def _user_message(exc: BaseException) -> str:
 
     if isinstance(exc, ValidationError):
         return format_validation_error(exc, "the command-line arguments")
+    if type(exc).__name__ == "NoCredentialsError":  # botocore: no credentials anywhere
+        return (
+            f"{exc}: the object store needs credentials; set them in the environment "
+            "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or give the "
+            'pods an identity, or pass {"anon": true} in the storage options of a public '
+            "bucket."
+        )
     return str(exc)
 
 
