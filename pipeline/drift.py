@@ -32,6 +32,11 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 
 
 def _side(model: Any, X: np.ndarray) -> dict[str, Any]:
+    names = getattr(model, "feature_names_in_", None)
+    if names is not None:  # the rows are the model's columns, in order: say so by name
+        import pandas as pd
+
+        X = pd.DataFrame(X, columns=list(names))
     emb = np.asarray(model.transform(X), dtype=np.float64)
     nov = np.maximum(np.asarray(model.score_samples(X), dtype=np.float64), 0.0)
     e2 = float((emb**2).sum())

@@ -276,12 +276,12 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
     seed = cfg.solver.random_state
     X_new = load_ingested(ing).X
     new = gather_rows(X_new, _sample(int(X_new.shape[0]), pol.reference_rows, seed))
+    # Nyström: the landmarks are left out (their novelty is zero by construction); an exact
+    # model keeps every training row, so its reference is in-sample (docs/update.md)
+    nys = getattr(model, "eigen_solver_", None) == "nystroem"
+    lm = np.asarray(model.landmarks_) if nys else np.zeros((0, int(model.n_features_in_)))
     ref = _reference_rows(
-        base["lineage"],
-        np.asarray(model.X_fit_),
-        pol.reference_rows,
-        seed,
-        getattr(model, "preprocess_", None),
+        base["lineage"], lm, pol.reference_rows, seed, getattr(model, "preprocess_", None)
     )
     if ref.shape[0] < 2 or new.shape[0] < 2:
         raise UpdateError(

@@ -30,6 +30,7 @@ NOT_RUN = {
     "kpca info ": "needs a finished run (runs/today); tests/flows/test_cli.py covers it",
     "kpca transform ": "needs a finished run; tests/flows/test_cli.py covers it",
     "kpca unlock ": "needs a locked run; tests/reliability/test_lock.py covers it",
+    "kpca update ": "needs a published run; tests/pipeline/test_update_pipeline.py runs it",
     "kpca demo": "the whole demo job (about a minute); tests/flows/test_cli.py runs it",
     "python benchmarks/": "a benchmark (minutes to hours); its results are in the README",
     "python -m pytest": "the test suite itself",

@@ -512,3 +512,36 @@ def test_cli_without_any_prefect_api_says_what_to_do(data_dir, tmp_path, dask_cl
     res = kpca("run", str(tmp_path / "run.yaml"), "--no-prefect", "--no-progress")
     assert res.returncode == 0, res.stderr
     assert "run complete" in res.stdout and "prefect " not in res.stdout
+
+
+@pytest.mark.distributed
+def test_update_flow_publishes_the_next_version(first_run, data_dir, dask_cluster):
+    """kpca_update (flows/update_flow.py) on the first run and a labelled batch: a verified
+    v2 whose manifest links the first run, with the drift report and a markdown artifact
+    naming the action. The first run's model is exact, so the action is a refit."""
+    from flows.update_flow import kpca_update
+    from pipeline.export import verify_run
+    from pipeline.update import update_config
+
+    cfg = first_run[0]
+    rng = np.random.default_rng(11)
+    lab = rng.integers(0, 3, 60)
+    batch = pd.DataFrame(
+        CENTRES[lab] + rng.normal(scale=0.8, size=(60, 4)), columns=list("abcd")
+    )
+    batch["key"] = np.arange(N, N + 60)
+    batch["label"] = np.array(["p", "q", "r"])[lab]
+    batch.to_csv(data_dir / "batch.csv", index=False)
+    ucfg = update_config(cfg.output.path, str(data_dir / "batch.csv"), str(data_dir / "v2"))
+    state = kpca_update(config=ucfg, return_state=True)
+    assert state.is_completed(), state
+    m = verify_run(data_dir / "v2")
+    upd = m["update"]
+    assert upd["version"] == 2 and upd["base"].endswith("/out") and upd["n_rows"] == N + 60
+    assert upd["action"] == "refit" and "no sufficient statistics" in upd["reason"]
+    g = zarr.open_group(str(data_dir / "v2"), mode="r")
+    assert g["embedding"].shape == (N + 60, 3)
+    np.testing.assert_array_equal(g["ids"][...][-60:], batch["key"].to_numpy())
+    arts = api_artifacts(state.state_details.flow_run_id)
+    assert "**refit**" in arts["kpca-update"]["data"]
+    verify_run(cfg.output.path)  # the first run is untouched
