@@ -303,3 +303,15 @@ def test_a_run_records_the_columns_it_left_out_and_names_nan_columns(tmp_path):
     df.to_csv(tmp_path / "n.csv", index=False)
     with pytest.raises(InputError, match=r"\(first: row 100, column 'f_c'\); clean"):
         run_pipeline(config(tmp_path, tmp_path / "n.csv", out="out2"))
+
+
+def test_info_lines_for_positions_and_runs_without_a_block():
+    from flows.cli import _feature_lines
+
+    npy = {"names": [f"x{i}" for i in range(30)], "dtypes": None, "selection": "positions"}
+    lines = _feature_lines(npy, [])
+    assert lines[0].startswith("features   30 (no names: columns by position): x0, x1,")
+    assert "... (6 more: kpca info --json lists all)" in " ".join(lines)
+    assert all(len(ln) <= 100 for ln in lines)
+    old = _feature_lines(None, ["a", "b"])  # a manifest written before the features block
+    assert old == ["features   2: a, b"]
