@@ -116,12 +116,58 @@ def _run_config(cfg, args: argparse.Namespace) -> Any:
         if check_prefect_api() == "ephemeral":  # checked before anything is written
             # the temporary server lives for this command only: no telemetry from it
             os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        if not cfg.output.overwrite:
-            # refuse a complete run now, not after starting a Prefect server (writing
-            # nothing: the flow may still refuse the run, e.g. workers that cannot see it)
-            check_begin(cfg)
-    with handle_interrupts(lambda: _interrupt_line(args)), show_progress(args.progress):
-        return run_flow_or_plain(cfg, use_prefect=args.prefect)
+        # refuse a locked output, or a complete run without overwrite, now, not after
+        # starting a Prefect server (writing nothing: the flow may still refuse the run,
+        # e.g. workers that cannot see it)
+        check_begin(cfg)
+    fresh = _new_local_folder(cfg.output.path)
+    try:
+        with handle_interrupts(lambda: _interrupt_line(args)), show_progress(args.progress):
+            return run_flow_or_plain(cfg, use_prefect=args.prefect)
+    except Exception as exc:
+        if fresh is not None:
+            _discard_fresh_output(fresh, exc)
+        raise
+
+
+def _new_local_folder(path: str) -> Path | None:
+    """The output folder when it is local and does not exist yet (else None)."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    p = Path(path.removeprefix("file://"))
+    return None if p.exists() or p.is_symlink() else p
+
+
+def _discard_fresh_output(folder: Path, exc: Exception) -> None:
+    """After a failed run, remove the output folder this command created when nothing in it
+    is worth keeping: a user error (bad input found by ingest: the input must change, so
+    nothing would be resumed) or nothing written at all. Other failures keep the folder:
+    re-running resumes from it. Only a folder holding nothing but a run's own names goes,
+    through the project's one deletion function."""
+    from pipeline.layout import MANIFEST, RUN_NAMES
+
+    if not folder.is_dir():
+        return
+    names = {p.name for p in folder.iterdir()}
+    if not names:
+        _rmdir(folder)
+        return
+    if not is_user_error(exc) or MANIFEST in names or not names <= RUN_NAMES:
+        return
+    from kpca_dask.removal import remove_owned
+
+    try:
+        remove_owned(folder, root=folder, owned=lambda p: p == folder)
+    except Exception:  # noqa: BLE001 - a folder we cannot remove safely stays, as it was
+        logging.getLogger("pipeline").warning("kept %s (could not remove it safely)", folder)
+
+
+def _rmdir(folder: Path) -> None:
+    """Remove an empty folder (rmdir never removes one that holds anything)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def _load_run_config(args: argparse.Namespace):

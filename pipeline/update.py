@@ -213,16 +213,24 @@ def _sample(n: int, size: int, seed: Any) -> np.ndarray:
     return np.sort(rng.choice(n, size=min(n, size), replace=False))
 
 
-def _reference_rows(lineage, landmarks: np.ndarray, size: int, seed: Any) -> np.ndarray:
+def _reference_rows(
+    lineage, landmarks: np.ndarray, size: int, seed: Any, scaler: Any = None
+) -> np.ndarray:
     """A seeded uniform sample of ``size`` training rows, landmark rows left out (their
-    reconstruction error is zero by construction)."""
+    reconstruction error is zero by construction). ``scaler``: the model's feature
+    scaling (its landmarks are scaled rows; the same elementwise scaling of a raw row
+    gives the same bytes)."""
     from kpca_dask.solvers.landmarks import gather_rows
 
     X = _training_rows(lineage)
     idx = _sample(int(X.shape[0]), size + landmarks.shape[0], seed)
     rows = gather_rows(X, idx)
+    scaled = rows if scaler is None else scaler.transform(rows)
     lm = {r.tobytes() for r in np.ascontiguousarray(landmarks, dtype=np.float64)}
-    keep = np.array([r.tobytes() not in lm for r in rows], dtype=bool)
+    keep = np.array(
+        [r.tobytes() not in lm for r in np.ascontiguousarray(scaled, dtype=np.float64)],
+        dtype=bool,
+    )
     return rows[keep][:size]
 
 
@@ -268,7 +276,13 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
     seed = cfg.solver.random_state
     X_new = load_ingested(ing).X
     new = gather_rows(X_new, _sample(int(X_new.shape[0]), pol.reference_rows, seed))
-    ref = _reference_rows(base["lineage"], np.asarray(model.X_fit_), pol.reference_rows, seed)
+    ref = _reference_rows(
+        base["lineage"],
+        np.asarray(model.X_fit_),
+        pol.reference_rows,
+        seed,
+        getattr(model, "preprocess_", None),
+    )
     if ref.shape[0] < 2 or new.shape[0] < 2:
         raise UpdateError(
             f"too few rows for a drift report ({ref.shape[0]} training, {new.shape[0]} new); "

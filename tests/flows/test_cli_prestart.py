@@ -280,3 +280,30 @@ def test_global_flags_before_or_after_the_subcommand():
     q = parse_args(["-q", "run", "c.yaml"])
     assert q.quiet and q.progress is False
     assert parse_args(["validate", "c.yaml", "--quiet"]).quiet is True
+
+
+def test_a_run_refused_by_ingest_leaves_no_folder_it_created(tmp_path):
+    """A NaN after the rows the checks sample is found by ingest (a real run, plain mode):
+    one line, exit 2, and the output folder the run created is gone again (a user error:
+    nothing in it would be resumed). A folder that was there before is left in place."""
+    from pipeline.validate import SAMPLE_ROWS
+
+    X = np.random.default_rng(0).standard_normal((SAMPLE_ROWS + 100, 3))
+    X[SAMPLE_ROWS + 50, 1] = np.nan
+    np.save(tmp_path / "x.npy", X)
+    cfg = _base(
+        tmp_path / "x.npy",
+        tmp_path / "out",
+        solver={"eigen_solver": "dense"},
+        cluster={"n_workers": 1, "dashboard_address": None},
+    )
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    res = _cli("run", str(tmp_path / "c.yaml"), "--no-prefect", "--no-progress")
+    assert res.returncode == 2, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and "contains NaN or infinity (1 value;" in errors[0], res.stderr
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()  # the user's own (empty) folder: kept
+    res = _cli("run", str(tmp_path / "c.yaml"), "--no-prefect", "--no-progress")
+    assert res.returncode == 2, res.stderr
+    assert (tmp_path / "out").is_dir()

@@ -35,11 +35,6 @@ def test_constant_kernel_one_message_on_every_path(data, solver, dtype, tmp_path
             "preprocess": {"scale": "none"},
             "kernel": {"name": "rbf", "gamma": 0.1},
             "solver": {"n_components": 3, "eigen_solver": solver, "dtype": dtype},
-            # the kernel of these rows as given: standard scaling (the pipeline default)
-            # would magnify "tiny-noise"'s 1e-12 spread to unit variance, as scikit-learn's
-            # StandardScaler does (its constant-column bound is ~1e-26 in variance here), and
-            # its kernel would no longer be constant (test_preprocess covers scaling)
-            "preprocess": {"scale": "none"},
         }
     )
     X = da.from_array(DATA[data], chunks=(40, -1))

@@ -231,3 +231,30 @@ def test_unscaled_wide_spread_warns_in_log_and_report(tmp_path, caplog):
     # no scaling: the model's transform is the raw estimator's (the identity scaler)
     model = kpca_dask.load(root / "model")
     assert model.preprocess_.identity
+
+
+def test_merging_new_rows_into_a_scaled_model_scales_them():
+    """kpca update's exact Nyström merge (partial_fit) of a scaled model: the new rows go
+    through the model's scaler, the same as merging pre-scaled rows into a model fitted
+    on pre-scaled rows."""
+    X = WINE[FEATURES].to_numpy()
+    X0, X1 = X[::2], X[1::2]
+    params = dict(
+        n_components=3,
+        kernel="rbf",
+        gamma=0.05,
+        eigen_solver="nystroem",
+        n_landmarks=40,
+        landmark_method="uniform",
+        random_state=0,
+    )
+    scaled = KernelPCA(preprocess="standard", **params).fit(X0)
+    s = scaled.preprocess_
+    plain = KernelPCA(**params).fit(s.transform(X0))
+    np.testing.assert_array_equal(scaled.landmarks_, plain.landmarks_)
+    scaled.partial_fit(X1)
+    plain.partial_fit(s.transform(X1))
+    np.testing.assert_allclose(scaled.eigenvalues_, plain.eigenvalues_, rtol=1e-12)
+    np.testing.assert_allclose(
+        scaled.transform(X1), plain.transform(s.transform(X1)), atol=1e-12
+    )

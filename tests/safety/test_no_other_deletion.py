@@ -71,6 +71,22 @@ ALLOWED = {
         "publish_beside",
         "rename",
     ): "swaps a verified new output in; the old one (checked ours) is renamed aside first",
+    (
+        "pipeline/validate.py",
+        "_probe_writable",
+        "unlink",
+    ): "its own uuid-named probe file, created with O_EXCL just before",
+    (
+        "pipeline/validate.py",
+        "_probe_writable",
+        "rm_file",
+    ): "its own uuid-named probe object (object stores), written just before",
+    (
+        "pipeline/validate.py",
+        "_probe_writable",
+        "rmdir",
+    ): "the folders the probe itself created, deepest first (rmdir: empty ones only)",
+    ("flows/cli.py", "_rmdir", "rmdir"): "the output folder a failed run created (empty only)",
 }
 
 

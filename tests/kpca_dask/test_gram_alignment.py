@@ -1,0 +1,50 @@
+"""Block products do not depend on where their operands start in memory (issue 14).
+
+A numpy array deserialised from a Dask message can start at any byte. numpy's matmul
+hands only item-aligned operands to BLAS and multiplies the others with its own loop,
+whose sums round differently: before the fix, the embedding's last bits depended on the
+message layout (a run with its output on s3:// differed from the same run on local disk).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kpca_dask.gram import pair_products, stored_pair_products
+from kpca_dask.kernels import RBFKernel
+
+
+def _unaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` whose data start one byte past an item boundary."""
+    raw = np.zeros(a.nbytes + a.itemsize + 1, dtype=np.uint8)
+    start = (-raw.ctypes.data) % a.itemsize + 1
+    out = raw[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert not out.flags.aligned and out.flags.c_contiguous
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_stored_block_products_ignore_operand_alignment(dtype):
+    rng = np.random.default_rng(0)
+    blk = rng.standard_normal((100, 100)).astype(dtype)
+    zi, zj = rng.standard_normal((100, 29)), rng.standard_normal((100, 29))
+    ref = stored_pair_products(blk, zi, zj, dtype)
+    got = stored_pair_products(_unaligned(blk), _unaligned(zi), _unaligned(zj), dtype)
+    for a, b in zip(ref, got):
+        assert a.tobytes() == b.tobytes()
+    # against an independent reference: the products themselves
+    np.testing.assert_allclose(ref[0], blk.astype(np.float64) @ zj, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(ref[1], blk.astype(np.float64).T @ zi, rtol=1e-4, atol=1e-3)
+
+
+def test_recomputed_block_products_ignore_operand_alignment():
+    rng = np.random.default_rng(1)
+    xi, xj = rng.standard_normal((100, 5)), rng.standard_normal((100, 5))
+    zi, zj = rng.standard_normal((100, 29)), rng.standard_normal((100, 29))
+    k = RBFKernel(gamma=0.3)
+    ref = pair_products(k, xi, xj, zi, zj, "float64")
+    got = pair_products(k, xi, xj, _unaligned(zi), _unaligned(zj), "float64")
+    for a, b in zip(ref, got):
+        assert a.tobytes() == b.tobytes()
