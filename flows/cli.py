@@ -273,6 +273,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
                 method=None if args.preimage == "auto" else args.preimage,
                 overwrite=args.overwrite,
                 storage_options=options,
+                ignore_extra=args.ignore_extra,
             )
         late = res["fixed_point_not_converged"]
         print(
