@@ -30,7 +30,12 @@ from ._fitted import STRATEGIES, model_of
 from ._preimage_fit import PREIMAGE_ATTRS, fit_preimage, inverse_transform_graph
 from ._solve import solve
 from ._state import restore, state_of
-from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
+from .exceptions import (
+    InvalidInputError,
+    InvalidParameterError,
+    NotFittedError,
+    PartialFitUnavailableError,
+)
 from .persistence import load_state, save_state
 from .plan import FitPlan
 from .preimage import warn_not_converged
@@ -502,7 +507,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             "nystroem"
         ):
             solver = getattr(self, "eigen_solver_", None) or self.eigen_solver
-            raise AttributeError(
+            raise PartialFitUnavailableError(
                 f"partial_fit: an exact ({solver}) model cannot take new rows: only Nyström "
                 "models update exactly with new rows; refit on all rows (or fit with "
                 "eigen_solver='nystroem')."
