@@ -273,6 +273,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
                 method=None if args.preimage == "auto" else args.preimage,
                 overwrite=args.overwrite,
                 storage_options=options,
+                ignore_extra=args.ignore_extra,
             )
         late = res["fixed_point_not_converged"]
         print(
@@ -336,6 +337,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"model      {model['solver']} solver, kernel {model['kernel']}, "
         f"{model['n_components']} components, {model['n_passes']} passes"
     )
+    if model.get("preprocess"):
+        print(f"scaling    {model['preprocess']} (fitted on the training rows, in the model)")
     cum = np.cumsum(evr)
     print(
         "spectrum   " + "  ".join(f"{v:.4g}" for v in ev[:8]) + (" ..." if len(ev) > 8 else "")
@@ -802,6 +805,13 @@ def _user_message(exc: BaseException) -> str:
 
     if isinstance(exc, ValidationError):
         return format_validation_error(exc, "the command-line arguments")
+    if type(exc).__name__ == "NoCredentialsError":  # botocore: no credentials anywhere
+        return (
+            f"{exc}: the object store needs credentials; set them in the environment "
+            "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or give the "
+            'pods an identity, or pass {"anon": true} in the storage options of a public '
+            "bucket."
+        )
     return str(exc)
 
 

@@ -30,7 +30,12 @@ from ._fitted import STRATEGIES, model_of
 from ._preimage_fit import PREIMAGE_ATTRS, fit_preimage, inverse_transform_graph
 from ._solve import solve
 from ._state import restore, state_of
-from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
+from .exceptions import (
+    InvalidInputError,
+    InvalidParameterError,
+    NotFittedError,
+    PartialFitUnavailableError,
+)
 from .persistence import load_state, save_state
 from .plan import FitPlan
 from .preimage import warn_not_converged
@@ -248,6 +253,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         (median, inter-quartile range). ``transform``, ``score_samples`` and
         ``fit``'s ``gamma="scale"`` see scaled rows; ``inverse_transform``
         returns rows in the original units. Constant columns are scaled by 1.
+        The rows the model keeps (``X_fit_``, ``landmarks_``) are scaled rows.
 
     Attributes
     ----------
@@ -491,7 +497,24 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self._fit(X, kernel_blocks=kernel_blocks, centring=centring, scaler=scaler)
         return self
 
-    def partial_fit(self, X: Any, y: Any = None) -> KernelPCA:
+    @property
+    def partial_fit(self):
+        """Nyström estimators only (asked for, or chosen by "auto"): scikit-learn's checks
+        and duck typing (``hasattr(est, "partial_fit")``) see an exact model as the
+        batch-only estimator it is, and its AttributeError says why (a property rather
+        than ``available_if``, whose error would hide that reason)."""
+        if self.eigen_solver != "nystroem" and getattr(self, "eigen_solver_", None) != (
+            "nystroem"
+        ):
+            solver = getattr(self, "eigen_solver_", None) or self.eigen_solver
+            raise PartialFitUnavailableError(
+                f"partial_fit: an exact ({solver}) model cannot take new rows: only Nyström "
+                "models update exactly with new rows; refit on all rows (or fit with "
+                "eigen_solver='nystroem')."
+            )
+        return self._partial_fit
+
+    def _partial_fit(self, X: Any, y: Any = None) -> KernelPCA:
         """Add the rows ``X`` to a fitted Nyström model exactly (an unfitted estimator is
         fitted on ``X``).
 

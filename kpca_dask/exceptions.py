@@ -15,6 +15,8 @@ __all__ = [
     "NotFittedError",  # noqa: F822 (built on first use by __getattr__)
     "ModelFormatError",
     "UnsafeRemovalError",
+    "NotUpdatableError",
+    "PartialFitUnavailableError",
     "KpcaWarning",
     "ConvergenceWarning",  # noqa: F822 (built on first use by __getattr__)
     "DroppedComponentsWarning",
@@ -125,3 +127,8 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
 
 class NotUpdatableError(KpcaError, ValueError):
     """A model cannot take new rows exactly (not Nyström, or no sufficient statistics)."""
+
+
+class PartialFitUnavailableError(NotUpdatableError, AttributeError):
+    """``partial_fit`` on an exact estimator: an AttributeError as well, so that
+    ``hasattr(est, "partial_fit")`` is False for it (scikit-learn's checks, duck typing)."""

@@ -30,6 +30,8 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from .exceptions import InvalidInputError
+
 __all__ = [
     "EXACT_QUANTILE_BYTES",
     "METHODS",
@@ -178,8 +180,22 @@ def fit_scaler(X: Any, method: str, *, columns: Any = None) -> Scaler:
         center, spread = q[1], q[2] - q[0]
     else:
         center, spread = (np.asarray(a) for a in da.compute(Xd.mean(axis=0), Xd.std(axis=0)))
+        if np.all(np.isfinite(center)) and not np.all(np.isfinite(spread)):
+            # squares overflowed (values beyond ~1e154): again on columns divided by their
+            # largest magnitude (one more pass, only then)
+            m = np.asarray(da.absolute(Xd).max(axis=0).compute(), dtype=np.float64)
+            m = np.where(m > 0, m, 1.0)
+            spread = np.asarray((Xd / m).std(axis=0).compute()) * m
     center = np.asarray(center, dtype=np.float64).reshape(d)
     spread = np.asarray(spread, dtype=np.float64).reshape(d)
+    bad = np.flatnonzero(~(np.isfinite(center) & np.isfinite(spread)))
+    if bad.size and method != "none":
+        named = [str(columns[i]) if columns is not None else str(i) for i in bad[:5]]
+        raise InvalidInputError(
+            f"The {method} scaling statistics of column(s) {', '.join(named)}"
+            f"{' ...' if bad.size > 5 else ''} overflow float64 (values so large that "
+            "their spread is not a finite number): scale the data down before fitting."
+        )
     eps = np.finfo(np.float64).eps
     zero = spread <= 10 * eps * np.maximum(1.0, np.abs(center))
     scale = np.where(zero, 1.0, spread)

@@ -251,6 +251,7 @@ def denoise_to_store(
     method: str | None = None,
     overwrite: bool = False,
     storage_options: dict | None = None,
+    ignore_extra: bool = False,
 ) -> dict[str, Any]:
     """``kpca transform --inverse``: denoised rows of new data with a saved model (zarr).
 
@@ -278,7 +279,8 @@ def denoise_to_store(
         storage_options=storage_options,
     )
     model = load_model(model_path, storage_options)
-    src = read_model_input(model, input_cfg, chunks)  # columns by name (pipeline/transform.py)
+    # columns by name (pipeline/transform.py)
+    src = read_model_input(model, input_cfg, chunks, ignore_extra=ignore_extra)
     dcfg = DenoiseConfig(
         enabled=True,
         preimage=method or "auto",

@@ -102,6 +102,7 @@ def is_user_error(exc: BaseException) -> bool:
     for module, name in (
         ("kpca_dask.exceptions", "KpcaError"),
         ("pydantic", "ValidationError"),
+        ("botocore.exceptions", "NoCredentialsError"),  # the environment lacks them
     ):
         cls = _loaded(module, name)
         if cls is not None and isinstance(exc, cls):

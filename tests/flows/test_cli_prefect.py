@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,3 +117,57 @@ def test_ctrl_c_mid_solve_exits_130_within_5_s_and_the_run_resumes(tmp_path):
     prefect_line = next(ln for ln in res.stdout.splitlines() if "stages cached" in ln)
     ran = prefect_line.split("ran ", 1)[1] if "ran " in prefect_line else ""
     assert "ingest" not in ran and "solve" in ran, prefect_line
+
+
+def test_prefects_copies_of_the_final_error_stay_off_the_console():
+    """The console filter (flows/runtime.py): the task's and the flow's own ERROR records of
+    a failure are dropped (the CLI prints it once); a retried failure is still shown, and a
+    user error never brings its traceback."""
+    import logging
+
+    from flows.runtime import _OneLinePerError
+    from pipeline.errors import UserError
+
+    def record(name, msg, exc=None, level=logging.ERROR):
+        r = logging.LogRecord(name, level, __file__, 1, msg, (), None)
+        r.exc_info = (type(exc), exc, None) if exc else None
+        return r
+
+    f = _OneLinePerError()
+    assert not f.filter(record("prefect.task_runs", "Task run failed with exception: X"))
+    assert not f.filter(record("prefect.flow_runs", "Finished in state Failed('X')"))
+    assert f.filter(record("prefect.task_runs", "Task run failed - Retry 1/2 will start"))
+    assert f.filter(record("prefect.flow_runs", "Beginning flow run", level=logging.INFO))
+    r = record("distributed.worker", "compute failed", exc=UserError("bad input"))
+    assert f.filter(r) and r.exc_info is None
+
+
+@pytest.mark.slow
+def test_the_flow_run_address_is_printed_when_a_server_records_it(tmp_path):
+    """(slow: a Prefect server starts, about 40 s here.) A real Prefect server (the test
+    harness's subprocess, PREFECT_API_URL set): the
+    flow's first line names the run's page in the UI; an ephemeral API prints nothing."""
+    import io
+
+    from prefect import flow
+    from prefect.settings import PREFECT_HOME, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.runtime import announce_flow_run
+
+    @flow(name="kpca-announce-test")
+    def announced() -> tuple[str | None, str]:
+        buf = io.StringIO()
+        return announce_flow_run(buf), buf.getvalue()
+
+    with temporary_settings(updates={PREFECT_HOME: tmp_path / "home"}):
+        with prefect_test_harness(server_startup_timeout=90):
+            from prefect.runtime import flow_run  # noqa: F401
+            from prefect.settings import get_current_settings
+
+            api = str(get_current_settings().api.url)
+            url, printed = announced()
+    assert url is not None and "/flow-run" in url
+    assert url.startswith(api.removesuffix("/api"))
+    assert printed.startswith("kpca: Prefect flow run '") and printed.strip().endswith(url)
+    assert announce_flow_run(io.StringIO()) is None  # outside a flow run: nothing to print

@@ -15,6 +15,7 @@ under the client's paths stays on their own "disk". Shown here:
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -129,6 +130,29 @@ def test_isolated_workers_cannot_see_the_client_folder(iso, client_dir):
 
 
 # ---------------------------------------------------------------------- refused
+def test_probe_tells_missing_from_different_content(iso, client_dir):
+    """A worker that finds another file at the input's path (its own disk, not the
+    client's) is refused too, as seeing different content; the message tells each
+    worker's reason."""
+    from pipeline.visibility import ProbeTarget, VisibilityError, check_locations
+
+    path = client_dir / "other.npy"
+    np.save(path, np.zeros((10, 3)))
+    with iso.client() as c:
+        workers = sorted(c.scheduler_info()["workers"])
+        # one worker gets a file of its own at that path, on its private tmpfs
+        c.run(np.save, str(path), np.ones((10, 3)), workers=workers[:1])
+        try:
+            with pytest.raises(VisibilityError) as err:
+                check_locations([ProbeTarget("input", str(path), {}, False)], c)
+        finally:
+            c.run(os.remove, str(path), workers=workers[:1])
+    msg = str(err.value)
+    assert f"input {path} (1 of 2 workers: {workers[0]}: they see different content" in msg
+    assert f"(1 of 2 workers: {workers[1]}: it does not exist there)" in msg
+    assert "\n" not in msg
+
+
 def test_local_output_refused_in_one_line_before_any_stage(iso, client_dir, s3_input):
     """Input on s3:// (visible), output in the client's folder (not visible to the
     workers): exit 2 with one line naming the output, the workers and the fix, before any
@@ -153,6 +177,26 @@ def test_local_output_refused_in_one_line_before_any_stage(iso, client_dir, s3_i
     assert "ingest:" not in res.stdout + res.stderr
     assert not (client_dir / "refused").exists()
     assert set(iso.sees(client_dir / "refused").values()) == {False}
+
+
+@pytest.mark.slow  # a temporary Prefect server (~15 s); the plain run above shows the item
+def test_local_output_refused_by_the_prefect_flow(iso, client_dir, s3_input, tmp_path):
+    """The default ``kpca run`` (the Prefect flow): the same one-line refusal, exit 2,
+    before any stage task runs; the output folder the flow's run lock created is gone."""
+    data, opts = s3_input
+    out = client_dir / "refused-flow" / "out"
+    cfg = _config(client_dir / "refused-flow.yaml", data, out, iso, data_opts=opts)
+    cmd = [c for c in run_command(cfg) if c != "--no-prefect"]
+    e = env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    e.pop("PREFECT_API_URL", None)
+    res = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    line = [x for x in res.stderr.strip().splitlines() if x.strip()][-1]
+    assert line.startswith("kpca run: error: the Dask workers cannot see the run's output")
+    assert str(out) in line and "2 of 2 workers" in line and "object store URL" in line
+    assert "Traceback" not in res.stderr
+    assert "ingest:" not in res.stdout + res.stderr
+    assert not (client_dir / "refused-flow").exists()
 
 
 def test_local_csv_input_refused_as_not_visible_not_as_a_format_error(iso, client_dir):

@@ -219,7 +219,12 @@ def test_kpca_info_and_transform_on_the_s3_run(tmp_path, s3, s3_run, data):
 
     from tests.reliability.helpers import free_port
 
-    nowhere = json.dumps({"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"}})
+    nowhere = json.dumps(  # a closed port, tried once (botocore retries take ~18 s)
+        {
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
+            "config_kwargs": {"retries": {"max_attempts": 1}},
+        }
+    )
     wrong = _kpca("info", out, "--no-verify", "--storage-options", nowhere)
     assert wrong.returncode == 1, wrong.stderr[-2000:]
     lines = wrong.stderr.strip().splitlines()

@@ -43,9 +43,10 @@ def table(n=N, seed=0) -> pd.DataFrame:
     )
 
 
-def config(tmp, data, out="out", **inp):
+def config(tmp, data, out="out", denoise=False, **inp):
     return load_config(
         {
+            "denoise": {"enabled": denoise},
             "input": {"path": str(data), "id_column": "id", "label_column": "label", **inp},
             "kernel": {"name": "rbf", "gamma": 0.2},
             "solver": {"n_components": 3, "eigen_solver": "dense", "dtype": "float64"},
@@ -79,7 +80,7 @@ def error_line(err: str) -> str:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("features")
     table().to_csv(tmp / "train.csv", index=False)
-    run_pipeline(config(tmp, tmp / "train.csv"))
+    run_pipeline(config(tmp, tmp / "train.csv", denoise=True))
     return tmp
 
 
@@ -168,6 +169,29 @@ def test_transform_refuses_an_unknown_column_unless_told(run, tmp_path):
     np.testing.assert_array_equal(
         embedding(tmp_path / "ok.zarr"), embedding(tmp_path / "plain.zarr")
     )
+
+
+def test_denoise_selects_columns_by_name_too(run, tmp_path):
+    new = table(26, seed=8).assign(f_new=0.0)
+    new.to_csv(tmp_path / "new.csv", index=False)
+    new[["f_new", "f_b", "id", "flag", "f_a", "label", "f_c"]].to_parquet(
+        tmp_path / "s.parquet"
+    )
+    for src, dst in (("new.csv", "a.zarr"), ("s.parquet", "b.zarr")):
+        rc, _, err = cli(
+            "transform",
+            run / "out",
+            tmp_path / src,
+            tmp_path / dst,
+            "--inverse",
+            "--ignore-extra",
+        )
+        assert rc == 0, err
+    a = zarr.open_group(str(tmp_path / "a.zarr"), mode="r")
+    b = zarr.open_group(str(tmp_path / "b.zarr"), mode="r")
+    np.testing.assert_allclose(b["denoised"][...], a["denoised"][...], rtol=0, atol=1e-12)
+    assert b["denoised"].shape == (26, len(FEATURES))
+    np.testing.assert_array_equal(b["ids"][...], new["id"].to_numpy())
 
 
 def test_new_rows_without_id_or_label_and_one_class(run, tmp_path):
@@ -279,3 +303,15 @@ def test_a_run_records_the_columns_it_left_out_and_names_nan_columns(tmp_path):
     df.to_csv(tmp_path / "n.csv", index=False)
     with pytest.raises(InputError, match=r"\(first: row 100, column 'f_c'\); clean"):
         run_pipeline(config(tmp_path, tmp_path / "n.csv", out="out2"))
+
+
+def test_info_lines_for_positions_and_runs_without_a_block():
+    from flows.cli import _feature_lines
+
+    npy = {"names": [f"x{i}" for i in range(30)], "dtypes": None, "selection": "positions"}
+    lines = _feature_lines(npy, [])
+    assert lines[0].startswith("features   30 (no names: columns by position): x0, x1,")
+    assert "... (6 more: kpca info --json lists all)" in " ".join(lines)
+    assert all(len(ln) <= 100 for ln in lines)
+    old = _feature_lines(None, ["a", "b"])  # a manifest written before the features block
+    assert old == ["features   2: a, b"]

@@ -83,6 +83,14 @@ def test_constant_column_is_scaled_by_one_and_listed():
     assert np.all(s.transform(X)[:, 3] == 0)
 
 
+def test_huge_values_do_not_overflow_the_standard_deviation():
+    """Values near 1e300 (their squares overflow): the spread is still finite and right."""
+    X = 1e300 * (1.0 + np.random.default_rng(0).random((300, 3)))
+    s = pre.fit_scaler(da.from_array(X, chunks=(100, -1)), "standard")
+    np.testing.assert_allclose(s.scale, (X / 1e300).std(axis=0) * 1e300, rtol=1e-12)
+    assert np.all(np.isfinite(s.transform(X))) and np.abs(s.transform(X)).max() < 3
+
+
 def test_robust_beyond_one_task_is_approximate_and_says_so(monkeypatch):
     """Columns larger than one task: dask's merged per-block percentiles (flagged)."""
     monkeypatch.setattr(pre, "EXACT_QUANTILE_BYTES", 8 * 100)  # fewer rows than wine

@@ -1037,6 +1037,7 @@ EXTENSIONS = (
     "cases_tabular",
     "cases_cli",
     "cases_update",
+    "cases_scale",
 )
 if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: spawned workers
     import importlib
