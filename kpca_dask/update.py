@@ -7,7 +7,7 @@ the row count and the kernel trace). A model fitted with ``keep_statistics``
 keeps them; :func:`update` adds a batch's sums (one distributed pass over the
 batch, an m x m tree reduction) and re-solves the m x m eigenproblem on the
 driver. The result equals a fit on all rows with the same landmarks, to
-rounding (tests/test_update.py: eigenvalues 1e-10 relative, embeddings 1e-8).
+rounding (tests/kpca_dask/test_update.py: eigenvalues 1e-10 relative, embeddings 1e-8).
 
 Nothing of the earlier rows is read again: the update costs ``n_new m^2``
 flops, independent of how many rows the model has seen.
