@@ -436,7 +436,17 @@ def cmd_update(args: argparse.Namespace) -> int:
     from .update_flow import run_update_flow_or_plain
 
     cfg = update_config(
-        args.run, args.new_data, args.output, policy=args.policy, overwrite=args.overwrite
+        args.run,
+        args.new_data,
+        args.output,
+        policy=args.policy,
+        overwrite=args.overwrite,
+        storage_options=_storage_options(args) if args.storage_options else None,
+        input_storage_options=(
+            _storage_options(args, "input_storage_options")
+            if args.input_storage_options
+            else None
+        ),
     )
     with show_progress(args.progress):
         summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
@@ -690,6 +700,12 @@ def _add_update(sub) -> None:
         help="override update.policy of the run's config",
     )
     up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    _storage_flags(up, "the base run and the new run (default for the new run: the base's)")
+    up.add_argument(
+        "--input-storage-options",
+        metavar="JSON|FILE",
+        help="fsspec options of NEW_DATA's URL (default: the base run's input options)",
+    )
     _progress_flags(up)
     _prefect_flags(up)
 

@@ -84,10 +84,25 @@ def kpca_update(config: PipelineConfig) -> dict[str, Any]:
 
 @flow(name="kpca-update-from", validate_parameters=True, persist_result=False)
 def kpca_update_from(
-    run: str, new_data: str, output: str | None = None, policy: str | None = None
+    run: str,
+    new_data: str,
+    output: str | None = None,
+    policy: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    input_storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The deployment's entry point: parameters as on the command line (kpca update)."""
-    return kpca_update(update_config(run, new_data, output, policy=policy))
+    """The deployment's entry point: parameters as on the command line (kpca update;
+    storage options without credentials, which come from the pod's environment)."""
+    return kpca_update(
+        update_config(
+            run,
+            new_data,
+            output,
+            policy=policy,
+            storage_options=storage_options,
+            input_storage_options=input_storage_options,
+        )
+    )
 
 
 def run_update_flow_or_plain(cfg: PipelineConfig, *, use_prefect: bool = True) -> Any:

@@ -817,6 +817,12 @@ class UpdateConfig(_Model):
         description="The published run an update starts from (set by `kpca update RUN`); "
         "null for a full run.",
     )
+    base_storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options of the base run when it is an object-store URL (set by "
+        "`kpca update --storage-options`); credentials are refused, as in "
+        "output.storage_options.",
+    )
     reembed: bool = Field(
         False,
         description="After a merge, embed every row again with the updated model (reads all "
@@ -833,6 +839,12 @@ class UpdateConfig(_Model):
     on_drift: Literal["merge", "refresh_landmarks", "refit"] = Field(
         "refresh_landmarks", description="What policy 'auto' does with a flagged batch."
     )
+
+    @field_validator("base_storage_options")
+    @classmethod
+    def _no_base_credentials(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_storage_options(v, "update.base_storage_options")
+
     novelty_pvalue: float = Field(
         1e-3,
         gt=0,

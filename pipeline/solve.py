@@ -24,6 +24,7 @@ from .errors import UserError
 from .store import Location
 
 __all__ = [
+    "save_model",
     "make_estimator",
     "make_planner",
     "solve",
@@ -206,6 +207,15 @@ def make_planner(cfg: Any) -> KernelPCA:
     return KernelPCA().set_params(**_model_params(cfg))
 
 
+def save_model(est: KernelPCA, model_loc: Location) -> None:
+    """Save a fitted model at ``model_loc``: a local folder, or a zarr store carrying the
+    location's own storage options (an object store's endpoint is never assumed)."""
+    est.save(
+        model_loc.local_path if model_loc.is_local else model_loc.zarr_source(writable=True),
+        overwrite=True,
+    )
+
+
 def solve(
     X_train: da.Array,
     cfg: PipelineConfig,
@@ -258,10 +268,7 @@ def solve(
     if features is not None:
         info_ = {k: v for k, v in features.items() if k not in ("names", "dtypes")}
         est.record_features(features["names"], dtypes=features.get("dtypes"), **info_)
-    est.save(
-        model_loc.local_path if model_loc.is_local else model_loc.zarr_source(writable=True),
-        overwrite=True,
-    )
+    save_model(est, model_loc)
     info = {
         "solver": est.eigen_solver_,
         "n_components": int(est.n_components_),

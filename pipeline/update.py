@@ -40,7 +40,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from .config import ConfigError, PipelineConfig, load_config
+from .config import ConfigError, PipelineConfig, check_storage_options, load_config
 from .errors import UserError
 from .export import verify_run, write_manifest, write_spectrum
 from .ingest import IngestResult, load_ingested
@@ -120,11 +120,20 @@ def update_config(
     *,
     policy: str | None = None,
     overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    input_storage_options: dict[str, Any] | None = None,
 ) -> PipelineConfig:
     """The update run's config: the base run's (from its verified manifest) with the batch
     as input, the new run as output and ``update.base`` set. Refuses an output that
-    overlaps the base run."""
-    loc = Location(base)
+    overlaps the base run.
+
+    ``storage_options``: fsspec options of the base run and of the new run when they are
+    object-store URLs (default: the base run's own ``output.storage_options``);
+    ``input_storage_options``: the batch's (default: the base run's input options)."""
+    opts = check_storage_options(dict(storage_options or {}), "--storage-options")
+    if input_storage_options is not None:
+        check_storage_options(input_storage_options, "--input-storage-options")
+    loc = Location.at(base, opts)
     newest = latest_run(loc)
     if newest is not None:
         loc = newest
@@ -133,9 +142,14 @@ def update_config(
     version = _version(manifest) + 1
     out = output or default_output(loc, version)
     data["input"] = {**data["input"], "path": new_data, "format": "auto"}
+    if input_storage_options is not None:
+        data["input"]["storage_options"] = dict(input_storage_options)
     data["output"] = {**data["output"], "path": out, "overwrite": bool(overwrite)}
+    if storage_options is not None:
+        data["output"]["storage_options"] = opts
     upd = dict(data.get("update") or {})
     upd["base"] = loc.url
+    upd["base_storage_options"] = dict(loc.storage_options)
     if policy is not None:
         upd["policy"] = policy
     data["update"] = upd
@@ -143,7 +157,7 @@ def update_config(
     data["evaluate"] = {**data.get("evaluate", {}), "enabled": False}
     data["denoise"] = {**data.get("denoise", {}), "enabled": False}
     cfg = load_config(data)
-    a = Location(out).url.rstrip("/") + "/"
+    a = Location.at(out).url.rstrip("/") + "/"
     b = loc.url.rstrip("/") + "/"
     if a.startswith(b) or b.startswith(a):
         raise UpdateError(
@@ -166,8 +180,10 @@ def _lineage(base: Location, manifest: dict) -> list[dict[str, Any]]:
     return [
         {
             "store": inp["path"],
+            "storage_options": dict(base.storage_options),
             "n_rows": int(inp["n_rows"]),
             "split_run": base.url if "split" in g else None,
+            "split_storage_options": dict(base.storage_options),
         }
     ]
 
@@ -188,7 +204,9 @@ def _entry_rows(entry: dict[str, Any]) -> tuple[da.Array, np.ndarray]:
         )
     mask = np.ones(X.shape[0], dtype=bool)
     if entry.get("split_run"):
-        g = Location(entry["split_run"]).open_group("r")
+        g = Location.at(
+            entry["split_run"], entry.get("split_storage_options", entry.get("storage_options"))
+        ).open_group("r")
         mask = np.asarray(g["split"][...]).astype(bool)
     return X, mask
 
@@ -239,11 +257,12 @@ def stage_base(cfg: Any) -> dict[str, Any]:
     """The base run, verified, and its lineage (every row it has seen)."""
     if not cfg.update.base:
         raise ConfigError("update.base is not set; start an update with kpca update RUN DATA.")
-    base = Location(cfg.update.base)
+    base = Location.at(cfg.update.base, cfg.update.base_storage_options)
     m = verify_run(base)
     lineage = _lineage(base, m)
     return {
         "path": base.url,
+        "storage_options": dict(base.storage_options),
         "version": _version(m),
         "created": m["created"],
         "model_checksums": m["model"]["checksums"],
@@ -256,7 +275,12 @@ def stage_base(cfg: Any) -> dict[str, Any]:
 def _load_base_model(base: dict[str, Any]) -> Any:
     import kpca_dask
 
-    return kpca_dask.load(Location(base["path"]).child(MODEL).zarr_source())
+    return kpca_dask.load(_base_location(base).child(MODEL).zarr_source())
+
+
+def _base_location(base: dict[str, Any]) -> Location:
+    """The base run's location from the base stage's result (with its storage options)."""
+    return Location.at(base["path"], base.get("storage_options"))
 
 
 def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +343,7 @@ def stage_update(
     """The new model: merged (exact Nyström update) or refitted on every row."""
     from kpca_dask.update import update
 
-    from .solve import check_fit, solve
+    from .solve import check_fit, save_model, solve
 
     layout = run_layout(cfg)
     t0 = time.perf_counter()
@@ -329,8 +353,7 @@ def stage_update(
         model = _load_base_model(base)
         update(model, X_new)
         check_fit(model, cfg)
-        loc = layout.model
-        model.save(loc.url if not loc.is_local else loc.local_path, overwrite=True)
+        save_model(model, layout.model)
         info = {
             "solver": model.eigen_solver_,
             "n_components": int(model.n_components_),
@@ -381,7 +404,7 @@ def stage_project(
     out = layout.out
     model = kpca_dask.load(solved.model.zarr_source())
     src = load_ingested(ing)
-    bg = Location(base["path"]).open_group("r")
+    bg = _base_location(base).open_group("r")
     old = da.from_zarr(bg[EMBEDDING])
     rows = old.chunks[0][0]
     reembed = solved.info.get("action") != "merge" or cfg.update.reembed
@@ -523,7 +546,7 @@ UPDATE_REGISTRY = Registry(
         Stage(
             "base",
             stage_base,
-            config=("update.base",),
+            config=("update.base", "update.base_storage_options"),
             result="base",
             doc="verify the base run; its lineage of row stores",
         ),
