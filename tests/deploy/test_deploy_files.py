@@ -445,6 +445,7 @@ def test_helm_scheduler_address_in_the_docs_is_the_one_the_chart_creates():
             assert (params.get("config") or params)["cluster"]["address"] == address
 
 
+@pytest.mark.slow  # needs the helm binary and the network (the chart repository)
 @pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed here")
 def test_helm_template_renders_the_documented_service(tmp_path):
     res = subprocess.run(
