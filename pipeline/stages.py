@@ -790,18 +790,21 @@ _PREIMAGE_FIELDS = (
     "denoise.max_iter",
 )
 
+#: the ingest stage, shared by the full run and by ``kpca update`` (pipeline/update.py)
+INGEST = Stage(
+    "ingest",
+    stage_ingest,
+    config=("input", "chunks.target_chunk_mb"),
+    result="ing",
+    result_type=IngestResult,
+    fresh=_fresh_ingest,
+    reads_source=True,
+    doc="input -> work/ingest.zarr, validated and fingerprinted",
+)
+
 REGISTRY = Registry(
     [
-        Stage(
-            "ingest",
-            stage_ingest,
-            config=("input", "chunks.target_chunk_mb"),
-            result="ing",
-            result_type=IngestResult,
-            fresh=_fresh_ingest,
-            reads_source=True,
-            doc="input -> work/ingest.zarr, validated and fingerprinted",
-        ),
+        INGEST,
         Stage(
             "split",
             stage_split,

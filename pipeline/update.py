@@ -47,15 +47,14 @@ from .ingest import IngestResult, load_ingested
 from .layout import DRIFT_REPORT, EMBEDDING, MODEL, PARQUET, UPDATE, run_layout
 from .results import ProjectResult, SolveResult
 from .stages import (
+    INGEST,
     Registry,
     Stage,
     _fingerprint_project,
     _fingerprint_solve,
-    _fresh_ingest,
     _fresh_project,
     _fresh_solve,
     _store_array,
-    stage_ingest,
 )
 from .store import Location, atomic_write_json
 
@@ -533,16 +532,7 @@ _FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise
 
 UPDATE_REGISTRY = Registry(
     [
-        Stage(
-            "ingest",
-            stage_ingest,
-            config=("input", "chunks.target_chunk_mb"),
-            result="ing",
-            result_type=IngestResult,
-            fresh=_fresh_ingest,
-            reads_source=True,
-            doc="the batch -> work/ingest.zarr, validated and fingerprinted",
-        ),
+        replace(INGEST, doc="the batch -> work/ingest.zarr, validated and fingerprinted"),
         Stage(
             "base",
             stage_base,

@@ -408,12 +408,17 @@ class FeatureCovariance:
         return int(self.X.shape[0])
 
     def _pass(self, M: np.ndarray | None) -> np.ndarray:
+        return self._run(M, sums=self.delta is None)[0]
+
+    def _run(self, M: np.ndarray | None, sums: bool) -> tuple:
+        """One pass over the rows: ``(acc, colsum, diag, rows)`` of block_stats_graph
+        (column sums and the kernel trace when ``sums``); the first pass sets ``delta``
+        and ``kernel_trace``."""
         first = self.delta is None
         t0 = time.perf_counter()
         with blas_threads_for_dask():
-            ((acc, colsum, diag, rows),) = dask.compute(
-                block_stats_graph(self.X, self.basis, self._Zp, M, first)
-            )
+            (out,) = dask.compute(block_stats_graph(self.X, self.basis, self._Zp, M, sums))
+        acc, colsum, diag, rows = out
         if rows != self.n_rows:  # pragma: no cover - a graph bug, never data
             raise RuntimeError(f"pass covered {rows} of {self.n_rows} rows")
         if first:
@@ -427,7 +432,7 @@ class FeatureCovariance:
             "covariance" if M is None else f"{M.shape[1]} columns",
             self.pass_seconds[-1],
         )
-        return acc
+        return out
 
     def matmul(self, Y: np.ndarray) -> np.ndarray:
         """``Sigma @ Y`` for Y of shape (m', l): one pass."""
@@ -444,19 +449,7 @@ class FeatureCovariance:
     def statistics(self) -> NystroemStatistics:
         """The rows' :class:`NystroemStatistics`: one pass with an m x m reduction (sets
         ``delta`` and ``kernel_trace`` when this is the first pass)."""
-        first = self.delta is None
-        t0 = time.perf_counter()
-        with blas_threads_for_dask():
-            ((acc, colsum, diag, rows),) = dask.compute(
-                block_stats_graph(self.X, self.basis, self._Zp, None, True)
-            )
-        if rows != self.n_rows:  # pragma: no cover - a graph bug, never data
-            raise RuntimeError(f"pass covered {rows} of {self.n_rows} rows")
-        if first:
-            self.delta = colsum / self.n_rows
-            self.kernel_trace = diag
-        self.n_passes += 1
-        self.pass_seconds.append(time.perf_counter() - t0)
+        acc, colsum, diag, rows = self._run(None, sums=True)
         acc += np.triu(acc, 1).T  # upper triangle of C'^T C' (the lower one is zero)
         return NystroemStatistics(
             np.array(self.basis.shift, dtype=np.float64), int(rows), colsum, acc, float(diag)
