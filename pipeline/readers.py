@@ -24,6 +24,7 @@ from .config import ChunkConfig, InputConfig
 from .errors import UserError
 from .features import FeatureError, Selection
 from .features import select as select_features
+from .formats import infer_format
 from .store import Location
 
 logger = logging.getLogger("pipeline")
@@ -62,25 +63,10 @@ class SourceData:
 def detect_format(cfg: InputConfig) -> str:
     if cfg.format != "auto":
         return cfg.format
-    p = cfg.path.rstrip("/").lower()
-    for suffix, fmt in (
-        (".npy", "npy"),
-        (".csv", "csv"),
-        (".csv.gz", "csv"),
-        (".tsv", "csv"),
-        (".parquet", "parquet"),
-        (".pq", "parquet"),
-        (".zarr", "zarr"),
-    ):
-        if p.endswith(suffix):
-            return fmt
     loc = Location(cfg.path, cfg.storage_options)
-    if loc.exists() and loc.fs.isdir(loc.fs_path):
-        files = loc.fs.ls(loc.fs_path, detail=False)
-        if any(str(f).endswith((".parquet", ".pq")) for f in files):
-            return "parquet"
-        if any(str(f).endswith("zarr.json") for f in files):
-            return "zarr"
+    fmt = infer_format(cfg.path, loc.fs, loc.fs_path)
+    if fmt is not None:
+        return fmt
     raise InputError(
         f"cannot infer the format of {cfg.path!r} from its name; set input.format to one of "
         "npy, csv, parquet, zarr."

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from .config import PipelineConfig
 from .errors import UserError
+from .formats import infer_format
 
 __all__ = ["SAMPLE_ROWS", "Finding", "ValidationError", "Validation", "validate"]
 
@@ -106,25 +107,7 @@ def _format(cfg: PipelineConfig, fs, fs_path: str) -> str | None:
     """The input format, as pipeline/readers.py's ``detect_format`` infers it."""
     if cfg.input.format != "auto":
         return cfg.input.format
-    p = cfg.input.path.rstrip("/").lower()
-    for suffix, fmt in (
-        (".npy", "npy"),
-        (".csv", "csv"),
-        (".csv.gz", "csv"),
-        (".tsv", "csv"),
-        (".parquet", "parquet"),
-        (".pq", "parquet"),
-        (".zarr", "zarr"),
-    ):
-        if p.endswith(suffix):
-            return fmt
-    if fs.isdir(fs_path):
-        names = [str(f) for f in fs.ls(fs_path, detail=False)]
-        if any(n.endswith((".parquet", ".pq")) for n in names):
-            return "parquet"
-        if any(n.endswith("zarr.json") for n in names):
-            return "zarr"
-    return None
+    return infer_format(cfg.input.path, fs, fs_path)
 
 
 def _is_numeric(dtype) -> bool:
