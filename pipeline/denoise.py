@@ -260,7 +260,7 @@ def denoise_to_store(
     Writes a zarr group at ``output`` with ``denoised`` (n x d) and ``ids``/``labels``
     when the input has them; the model comes from a verified run or a model folder.
     """
-    from .transform import load_model, read_model_input
+    from .transform import open_transform
 
     t0 = time.perf_counter()
     if output.rstrip("/").endswith(".parquet"):
@@ -271,16 +271,9 @@ def denoise_to_store(
     from .publish import OutputLock, check_transform_output, publish_beside
     from .transform import verify_transform_output
 
-    out = check_transform_output(
-        output,
-        model_path=model_path,
-        inputs=[input_cfg.path],
-        overwrite=overwrite,
-        storage_options=storage_options,
+    out, model, src = open_transform(  # columns by name (pipeline/transform.py)
+        model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra
     )
-    model = load_model(model_path, storage_options)
-    # columns by name (pipeline/transform.py)
-    src = read_model_input(model, input_cfg, chunks, ignore_extra=ignore_extra)
     dcfg = DenoiseConfig(
         enabled=True,
         preimage=method or "auto",

@@ -163,6 +163,11 @@ def _lock_file_ours(p: Path) -> bool:
         ):
             return False
         text = f.read(1 << 16)
+    return _our_record(text)
+
+
+def _our_record(text: str) -> bool:
+    """A lock file's text is ours: empty (a lock being written) or a LockHolder record."""
     if not text.strip():
         return True
     try:
@@ -187,12 +192,7 @@ def _lock_owned(loc: Location):
                 text = f.read(1 << 16)
         except (OSError, ValueError):
             return False
-        if not text.strip():
-            return True
-        try:
-            return LockHolder.from_dict(json.loads(text)) is not None
-        except ValueError:
-            return False
+        return _our_record(text)
 
     return ours
 

@@ -37,6 +37,7 @@ __all__ = [
     "embed_rows",
     "load_model",
     "model_input",
+    "open_transform",
     "read_model_input",
     "transform_to_store",
     "verify_transform_output",
@@ -126,6 +127,31 @@ def load_model(path: str | Location, storage_options: dict | None = None) -> Any
     return kpca_dask.load(loc.zarr_source())
 
 
+def open_transform(
+    model_path: str,
+    input_cfg: InputConfig,
+    output: str,
+    chunks: ChunkConfig | None,
+    overwrite: bool,
+    storage_options: dict | None,
+    ignore_extra: bool = False,
+) -> tuple[Location, Any, SourceData]:
+    """What a transform (or a denoise) of ``input_cfg`` with a saved model starts from:
+    the checked output location (refused before anything is read, see
+    :func:`pipeline.publish.check_transform_output`), the model, and the input's rows
+    with their columns matched to the model's features by name."""
+    out = check_transform_output(
+        output,
+        model_path=model_path,
+        inputs=[input_cfg.path],
+        overwrite=overwrite,
+        storage_options=storage_options,
+    )
+    model = load_model(model_path, storage_options)
+    src = read_model_input(model, input_cfg, chunks, ignore_extra=ignore_extra)
+    return out, model, src
+
+
 def transform_to_store(
     model_path: str,
     input_cfg: InputConfig,
@@ -151,15 +177,9 @@ def transform_to_store(
     publish.
     """
     t0 = time.perf_counter()
-    out = check_transform_output(
-        output,
-        model_path=model_path,
-        inputs=[input_cfg.path],
-        overwrite=overwrite,
-        storage_options=storage_options,
+    out, model, src = open_transform(
+        model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra
     )
-    model = load_model(model_path, storage_options)
-    src = read_model_input(model, input_cfg, chunks, ignore_extra=ignore_extra)
     emb = embed_rows(model, src.X, training_data=False)
     n = int(src.X.shape[0])
     parquet = output.rstrip("/").endswith(".parquet")
