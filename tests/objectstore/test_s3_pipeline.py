@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.objectstore.s3server import CREDENTIAL_ENV
-from tests.reliability.helpers import ROOT, blobs, env, run_command, wait_until
+from tests.reliability.helpers import ROOT, blobs, env, run_command, start_job, wait_until
 
 pytestmark = pytest.mark.distributed
 
@@ -309,15 +309,7 @@ def test_killed_s3_run_resumes_and_a_corrupted_block_is_recomputed(
     text = yaml.safe_load(cfg.read_text())
     text["cluster"]["n_workers"] = 1
     cfg.write_text(yaml.safe_dump(text))
-    with open(tmp_path / "killed.log", "w") as f:
-        job = subprocess.Popen(
-            run_command(cfg),
-            cwd=ROOT,
-            env=env(),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    job = start_job(run_command(cfg), tmp_path / "killed.log")
     try:
         ok = wait_until(lambda: len(_done_blocks(fs, prefix)) >= 3, 180, 0.05, proc=job)
     finally:

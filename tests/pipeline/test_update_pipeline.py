@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import dask.array as da
@@ -28,7 +27,7 @@ from pipeline.run import run_pipeline
 from pipeline.store import Location
 from pipeline.update import UpdateError, default_output, run_update, update_config
 
-from ..reliability.helpers import ROOT, artifacts, env, kpca, wait_until
+from ..reliability.helpers import artifacts, kpca, start_job, wait_until
 
 K = 4
 
@@ -200,15 +199,7 @@ def test_killed_update_resumes_with_identical_artifacts(base_run, tmp_path, dask
     out = tmp_path / "out"
     cmd = ["update", str(folder / "run"), str(folder / "b1.npy"), "--output", str(out)]
     argv = [os.sys.executable, "-m", "flows.cli", *cmd, "--no-prefect", "--no-progress"]
-    with open(tmp_path / "killed.log", "w") as f:
-        job = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env(),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    job = start_job(argv, tmp_path / "killed.log")
     try:
         ok = wait_until(lambda: (out / "update" / "drift.json").exists(), 120, proc=job)
     finally:

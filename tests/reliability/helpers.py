@@ -46,6 +46,20 @@ def env(**extra: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ the command
+def start_job(argv: list[str], log: Path) -> subprocess.Popen:
+    """A batch job in its own session (so ``os.killpg(job.pid, ...)`` reaches it and its
+    local cluster, and nothing else), its output in ``log``."""
+    with open(log, "w") as f:
+        return subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def run_command(config: Path, *extra: str) -> list[str]:
     """``kpca run CONFIG`` as a batch job runs it, without the Prefect flow (the flows have
     their own tests; here the subject is the pipeline process and its cluster)."""

@@ -23,6 +23,7 @@ from .helpers import (
     kpca,
     read_json,
     run_command,
+    start_job,
     wait_until,
     write_config,
 )
@@ -43,10 +44,7 @@ def test_killed_job_resumes_and_publishes_identical_artifacts(
     out = tmp_path / "out"
     cfg = write_config(tmp_path / "run.yaml", e2e_data, out)
     cmd = run_command(cfg)
-    with open(tmp_path / "killed.log", "w") as f:
-        job = subprocess.Popen(
-            cmd, cwd=ROOT, env=env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    job = start_job(cmd, tmp_path / "killed.log")
     try:
         ok = wait_until(lambda: done_blocks(out) >= N_BLOCKS // 4, 120, proc=job)
         group = [job.pid] + [c.pid for c in psutil.Process(job.pid).children(recursive=True)]

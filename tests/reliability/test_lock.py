@@ -26,6 +26,7 @@ from .helpers import (
     env,
     read_json,
     run_command,
+    start_job,
     wait_until,
     write_config,
 )
@@ -48,15 +49,7 @@ def test_second_run_to_the_same_output_is_refused(tmp_path, e2e_data, reference_
     SIGCONT, finishes undisturbed."""
     out = tmp_path / "out"
     cfg = write_config(tmp_path / "run.yaml", e2e_data, out)
-    with open(tmp_path / "first.log", "w") as f:
-        first = subprocess.Popen(
-            run_command(cfg),
-            cwd=ROOT,
-            env=env(),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    first = start_job(run_command(cfg), tmp_path / "first.log")
     try:
         assert wait_until(lambda: done_blocks(out) >= 1, 120, proc=first)
         os.killpg(first.pid, signal.SIGSTOP)  # the first job and its cluster, mid-stage
