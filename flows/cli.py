@@ -337,7 +337,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"model      {model['solver']} solver, kernel {model['kernel']}, "
         f"{model['n_components']} components, {model['n_passes']} passes"
     )
-    if model.get("preprocess"):
+    if model.get("preprocess") == "none":
+        print("scaling    none (the raw feature values; preprocess.scale)")
+    elif model.get("preprocess"):
         print(f"scaling    {model['preprocess']} (fitted on the training rows, in the model)")
     cum = np.cumsum(evr)
     print(
