@@ -83,7 +83,7 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
         )
     lim = cfg.solver.max_residual
     res = getattr(est, "residuals_", None)
-    if lim is not None and res is not None and len(res) and float(np.max(res)) > lim:
+    if lim is not None and res is not None and len(res) and _above(est, res, lim):
         raise SolveError(
             f"the {est.eigen_solver_} solver's certified residual {float(np.max(res)):.2g} "
             f"exceeds solver.max_residual={lim:g}: the eigenpairs are not accurate (too few "
@@ -91,6 +91,17 @@ def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
             "solver.n_power_iter: auto, raise solver.n_oversamples or solver.max_iter, or ask "
             "for fewer components."
         )
+
+
+def _above(est: KernelPCA, res: np.ndarray, lim: float) -> bool:
+    """Whether a pair's residual ``r = residuals_ * lambda`` exceeds ``lim * lambda``
+    plus the solver's rounding level (``tau = eps sqrt(n) ||Kc||``: no product in the
+    kernel's dtype resolves less; float32 on a small tail eigenvalue reaches it)."""
+    lam = np.abs(np.asarray(est.eigenvalues_, dtype=np.float64))[: len(res)]
+    cert = (getattr(est, "solver_info_", None) or {}).get("certificate") or {}
+    floor = float(cert.get("rounding_level", 0.0))
+    r = np.nan_to_num(np.asarray(res, dtype=np.float64), nan=0.0) * lam
+    return bool(np.any(r > lim * lam + floor))
 
 
 def _model_params(cfg: Any) -> dict[str, Any]:

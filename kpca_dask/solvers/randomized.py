@@ -358,7 +358,10 @@ def certify(
         R = float(block_residual(a, b))
         for i in range(a, min(b, k)):
             quad = R * R / gap if gap > 0 else np.inf
-            bound = min(float(res[i]), quad)
+            # the flat tail: Weyl's bound, the residual itself (its gaps are too small
+            # to trust R^2 / gap, and a published pair's residual is what the
+            # pipeline's solver.max_residual judges: tail_tol <= max_residual by default)
+            bound = float(res[i]) if i >= tail else min(float(res[i]), quad)
             scale = abs(float(theta[i]))
             eig_b[i] = bound / scale if scale > 0 else np.inf
             level = tail_tol if i >= tail else tol if b - a == 1 else ctol
