@@ -89,8 +89,14 @@ def solve(
     persisted: bool,
     kernel_blocks: Any = None,
     centring: tuple[np.ndarray, float] | None = None,
+    v0: np.ndarray | None = None,
 ) -> Solution:
-    """Run the solver ``plan`` names on the row blocks ``Xb`` (``Xd``: the input as given)."""
+    """Run the solver ``plan`` names on the row blocks ``Xb`` (``Xd``: the input as given).
+
+    ``v0``: starting vectors for the randomized solver (a warm start); the direct
+    solvers (dense, and ARPACK's single-vector restarts) do without, and say so in
+    ``info["warm_start"]``.
+    """
     if plan.solver == "nystroem":
         return _solve_nystroem(plan, params, Xb)
     if plan.precomputed:
@@ -106,7 +112,9 @@ def solve(
         elif solver == "arpack":
             res, mu, g = _solve_arpack(K, params, float(trace_K), centring)
         else:
-            res, mu, g, solver = _solve_randomized(K, plan, params, centring)
+            res, mu, g, solver = _solve_randomized(K, plan, params, centring, v0)
+    if v0 is not None and solver != "randomized":
+        res.info["warm_start"] = f"not used by the {solver} solver"
     res.info["kernel_cache"] = cache_info
     # The training rows come to the driver after the solve, not during it: the solver's
     # basis (n x l floats) and X (n x d) are never held at once.
@@ -192,7 +200,11 @@ def _solve_arpack(
 
 
 def _solve_randomized(
-    K: Any, plan: FitPlan, params: Mapping[str, Any], centring: tuple[np.ndarray, float] | None
+    K: Any,
+    plan: FitPlan,
+    params: Mapping[str, Any],
+    centring: tuple[np.ndarray, float] | None,
+    v0: np.ndarray | None = None,
 ) -> tuple[EigResult, np.ndarray, float, str]:
     op = _centred(K, centring)
     n, k = plan.n_samples, params["n_components"]
@@ -205,6 +217,7 @@ def _solve_randomized(
         "psd": plan.kernel.psd,
         "eps": float(np.finfo(plan.dtype).eps),
         "random_state": params["random_state"],
+        "v0": v0,
     }
     auto = params["eigen_solver"] == "auto"
     solver = plan.solver

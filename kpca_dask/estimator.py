@@ -473,6 +473,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         kernel_blocks: Any = None,
         centring: tuple[np.ndarray, float] | None = None,
         scaler: Scaler | None = None,
+        v0: Any = None,
     ) -> KernelPCA:
         """Fit the model on ``X`` (numpy, dask or zarr array of shape (n_samples, n_features)).
 
@@ -493,8 +494,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             A scaling already fitted on these training rows (e.g. by a distributed
             pipeline stage); used instead of fitting ``preprocess`` again. Stored
             ``kernel_blocks`` must then be those of the scaled rows.
+        v0 : array of shape (n_samples, j), optional
+            Starting vectors for the exact randomized solver (a warm start):
+            approximations of the leading eigenvectors of the centred kernel
+            matrix of ``X``, one row per row of ``X``. A previous model's, extended
+            to new rows, come from :func:`kpca_dask.update.warm_start_vectors`.
+            The stopping rule and its certificate are unchanged (the result is
+            the cold fit's to the solver's tolerance); a good start only needs
+            fewer passes (``n_passes_``). The dense and ARPACK solvers do without
+            it (``solver_info_["warm_start"]`` says so); Nyström refuses it.
         """
-        self._fit(X, kernel_blocks=kernel_blocks, centring=centring, scaler=scaler)
+        self._fit(X, kernel_blocks=kernel_blocks, centring=centring, scaler=scaler, v0=v0)
         return self
 
     @property
@@ -546,6 +556,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         kernel_blocks: Any = None,
         centring: tuple[np.ndarray, float] | None = None,
         scaler: Scaler | None = None,
+        v0: Any = None,
     ) -> tuple[da.Array, str]:
         t0 = time.perf_counter()
         params = self.get_params(deep=False)
@@ -587,6 +598,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         if persisted:
             Xb = Xb.persist()
 
+        if v0 is not None:
+            v0 = V.check_start_vectors(v0, n, plan.solver)
         plan = _plan.resolve_kernel(plan, params, Xb)
         self.gamma_ = plan.gamma
         self.kernel_ = plan.kernel
@@ -614,6 +627,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             persisted=persisted,
             kernel_blocks=kernel_blocks,
             centring=centring,
+            v0=v0,
         )
         self._apply_solution(sol, n)
         if self.fit_inverse_transform:

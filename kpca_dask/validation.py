@@ -290,6 +290,30 @@ def check_n_components(n_components: int, n_samples: int) -> None:
 
 
 # ------------------------------------------------------------- scikit-learn inputs
+def check_start_vectors(v0: Any, n_samples: int, solver: str) -> np.ndarray:
+    """``fit``'s ``v0`` (starting vectors, n_samples x j) as a finite float64 array."""
+    if solver == "nystroem":
+        raise InvalidParameterError(
+            "v0 (starting vectors) warm-starts the exact randomized solver; a Nyström fit "
+            "solves an m x m problem directly: leave v0 out, or pass eigen_solver="
+            "'randomized'."
+        )
+    try:
+        V0 = np.asarray(v0, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(f"v0 is not a numeric array: {e}") from None
+    if V0.ndim == 1:
+        V0 = V0[:, None]
+    if V0.ndim != 2 or V0.shape[0] != n_samples or V0.shape[1] == 0:
+        raise InvalidInputError(
+            f"v0 has shape {V0.shape}; it needs one row per row of X and at least one "
+            f"column: ({n_samples}, j)."
+        )
+    if not np.isfinite(V0).all():
+        raise InvalidInputError("v0 contains NaN or infinite values; pass finite vectors.")
+    return V0
+
+
 def _is_sparse(X: Any) -> bool:
     try:
         import scipy.sparse

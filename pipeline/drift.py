@@ -105,8 +105,11 @@ def drift_report(model: Any, X_ref: np.ndarray, X_new: np.ndarray, policy: Any) 
     }
 
 
-def decide(report: dict, policy: Any, updatable: bool) -> tuple[str, str]:
-    """The action for a batch (merge, refresh_landmarks, refit) and why, in one line."""
+def decide(report: dict, policy: Any, updatable: bool | str) -> tuple[str, str]:
+    """The action for a batch (merge, refresh_landmarks, refit) and why, in one line.
+
+    ``updatable``: True, or why the model cannot merge (False: it keeps no sufficient
+    statistics)."""
     flagged = report["flagged"]
     why_drift = (
         "drift: " + ", ".join(flagged) + " past their thresholds"
@@ -119,6 +122,7 @@ def decide(report: dict, policy: Any, updatable: bool) -> tuple[str, str]:
         action, why = policy.on_drift, f"{why_drift}; update.on_drift is {policy.on_drift!r}"
     else:
         action, why = "merge", why_drift
-    if action == "merge" and not updatable:
-        action, why = "refit", f"{why}; the model keeps no sufficient statistics, so refit"
+    if action == "merge" and updatable is not True:
+        cannot = updatable or "the model keeps no sufficient statistics, so refit"
+        action, why = "refit", f"{why}; {cannot}"
     return action, why

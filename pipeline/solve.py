@@ -236,8 +236,13 @@ def solve(
     block_reader: Any = None,
     features: dict[str, Any] | None = None,
     scaler: Any = None,
+    v0: Any = None,
 ) -> tuple[KernelPCA, dict[str, Any]]:
     """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON).
+
+    ``v0``: starting vectors for the exact randomized solver (an update's warm-started
+    refit, pipeline/update.py); dropped, with a log line, when the fit resolves to
+    Nyström.
 
     ``features``: the run's features block (pipeline/features.py), saved with the model
     (``KernelPCA.record_features``): its transform then selects columns by name.
@@ -248,13 +253,15 @@ def solve(
     t0 = time.perf_counter()
     est = make_estimator(cfg, block_rows)
     reading: dict[str, Any] = {}
-    if (
-        block_reader is None
-        and resolve_solver(est.get_params(), int(X_train.shape[0])) == "nystroem"
-    ):
+    nystroem = resolve_solver(est.get_params(), int(X_train.shape[0])) == "nystroem"
+    if block_reader is None and nystroem:
         X_train, reading = nystroem_rows(X_train, cfg)
         est.set_params(chunk_size=reading["block_rows"])
     fit_kw: dict[str, Any] = {}
+    if v0 is not None and nystroem:
+        logger.info("solve: no warm start: the fit resolved to the Nyström solver")
+    elif v0 is not None:
+        fit_kw["v0"] = v0
     if scaler is not None:
         fit_kw["scaler"] = scaler
     if block_reader is not None:
@@ -293,6 +300,8 @@ def solve(
         "seconds": time.perf_counter() - t0,
         **reading,
     }
+    if "v0" in fit_kw:
+        info["warm_start"] = est.solver_info_.get("warm_start")
     logger.info(
         "solve: %s solver, %d components, %d passes, max residual %.2e in %.1f s",
         info["solver"],

@@ -312,11 +312,16 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
             "a batch needs at least 2 rows."
         )
     report = drift_report(model, ref, new, pol)
-    try:
-        check_updatable(model)
-        updatable = True
-    except Exception:  # noqa: BLE001 - the reason is in decide's line
-        updatable = False
+    updatable: bool | str = True
+    if not nys:
+        updatable = (
+            f"an exact ({model.eigen_solver_}) model does not merge rows, so refit on every row"
+        )
+    else:
+        try:
+            check_updatable(model)
+        except Exception:  # noqa: BLE001 - the reason is in decide's line
+            updatable = False
     action, why = decide(report, pol, updatable)
     report.update(action=action, reason=why, policy=pol.policy, base=base["path"])
     out = run_layout(cfg).out
@@ -375,14 +380,52 @@ def stage_update(
         if action == "refresh_landmarks":
             fit_cfg.solver.eigen_solver = "nystroem"
         X = _training_rows(base["lineage"], X_new)
+        # (a slice: the drift stage's graph of the lineage alone has the same keys)
+        X_old = X[: X.shape[0] - X_new.shape[0]]
+        v0 = None if action == "refresh_landmarks" else _warm_start(base, X_old, X_new)
         features = ing.features  # the table's column names, as the full run records them
         if features is not None and features.get("selection") == "positions":
             features = None
         # the scaling is fitted again on every row (preprocess), as a full run would
-        _, info = solve(X, fit_cfg, layout.model, features=features)
+        _, info = solve(X, fit_cfg, layout.model, features=features, v0=v0)
         info = {**info, "n_samples_fit": int(X.shape[0])}
+        if info.get("warm_start"):
+            logger.info(
+                "update: refit warm-started from the base model's %d eigenvectors: %d passes",
+                info["warm_start"],
+                info["n_passes"],
+            )
     info["action"] = action
     return SolveResult(model=layout.model, info=info)
+
+
+def _warm_start(base: dict[str, Any], X_old: da.Array, X_new: da.Array) -> Any:
+    """Starting vectors for an exact refit: the base model's eigenvectors on its rows,
+    extended to the batch (kpca_dask.update.warm_start_vectors); None (cold start,
+    logged) for a Nyström base or when the lineage's training rows are not the
+    model's, in its order (checked on a seeded sample of rows)."""
+    from kpca_dask.solvers.landmarks import gather_rows
+    from kpca_dask.update import warm_start_vectors
+
+    model = _load_base_model(base)
+    if getattr(model, "eigen_solver_", None) == "nystroem" or model.X_fit_.shape[1] == 0:
+        return None
+    n = int(model.n_samples_fit_)
+    why = None
+    if int(X_old.shape[0]) != n:
+        why = f"the lineage has {X_old.shape[0]} training rows, the model {n}"
+    else:
+        idx = _sample(n, 64, 0)
+        rows = gather_rows(X_old, idx)
+        scaler = getattr(model, "preprocess_", None)
+        rows = rows if scaler is None else scaler.transform(rows)
+        fitted = np.asarray(model.X_fit_[idx], dtype=np.float64)
+        if not np.allclose(rows, fitted, rtol=1e-5, atol=1e-6 * max(1.0, np.abs(fitted).max())):
+            why = "the lineage's training rows are not the model's (order or values)"
+    if why is not None:
+        logger.info("update: refit from a cold start: %s", why)
+        return None
+    return warm_start_vectors(model, X_new)
 
 
 def stage_project(

@@ -466,6 +466,7 @@ def randomized_eigh(
     cluster_rtol: float | None = None,
     tail_tol: float | None = None,
     warn: bool = True,
+    v0: np.ndarray | None = None,
 ) -> EigResult:
     """Leading eigenpairs of a symmetric operator by randomized iteration, certified.
 
@@ -527,6 +528,15 @@ def randomized_eigh(
         disables the tail rule (every eigenvalue to ``tol``).
     warn : bool, default=True
         Emit a ConvergenceWarning when the result is not certified.
+    v0 : ndarray of shape (n, j), optional
+        Starting vectors (a warm start): approximations of the leading
+        eigenvectors, e.g. a previous fit's extended to new rows
+        (:func:`kpca_dask.update.warm_start_vectors`). They take the first ``j``
+        columns of the first block (at most ``l``; columns that are zero or
+        linearly dependent are dropped); the seed's Gaussian columns fill the
+        rest. The certificate and the stopping rule are the same as from a
+        random start: a good start only makes it hold after fewer passes. The
+        number of columns used is ``info["warm_start"]``.
     """
     if method not in ("block_krylov", "subspace"):
         raise ValueError(f"Unknown randomized method {method!r}")
@@ -545,7 +555,12 @@ def randomized_eigh(
     tail_tol = tail_tol if tail_tol > 0 else None
     noise = float(eps) * np.sqrt(n)  # rounding level of a product, relative to ||A||
     rng = _generator(random_state)
-    Omega = rng.standard_normal((n, l))
+    Omega = rng.standard_normal((n, l))  # drawn whole whatever v0 is: same seed, same rest
+    n_warm = 0
+    if v0 is not None:
+        V0 = _start_vectors(v0, n, l)
+        n_warm = V0.shape[1]
+        Omega[:, :n_warm] = V0 * np.sqrt(n)  # the Gaussian columns' scale
     # The test matrix is centred: Kc's null vector 1 carries no information.
     prep = _centre if centre else _identity
     Q = _orth(prep(Omega))
@@ -692,6 +707,7 @@ def randomized_eigh(
         "rank_found": int(k_ret),
         "exhausted": bool(exhausted),
         "relative_changes": history,
+        "warm_start": int(n_warm),
         "certificate": dict(cert),
         "seconds": time.perf_counter() - t_start,
     }
@@ -703,6 +719,26 @@ def randomized_eigh(
         converged=converged,
         info=info,
     )
+
+
+def _start_vectors(v0: Any, n: int, l: int) -> np.ndarray:
+    """The usable starting vectors of ``v0`` (n x j): finite, at most ``l`` columns,
+    orthonormal, with zero and numerically dependent columns dropped."""
+    V0 = np.asarray(v0, dtype=np.float64)
+    if V0.ndim == 1:
+        V0 = V0[:, None]
+    if V0.ndim != 2 or V0.shape[0] != n:
+        raise ValueError(f"v0 must have shape ({n}, j): one row per sample; got {V0.shape}")
+    if not np.isfinite(V0).all():
+        raise ValueError("v0 contains NaN or infinite values")
+    V0 = V0[:, :l]
+    if V0.shape[1] == 0:
+        return V0
+    # rank-revealing: pivoted QR, columns below 1e-8 of the largest diagonal dropped
+    Qv, R, _ = scipy.linalg.qr(V0, mode="economic", pivoting=True)
+    d = np.abs(np.diag(R))
+    keep = int(np.sum(d > 1e-8 * d[0])) if d.size and d[0] > 0 else 0
+    return Qv[:, :keep]
 
 
 def escalation_plan(n: int, k: int, kwargs: dict, dense_max: int) -> dict:

@@ -231,3 +231,41 @@ def test_series_folder_names_the_newest_run(tmp_path):
     assert default_output(newest, 11).endswith("/features/v11")
     assert latest_run(Location(str(series / "v2"))) is None  # a run, not a series
     assert default_output(Location(str(tmp_path / "run-v4")), 5).endswith("/run-v5")
+
+
+def test_exact_refit_is_warm_started_and_matches_a_cold_fit(tmp_path, dask_client):
+    """An exact (randomized) base run: the update refits every row, starting from the
+    base model's eigenvectors extended to the batch; the same model as a cold ``kpca
+    run`` on the union (to the certified tolerance, against dense eigh), in fewer passes."""
+    import scipy.linalg
+
+    X, B = _draw(1500, 5), _draw(20, 6)
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "b.npy", B)
+    np.save(tmp_path / "union.npy", np.vstack([X, B]))
+    exact = {"eigen_solver": "randomized", "n_components": 8}
+    run_pipeline(load_config(_config(tmp_path, tmp_path / "run", **exact)))
+    run_update(update_config(str(tmp_path / "run"), str(tmp_path / "b.npy")))
+    m = verify_run(tmp_path / "run-v2")
+    assert m["update"]["action"] == "refit"
+    cold_cfg = _config(tmp_path, tmp_path / "cold", **exact)
+    cold_cfg["input"]["path"] = str(tmp_path / "union.npy")
+    run_pipeline(load_config(cold_cfg))
+
+    warm = kpca_dask.load(tmp_path / "run-v2" / "model")
+    cold = kpca_dask.load(tmp_path / "cold" / "model")
+    solved, cold_solved = m["model"], verify_run(tmp_path / "cold")["model"]
+    assert solved["warm_start"] == 8
+    assert warm.converged_ and cold.converged_
+    assert solved["n_passes"] == warm.n_passes_
+    assert warm.n_passes_ < cold.n_passes_ == cold_solved["n_passes"]
+    U = np.vstack([X, B])
+    Kx = make_kernel("rbf", gamma=0.2)(U, U)
+    J = np.eye(len(U)) - 1.0 / len(U)
+    ref = scipy.linalg.eigh(J @ Kx @ J, eigvals_only=True)[::-1][:8]
+    for model in (warm, cold):  # Weyl: within the residual of each returned pair
+        bound = model.residuals_ * model.eigenvalues_ + 1e-10 * ref[0]
+        np.testing.assert_array_less(np.abs(model.eigenvalues_ - ref), bound)
+    # the embedding of every row: the warm model's, as a cold fit's up to the certificate
+    emb = zarr.open_group(str(tmp_path / "run-v2"), mode="r")["embedding"][...]
+    np.testing.assert_allclose(emb, warm.transform(U), rtol=0, atol=1e-8)
