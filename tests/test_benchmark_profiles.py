@@ -72,3 +72,15 @@ def test_solver_passes_counts_columns_and_traces_the_certificate(tmp_path):
     assert loose["passes"] <= default["passes"]
     assert loose["error_tail"] >= default["error_tail"] * 0.999
     assert default["per_pass"][-1]["bound_tail"] <= 0.01
+
+
+def test_bench_warm_refit_runs_and_reports_certified_fits(tmp_path):
+    out = tmp_path / "warm.json"
+    _run(
+        "bench_warm_refit.py",
+        *("--n", "1500", "--fractions", "0.01", "--data", "clustered", "--out", str(out)),
+    )
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["certified"] and row["batch"] == 15
+    assert 2 <= row["warm_passes"] <= row["cold_passes"]
+    assert row["gapped_diff"] < 1e-8 and row["tail_diff"] < 2e-2
