@@ -21,6 +21,7 @@ on the threaded scheduler, a LocalCluster or a remote ``distributed`` cluster.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -426,6 +427,8 @@ class BlockKernelMatrix:
             self.release_cache()
 
     def _z_source(self, Z, dsk, deps, token):
+        if isinstance(Z, list):  # the row blocks of Z, scattered to the workers
+            return lambda i: Z[i]
         ncols = int(Z.shape[1])
         if isinstance(Z, da.Array):
             Zd = Z.rechunk((self.row_chunks, (ncols,)))
@@ -561,14 +564,39 @@ class BlockKernelMatrix:
             if self._products % 2:
                 waves.reverse()
             self._products += 1
+        kind, client = _scheduler_kind()
+        Zsrc: Any = Z
+        if kind == "distributed":
+            # One copy of Z's row blocks on the workers for every wave of this pass: in
+            # the graph, each wave would ship its rows of Z through the scheduler again
+            # (n = 50 000: passes 2.3x slower than the same tasks on threads). In the
+            # compute dtype, as the tasks convert them anyway (the same values).
+            Zc = Z.astype(self.dtype, copy=False)
+            Zsrc = client.scatter(
+                [np.ascontiguousarray(Zc[offsets[b] : offsets[b + 1]]) for b in range(nb)],
+                hash=False,
+            )
+        queued: collections.deque = collections.deque()
         for start, stop in waves:
-            dsk, deps, oname = self._pair_graph(Z, range(start, stop), f"{token}-{start}")
+            dsk, deps, oname = self._pair_graph(Zsrc, range(start, stop), f"{token}-{start}")
             graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
             wave = da.Array(
                 graph, oname, chunks=(self.row_chunks[start:], (Z.shape[1],)), dtype=np.float64
             )
-            (part,) = dask.compute(wave)
-            Y[offsets[start] :] += part
+            if kind != "distributed":
+                (part,) = dask.compute(wave)
+                Y[offsets[start] :] += part
+                continue
+            # Two waves on the cluster at a time: the next one's tasks start while the
+            # last of this one's finish (one wave at a time left a worker idle at every
+            # wave's end: 75 % busy at n = 100 000). Added in wave order: same sums.
+            queued.append((start, client.compute(wave)))
+            if len(queued) > 1:
+                s0, fut = queued.popleft()
+                Y[offsets[s0] :] += fut.result()
+        while queued:
+            s0, fut = queued.popleft()
+            Y[offsets[s0] :] += fut.result()
         return Y
 
     def diag(self) -> da.Array:
