@@ -242,6 +242,48 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+def roofline(
+    n: int, d: int, solve_s: float, model: dict, block_rows: int | None, oversamples: int = 24
+) -> dict:
+    """The GEMM + exp roofline of the solve's passes, measured now in a fresh process
+    (bench_exact.py's: float32 GEMM on every core, exp per thread times the cores).
+
+    Each pass evaluates the n(n + r)/2 entries of the upper kernel blocks (a
+    2d-flop distance GEMM and one exp per entry; r the block rows) and multiplies
+    every off-diagonal block twice (K_ij Z_j, K_ij^T Z_i): 2 n^2 c flops for a block of
+    c columns: l = k + n_oversamples for the iteration passes, k for the
+    certification pass. The trace (the kernel's diagonal) and driver algebra are not
+    counted: they are part of what the ratio measures.
+    """
+    out = subprocess.run(
+        [sys.executable, str(HERE / "bench_exact.py"), "--child", "roofline"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    roof = json.loads(out.stdout.strip().splitlines()[-1])
+    passes = int(model["n_passes"])
+    k = 16
+    r = int(block_rows or 2048)
+    entries = n * (n + r) / 2
+    cols = [k + oversamples] * (passes - 1) + [k]
+    gemm = sum(entries * 2 * d + 2 * n * n * c for c in cols)
+    exp = passes * entries
+    gemm_s = gemm / roof["gemm_flops"]
+    exp_s = exp / (roof["exp_per_s_per_thread"] * roof["threads"])
+    return {
+        "passes": passes,
+        "solve_seconds": solve_s,
+        "roofline_seconds": gemm_s + exp_s,
+        "gemm_seconds": gemm_s,
+        "exp_seconds": exp_s,
+        "gemm_gflops": roof["gemm_flops"] / 1e9,
+        "exp_per_s": roof["exp_per_s_per_thread"] * roof["threads"],
+        "threads": roof["threads"],
+        "ratio": solve_s / (gemm_s + exp_s),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -251,6 +293,7 @@ def main() -> None:
     ap.add_argument("--d", type=int)
     ap.add_argument("--workdir", help="where data and outputs go (default: a temp dir)")
     ap.add_argument("--memory-limit", default="auto", help="per worker, e.g. 1.5GiB")
+    ap.add_argument("--block-rows", default="auto", help="chunks.block_rows (default auto)")
     ap.add_argument("--keep", action="store_true", help="keep data and outputs")
     ap.add_argument(
         "--timeline",
@@ -288,6 +331,7 @@ def main() -> None:
         f"solver:\n  n_components: 16\n  eigen_solver: {case['solver']}\n  dtype: float32\n"
         f"  random_state: 0\n"
         f"kernel_store:\n  materialize: {case['materialize']}\n"
+        f"chunks:\n  block_rows: {args.block_rows}\n"
         f"output:\n  path: {out}\n  overwrite: true\n  parquet: false\n"
         f"cluster:\n  n_workers: {psutil.cpu_count()}\n  memory_limit: {args.memory_limit}\n"
     )
@@ -355,6 +399,14 @@ def main() -> None:
         "cpu": cpu_model(),
         "load_before": list(load_before),
     }
+    if args.case == "exact":
+        result["roofline"] = roofline(
+            n,
+            d,
+            result["stage_seconds"]["solve"],
+            manifest["model"],
+            (manifest.get("kernel_store") or {}).get("block_rows"),
+        )
     if args.case == "nystroem" and not args.no_estimator:
         est = run_estimator(root, out, float(manifest["model"]["gamma"]))
         result["estimator"] = est
@@ -367,6 +419,14 @@ def main() -> None:
         f"{result['peak_memory_gib']:.2f} GiB | {io['write_bytes'] / 1e9:.1f} GB | "
         f"{io['read_bytes'] / 1e9:.1f} / {io['read_chars'] / 1e9:.1f} GB |"
     )
+    if "roofline" in result:
+        rf = result["roofline"]
+        print(
+            f"\nsolve stage {rf['solve_seconds']:.1f} s for {rf['passes']} passes; this "
+            f"machine's GEMM + exp roofline for them {rf['roofline_seconds']:.1f} s "
+            f"(GEMM {rf['gemm_gflops']:.0f} GFLOP/s, exp {rf['exp_per_s'] / 1e9:.2f} G/s on "
+            f"{rf['threads']} threads): {rf['ratio']:.2f}x the roofline; {result['cpu']}"
+        )
     if "estimator" in result:
         e = result["estimator"]
         print(
@@ -378,7 +438,8 @@ def main() -> None:
             f"{result['pipeline_over_estimator_cpu']:.2f}x CPU seconds; {result['cpu']}"
         )
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"pipeline-{args.case}-{n}-{result['date']}.json").write_text(
+    tag = "" if args.block_rows == "auto" else f"-block{args.block_rows}"
+    (HERE / "results" / f"pipeline-{args.case}-{n}{tag}-{result['date']}.json").write_text(
         json.dumps(result, indent=1)
     )
     if not args.keep and not args.workdir:
