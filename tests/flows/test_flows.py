@@ -538,7 +538,9 @@ def test_update_flow_publishes_the_next_version(first_run, data_dir, dask_cluste
     m = verify_run(data_dir / "v2")
     upd = m["update"]
     assert upd["version"] == 2 and upd["base"].endswith("/out") and upd["n_rows"] == N + 60
-    assert upd["action"] == "refit" and "no sufficient statistics" in upd["reason"]
+    # the base run is exact: refitted on every row (warm-started), and the reason says so
+    assert upd["action"] == "refit" and "exact (" in upd["reason"], upd["reason"]
+    assert "does not merge rows" in upd["reason"]
     g = zarr.open_group(str(data_dir / "v2"), mode="r")
     assert g["embedding"].shape == (N + 60, 3)
     np.testing.assert_array_equal(g["ids"][...][-60:], batch["key"].to_numpy())
