@@ -251,11 +251,47 @@ def _sum_stats(parts):
     return acc, colsum, diag, rows
 
 
-def _tree_reduce(dsk: dict, leaves: list, name: str, split_every: int = SPLIT_EVERY):
-    """Add ``leaves`` in a tree of ``_sum_stats`` tasks; returns the root key."""
+def _group_stats(xbs, consts, method, first, kernel, dtype_str):
+    """``_sum_stats`` of the ``_block_stats`` of the blocks ``xbs``, computed in one
+    task: the first level of the tree fused with its leaves. The same additions in the
+    same order as the unfused tree (the same bits), but a worker holds one running sum
+    instead of one m x m partial per block."""
+    acc = colsum = None
+    diag, rows = 0.0, 0
+    for i, xb in enumerate(xbs):
+        a, c, dg, r = _block_stats(xb, consts, method, first, kernel, dtype_str)
+        if i == 0:
+            acc = np.array(a, dtype=np.float64, copy=True)
+            colsum = None if c is None else np.array(c, copy=True)
+            diag, rows = dg, r
+            continue
+        acc += a
+        if colsum is not None:
+            colsum += c
+        diag += dg
+        rows += r
+    return acc, colsum, diag, rows
+
+
+def _fuse_leaves(n_blocks: int, split_every: int = SPLIT_EVERY) -> bool:
+    """Fuse the tree's first level with its leaves when the fused tasks still give
+    every thread of the scheduler two tasks: each unfused leaf returns an m x m float64
+    partial (32 MiB at m = 2048), and a scheduler that runs leaves ahead of the sums
+    held ~3 GiB of them at n = 2M."""
+    from ..gram import _cluster_threads
+
+    return n_blocks // split_every >= 2 * _cluster_threads()
+
+
+def _tree_reduce(
+    dsk: dict, leaves: list, name: str, split_every: int = SPLIT_EVERY, levels_done: int = 0
+):
+    """Add ``leaves`` in a tree of ``_sum_stats`` tasks; returns the root key.
+    ``levels_done``: the leaves are sums already (at least one level is added
+    otherwise, as a copy for a single leaf)."""
     level = 0
     keys = leaves
-    while len(keys) > 1 or level == 0:
+    while len(keys) > 1 or level + levels_done == 0:
         nxt = []
         for j in range(0, len(keys), split_every):
             key = (f"{name}-sum{level}", j // split_every)
@@ -266,9 +302,16 @@ def _tree_reduce(dsk: dict, leaves: list, name: str, split_every: int = SPLIT_EV
 
 
 def block_stats_graph(
-    X: da.Array, basis: NystroemBasis, Zp: np.ndarray, M: np.ndarray | None, first: bool
+    X: da.Array,
+    basis: NystroemBasis,
+    Zp: np.ndarray,
+    M: np.ndarray | None,
+    first: bool,
+    fuse: bool | None = None,
 ) -> Delayed:
-    """Lazy pass over the row blocks of ``X``: one task per block plus a tree sum."""
+    """Lazy pass over the row blocks of ``X``: one task per block plus a tree sum
+    (``fuse``: the tree's first level computed inside its leaves, one task per
+    ``SPLIT_EVERY`` blocks; default :func:`_fuse_leaves`; the same sums either way)."""
     method = "covariance" if M is None else "randomized"
     consts = (Zp, M, basis.shift)
     token = tokenize(X.name, basis.kernel, basis.dtype.str, Zp, M, basis.shift, first)
@@ -276,18 +319,34 @@ def block_stats_graph(
     lname = "kpca-nys-block-" + token
     dsk: dict[Any, Any] = {cname: consts}
     leaves = []
-    for i in range(len(X.chunks[0])):
-        dsk[(lname, i)] = (
-            _block_stats,
-            (X.name, i, 0),
-            cname,
-            method,
-            first,
-            basis.kernel,
-            basis.dtype.str,
-        )
-        leaves.append((lname, i))
-    root = _tree_reduce(dsk, leaves, "kpca-nys-" + token)
+    nb = len(X.chunks[0])
+    if _fuse_leaves(nb) if fuse is None else fuse:
+        for j in range(0, nb, SPLIT_EVERY):
+            dsk[(lname, j)] = (
+                _group_stats,
+                [(X.name, i, 0) for i in range(j, min(nb, j + SPLIT_EVERY))],
+                cname,
+                method,
+                first,
+                basis.kernel,
+                basis.dtype.str,
+            )
+            leaves.append((lname, j))
+        # the fused tasks are the tree's first level: the tree goes on from the second
+        root = _tree_reduce(dsk, leaves, "kpca-nys-" + token, levels_done=1)
+    else:
+        for i in range(nb):
+            dsk[(lname, i)] = (
+                _block_stats,
+                (X.name, i, 0),
+                cname,
+                method,
+                first,
+                basis.kernel,
+                basis.dtype.str,
+            )
+            leaves.append((lname, i))
+        root = _tree_reduce(dsk, leaves, "kpca-nys-" + token)
     graph = HighLevelGraph.from_collections(root[0], dsk, dependencies=[X])
     return Delayed(root, graph, layer=root[0])
 

@@ -398,3 +398,29 @@ def test_auto_picks_nystroem_above_the_threshold():
     assert solver(kp, NYSTROEM_MIN_SAMPLES + 1, centring=centring) == "randomized"
     assert solver(kp, 1000) == "dense"
     assert solver(KernelPCA(3000), 10**6) == "randomized"  # k > default m
+
+
+@pytest.mark.parametrize("method_M", [None, 5])
+def test_fused_leaves_give_the_same_bits(method_M):
+    """The covariance pass's tree with its first level fused into the leaves (what large
+    inputs get, to hold one m x m running sum per task instead of one per block) adds the
+    same numbers in the same order as the unfused tree: identical statistics."""
+    import dask
+
+    from kpca_dask.kernels import make_kernel
+    from kpca_dask.solvers.nystroem import block_stats_graph, nystroem_basis
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((2300, 6))
+    Xd = da.from_array(X, chunks=(50, -1))  # 46 blocks: 6 fused groups, the last short
+    basis = nystroem_basis(X[:40], make_kernel("rbf", gamma=0.3), np.float32)
+    Zp = basis.prepared()
+    M = None if method_M is None else rng.standard_normal((40, method_M)).astype(np.float32)
+    outs = [
+        dask.compute(block_stats_graph(Xd, basis, Zp, M, True, fuse=f), scheduler="threads")[0]
+        for f in (False, True)
+    ]
+    (a0, c0, d0, r0), (a1, c1, d1, r1) = outs
+    assert r0 == r1 == 2300 and d0 == d1
+    np.testing.assert_array_equal(a0, a1)
+    np.testing.assert_array_equal(c0, c1)
