@@ -239,10 +239,13 @@ def _block_stats(xb, consts, method, first, kernel, dtype_str):
 
 
 def _sum_stats(parts):
-    acc, colsum, diag, rows = parts[0]
+    """The sum of block statistics ``(acc, colsum, diag, rows)``, in order (``parts``
+    may be a generator: one block's partial alive at a time)."""
+    it = iter(parts)
+    acc, colsum, diag, rows = next(it)
     acc = np.array(acc, dtype=np.float64, copy=True)
     colsum = None if colsum is None else np.array(colsum, copy=True)
-    for a, c, dg, r in parts[1:]:
+    for a, c, dg, r in it:
         acc += a
         if colsum is not None:
             colsum += c
@@ -256,21 +259,7 @@ def _group_stats(xbs, consts, method, first, kernel, dtype_str):
     task: the first level of the tree fused with its leaves. The same additions in the
     same order as the unfused tree (the same bits), but a worker holds one running sum
     instead of one m x m partial per block."""
-    acc = colsum = None
-    diag, rows = 0.0, 0
-    for i, xb in enumerate(xbs):
-        a, c, dg, r = _block_stats(xb, consts, method, first, kernel, dtype_str)
-        if i == 0:
-            acc = np.array(a, dtype=np.float64, copy=True)
-            colsum = None if c is None else np.array(c, copy=True)
-            diag, rows = dg, r
-            continue
-        acc += a
-        if colsum is not None:
-            colsum += c
-        diag += dg
-        rows += r
-    return acc, colsum, diag, rows
+    return _sum_stats(_block_stats(xb, consts, method, first, kernel, dtype_str) for xb in xbs)
 
 
 def _fuse_leaves(n_blocks: int, split_every: int = SPLIT_EVERY) -> bool:
