@@ -579,6 +579,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         )
         if not plan.precomputed:  # a precomputed K is checked by its own first read (inspect)
             V.check_finite(Xd, names=names)
+        if v0 is not None:  # before any work on X: a wrong v0 costs nothing
+            v0 = V.check_start_vectors(v0, n, plan.solver)
         self.preprocess_ = scaler = _pre.for_fit(
             self.preprocess, Xd, scaler, precomputed=plan.precomputed
         )
@@ -598,8 +600,6 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         if persisted:
             Xb = Xb.persist()
 
-        if v0 is not None:
-            v0 = V.check_start_vectors(v0, n, plan.solver)
         plan = _plan.resolve_kernel(plan, params, Xb)
         self.gamma_ = plan.gamma
         self.kernel_ = plan.kernel

@@ -97,6 +97,7 @@ import scipy.linalg
 
 from ..exceptions import ConvergenceWarning
 from ..threads import blas_threads_for_driver
+from ..validation import check_start_vectors
 from ._common import EigResult, deterministic_signs
 
 __all__ = [
@@ -722,18 +723,9 @@ def randomized_eigh(
 
 
 def _start_vectors(v0: Any, n: int, l: int) -> np.ndarray:
-    """The usable starting vectors of ``v0`` (n x j): finite, at most ``l`` columns,
-    orthonormal, with zero and numerically dependent columns dropped."""
-    V0 = np.asarray(v0, dtype=np.float64)
-    if V0.ndim == 1:
-        V0 = V0[:, None]
-    if V0.ndim != 2 or V0.shape[0] != n:
-        raise ValueError(f"v0 must have shape ({n}, j): one row per sample; got {V0.shape}")
-    if not np.isfinite(V0).all():
-        raise ValueError("v0 contains NaN or infinite values")
-    V0 = V0[:, :l]
-    if V0.shape[1] == 0:
-        return V0
+    """The usable starting vectors of ``v0`` (n x j, checked as ``fit`` checks them):
+    at most ``l`` columns, orthonormal, zero and numerically dependent columns dropped."""
+    V0 = check_start_vectors(v0, n, "randomized")[:, :l]
     # rank-revealing: pivoted QR, columns below 1e-8 of the largest diagonal dropped
     Qv, R, _ = scipy.linalg.qr(V0, mode="economic", pivoting=True)
     d = np.abs(np.diag(R))
