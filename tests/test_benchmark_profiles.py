@@ -84,3 +84,17 @@ def test_bench_warm_refit_runs_and_reports_certified_fits(tmp_path):
     assert row["certified"] and row["batch"] == 15
     assert 2 <= row["warm_passes"] <= row["cold_passes"]
     assert row["gapped_diff"] < 1e-8 and row["tail_diff"] < 2e-2
+
+
+def test_bench_stored_products_compares_the_same_products(tmp_path):
+    """The strip-wise stored products and the whole-block GEMMs it is timed against give
+    the same partial products (to float32 summation order) in a tiny run."""
+    out = tmp_path / "stored.json"
+    _run(
+        "bench_stored_products.py",
+        *("--blocks", "3", "--block-rows", "1200", "--repeat", "1", "--out", str(out)),
+    )
+    r = json.loads(out.read_text())
+    assert r["n"] == 3600 and r["dtype"] == "float32"
+    assert r["max_relative_difference"] < 1e-5
+    assert all(len(v) == 1 and v[0] > 0 for v in r["pass_seconds"].values())

@@ -48,3 +48,26 @@ def test_recomputed_block_products_ignore_operand_alignment():
     got = pair_products(k, xi, xj, _unaligned(zi), _unaligned(zj), "float64")
     for a, b in zip(ref, got):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(1000, 700), (700, 1000), (1000, 1000)])
+def test_stored_block_products_in_strips_match_the_whole_products(dtype, shape, monkeypatch):
+    """Products of a stored block taken strip by strip (issue 17): strips smaller than the
+    block, a ragged last strip and rectangular blocks give the products of the whole
+    block, checked in float64 against numpy on the block itself."""
+    import kpca_dask.gram as gram
+
+    # 300-row strips of a 700 or 1000-column block: several strips and a ragged last one
+    monkeypatch.setattr(gram, "STORED_STRIP_BYTES", 300 * shape[1] * np.dtype(dtype).itemsize)
+    rng = np.random.default_rng(3)
+    blk = rng.random(shape).astype(dtype)
+    zi, zj = rng.standard_normal((shape[0], 13)), rng.standard_normal((shape[1], 13))
+    yi, yj = stored_pair_products(blk, zi, zj, dtype)
+    assert yi.dtype == yj.dtype == dtype and yj.flags.c_contiguous
+    B = blk.astype(np.float64)
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    scale_i = np.abs(B) @ np.abs(zj)
+    scale_j = np.abs(B).T @ np.abs(zi)
+    assert np.all(np.abs(yi - B @ zj) <= rtol * scale_i)
+    assert np.all(np.abs(yj - B.T @ zi) <= rtol * scale_j)
