@@ -243,7 +243,12 @@ def du(path: Path) -> int:
 
 
 def roofline(
-    n: int, d: int, solve_s: float, model: dict, block_rows: int | None, oversamples: int = 24
+    n: int,
+    d: int,
+    solve_s: float,
+    model: dict,
+    block_rows: int | None,
+    oversamples: int | None = None,
 ) -> dict:
     """The GEMM + exp roofline of the solve's passes, measured now in a fresh process
     (bench_exact.py's: float32 GEMM on every core, exp per thread times the cores).
@@ -262,6 +267,10 @@ def roofline(
         text=True,
     )
     roof = json.loads(out.stdout.strip().splitlines()[-1])
+    if oversamples is None:  # the pipeline's default (the run sets no other)
+        from pipeline.config import SolverConfig
+
+        oversamples = int(SolverConfig.model_fields["n_oversamples"].default)
     passes = int(model["n_passes"])
     k = 16
     r = int(block_rows or 2048)

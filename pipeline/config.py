@@ -338,7 +338,7 @@ class SolverConfig(_Model):
         description="Precision of kernel evaluation (float32 is 2-3x faster, "
         "eigenvalues typically within 1e-7 relative).",
     )
-    n_oversamples: int = Field(24, ge=0, description="Extra columns of the randomized block.")
+    n_oversamples: int = Field(16, ge=0, description="Extra columns of the randomized block.")
     n_power_iter: int | Literal["auto"] = Field(
         "auto", description="Randomized passes after the first, or 'auto' (stop at tol)."
     )

@@ -556,7 +556,7 @@ def nystroem_eigh(
     n_components: int | None,
     *,
     method: str = "randomized",
-    n_oversamples: int = 24,
+    n_oversamples: int = 16,
     n_power_iter: int | str = "auto",
     randomized_method: str = "block_krylov",
     tol: float = 1e-7,

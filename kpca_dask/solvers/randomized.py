@@ -472,7 +472,7 @@ def randomized_eigh(
     op: SymmetricOperator,
     n_components: int,
     *,
-    n_oversamples: int = 24,
+    n_oversamples: int = 16,
     n_power_iter: int | str = "auto",
     method: str = "block_krylov",
     tol: float = 1e-7,
@@ -498,7 +498,7 @@ def randomized_eigh(
     n_components : int
         Eigenpairs wanted (k). Fewer are returned when the operator has fewer
         (numerically non-zero) eigenvalues above ``rank_rtol``.
-    n_oversamples : int, default=24
+    n_oversamples : int, default=16
         Extra columns per block, ``l = k + n_oversamples``.
     n_power_iter : int or "auto", default="auto"
         Passes after the first. "auto" iterates until the certificate holds

@@ -320,10 +320,10 @@ def test_auto_escalates_to_a_larger_block_then_warns(monkeypatch):
     ok = KernelPCA(8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=3, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ok.fit(X)  # 3 passes of 32 columns fail, 6 of 56 pass
+        ok.fit(X)  # 3 passes of 8 + 16 columns fail; twice the oversampling passes
     assert ok.eigen_solver_ == "randomized" and ok.converged_
     assert ok.solver_info_["escalated_from"]["n_passes"] == 4
-    assert ok.solver_info_["block_columns"] == 8 + 48
+    assert ok.solver_info_["block_columns"] == 8 + 2 * ok.n_oversamples == 8 + 32
     bad = KernelPCA(
         8, kernel="rbf", gamma=0.01, eigen_solver="auto", max_iter=1, random_state=0
     )
