@@ -117,9 +117,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Extra columns of the randomized block (``l = n_components + n_oversamples``).
         Larger blocks converge in fewer passes; each pass costs GEMMs linear in
         ``l`` (plus a kernel evaluation when the kernel is not cached) and the
-        driver's algebra grows with the basis. 16 was fastest or within 10 % of the
-        fastest of 8 / 16 / 24 for 16 components on clustered and standard normal
-        data, cached and recomputed kernels, float32 and float64 (docs/solvers.md).
+        driver's algebra grows with the basis. 16 was never slower than 24 and
+        within 18 % of the fastest of 8 / 16 / 24 for 16 components on clustered
+        and standard normal data, cached and recomputed kernels, float32 and
+        float64 (docs/solvers.md).
     n_power_iter : int or "auto", default="auto"
         Randomized passes after the first; "auto" stops as soon as the
         a-posteriori certificate holds (see ``tol``).
