@@ -34,6 +34,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -167,7 +168,7 @@ def main() -> None:
         )
     )
 
-    out = HERE / "results" / f"denoise-{results['date']}.json"
+    out = fresh(HERE / "results" / f"denoise-{results['date']}.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=float))
     print(f"wrote {out}")

@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -364,7 +365,7 @@ def main(argv=None) -> None:
             mem["later_pass_speedup"] = sp
             print(f"| {n} | | speed-up of later passes | {sp:.1f}x | | | | |", flush=True)
     results["wall_seconds"] = time.perf_counter() - t_start
-    out = args.out or HERE / "results" / f"headline-{date}.json"
+    out = args.out or fresh(HERE / "results" / f"headline-{date}.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(f"\nwhole run {results['wall_seconds'] / 60:.1f} min; raw results: {out}")

@@ -48,6 +48,7 @@ if any(os.environ.get(k) != str(v) for k, v in WORKER_MALLOC_ENV.items()):
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from kpca_dask.gram import pair_products, stored_pair_products  # noqa: E402
@@ -179,7 +180,7 @@ def main() -> None:
         "rows": rows,
     }
     (HERE / "results").mkdir(exist_ok=True)
-    out = HERE / "results" / f"kernel-store-{result['date']}.json"
+    out = fresh(HERE / "results" / f"kernel-store-{result['date']}.json")
     out.write_text(json.dumps(result, indent=1))
     print(f"\nresults: {out}")
     if not args.workdir:

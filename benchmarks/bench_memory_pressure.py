@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 import psutil
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     if args.save:
-        path = HERE / "results" / f"memory-pressure-{result['date']}.json"
+        path = fresh(HERE / "results" / f"memory-pressure-{result['date']}.json")
         path.write_text(json.dumps(result, indent=2))
         print(f"saved {path}")
     if not identical or tight["spilled_to_disk_mb"] <= 0:

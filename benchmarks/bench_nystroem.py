@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 
 HERE = Path(__file__).resolve().parent
 D = 64
@@ -308,7 +309,7 @@ def machine() -> dict:
 
 
 def save(part: str, results: dict, tag: str = "") -> None:
-    out = HERE / "results" / f"nystroem-{part}{tag}-{results['date']}.json"
+    out = fresh(HERE / "results" / f"nystroem-{part}{tag}-{results['date']}.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(f"\nraw results: {out.relative_to(HERE.parent)}")

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 
 HERE = Path(__file__).resolve().parent
 CASES = {
@@ -448,7 +449,7 @@ def main() -> None:
         )
     (HERE / "results").mkdir(exist_ok=True)
     tag = "" if args.block_rows == "auto" else f"-block{args.block_rows}"
-    (HERE / "results" / f"pipeline-{args.case}-{n}{tag}-{result['date']}.json").write_text(
+    fresh(HERE / "results" / f"pipeline-{args.case}-{n}{tag}-{result['date']}.json").write_text(
         json.dumps(result, indent=1)
     )
     if not args.keep and not args.workdir:

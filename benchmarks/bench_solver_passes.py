@@ -33,6 +33,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 from bench_headline import GAMMA, K, make_data  # noqa: E402
 
 N_GAPPED = 9  # 10 clusters: 9 eigenvalues above the flat tail
@@ -146,7 +147,7 @@ def main(argv=None) -> None:
             f"{r['error_tail']:.1e} | {last['bound_tail']:.1e} |"
         )
     date = datetime.date.today().isoformat()
-    out = args.out or HERE / "results" / f"solver-passes-{args.n}-{date}.json"
+    out = args.out or fresh(HERE / "results" / f"solver-passes-{args.n}-{date}.json")
     out.write_text(
         json.dumps(
             {"n": args.n, "date": date, "reference": ref.tolist(), "runs": runs}, indent=1

@@ -30,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _results import fresh  # benchmarks/ is on sys.path: the script's folder
+
 HERE = Path(__file__).resolve().parent
 
 CHILD = r"""
@@ -119,7 +121,9 @@ def main() -> None:
         "runs": rows,
         "summary": summary,
     }
-    out = HERE / "results" / f"versions-{commits['old']}-{commits['new']}-{record['date']}.json"
+    out = fresh(
+        HERE / "results" / f"versions-{commits['old']}-{commits['new']}-{record['date']}.json"
+    )
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
 

@@ -36,6 +36,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 from bench_passes import cpu_model, data  # noqa: E402
 
 K, D = 16, 64
@@ -120,7 +121,7 @@ def main(argv=None) -> None:
                     f"| {r['gapped_diff']:.1e} / {r['tail_diff']:.1e} |",
                     flush=True,
                 )
-    out = Path(a.out) if a.out else HERE / "results" / f"warm-refit-{a.n}-{today}.json"
+    out = Path(a.out) if a.out else fresh(HERE / "results" / f"warm-refit-{a.n}-{today}.json")
     out.write_text(json.dumps({"cpu": cpu_model(), "date": today, "rows": rows}, indent=1))
     print(f"raw results: {out}")
 

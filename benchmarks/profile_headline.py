@@ -38,6 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 from bench_headline import GAMMA, K, make_data, peak_mb, warm_up  # noqa: E402
 
 
@@ -222,7 +223,7 @@ def main(argv=None) -> None:
     )
     print(f"rest of the fit (validation, trace, gather, model): {result['rest_of_fit']:.2f} s")
     tag = f"{args.dtype or 'default'}-{args.kernel_cache or 'default'}"
-    out = args.out or HERE / "results" / f"profile-{args.n}-{tag}-{result['date']}.json"
+    out = args.out or fresh(HERE / "results" / f"profile-{args.n}-{tag}-{result['date']}.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"raw: {out}")

@@ -122,3 +122,21 @@ def test_bench_headline_reports_the_median_of_repeated_fits(tmp_path):
     assert ours["seconds"] == sorted(ours["runs_seconds"])[1]
     assert abs(ours["speedup_vs_sklearn"] - sk["seconds"] / ours["seconds"]) < 1e-12
     assert all(p >= 2 for p in ours["runs_passes"]) and ours["every_run_as_accurate"]
+
+
+def test_result_files_are_never_overwritten(tmp_path):
+    """Benchmarks name their default result files by date; a second run the same day
+    gets ``-2``, ``-3``, ... instead of replacing a file the README may cite."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _results import fresh
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    first = tmp_path / "results" / "headline-2026-11-24.json"
+    assert fresh(first) == first and first.parent.is_dir()
+    first.write_text("{}")
+    second = fresh(first)
+    assert second.name == "headline-2026-11-24-2.json"
+    second.write_text("{}")
+    assert fresh(first).name == "headline-2026-11-24-3.json"
+    assert first.read_text() == "{}"
