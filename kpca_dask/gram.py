@@ -117,8 +117,7 @@ def stored_pair_products(
         return blk @ zi_c, None
     zj_c = _aligned(zj, dtype)
     # Strip by strip, both products while the strip is in cache: the block is read
-    # once instead of twice (a pass over n = 20 000's cached float32 blocks 1.09-1.15x
-    # faster than two GEMMs over each whole block, float64 unchanged; docs/tuning.md).
+    # once instead of twice (faster in float32, no loss in float64; docs/tuning.md).
     # The second product is accumulated transposed (c x r, contiguous rows). Partials
     # travel in the compute dtype, as in pair_products.
     ri, ncols = blk.shape[0], zi_c.shape[1]

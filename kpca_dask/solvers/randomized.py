@@ -200,8 +200,8 @@ def _next_block(
     not mostly rounding of ``Y``) the new block is orthogonal to ``W`` to ``1e4 eps``
     and is kept as is. Otherwise (directions kept just above ``tau`` amplify the
     rounding of the projection by up to ``||R|| / tau``) it is projected once more
-    and re-orthonormalised. The third projection costs a third of the work of this
-    function (n = 20 000, 400 basis columns: 236 ms with it).
+    and re-orthonormalised. Skipping it where it is not needed saves about a third of
+    this function's work (docs/tuning.md).
     """
     S = W.T @ Y
     room = W.shape[0] - W.shape[1]
