@@ -41,6 +41,7 @@ from .plan import FitPlan
 from .preimage import warn_not_converged
 from .preprocess import Scaler
 from .projection import project_block
+from .solvers.randomized import DEFAULT_N_OVERSAMPLES
 from .threads import blas_threads_for_dask
 
 __all__ = ["KernelPCA", "load"]
@@ -376,7 +377,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         coef0: float = 1,
         kernel_params: dict | None = None,
         eigen_solver: str = "auto",
-        n_oversamples: int = 16,
+        n_oversamples: int = DEFAULT_N_OVERSAMPLES,
         n_power_iter: Any = "auto",
         tol: float | None = None,
         max_iter: int = 20,

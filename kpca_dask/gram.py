@@ -121,8 +121,8 @@ def stored_pair_products(
     # The second product is accumulated transposed (c x r, contiguous rows). Partials
     # travel in the compute dtype, as in pair_products.
     ri, ncols = blk.shape[0], zi_c.shape[1]
-    yi = np.empty((ri, ncols), dtype=np.result_type(blk, zj_c))
-    yjT = np.zeros((ncols, blk.shape[1]), dtype=yi.dtype)
+    yi = np.empty((ri, ncols), dtype=dtype)
+    yjT = np.zeros((ncols, blk.shape[1]), dtype=dtype)
     step = max(16, STORED_STRIP_BYTES // max(1, blk.shape[1] * blk.itemsize))
     for a in range(0, ri, step):
         b = min(ri, a + step)

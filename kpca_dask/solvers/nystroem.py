@@ -63,7 +63,7 @@ from scipy.linalg.blas import dsyrk, ssyrk
 from ..kernels import Kernel
 from ..threads import blas_threads_for_dask, blas_threads_for_driver
 from ._common import EigResult
-from .randomized import randomized_eigh
+from .randomized import DEFAULT_N_OVERSAMPLES, randomized_eigh
 
 __all__ = [
     "NystroemBasis",
@@ -556,7 +556,7 @@ def nystroem_eigh(
     n_components: int | None,
     *,
     method: str = "randomized",
-    n_oversamples: int = 16,
+    n_oversamples: int = DEFAULT_N_OVERSAMPLES,
     n_power_iter: int | str = "auto",
     randomized_method: str = "block_krylov",
     tol: float = 1e-7,

@@ -111,6 +111,11 @@ __all__ = [
 
 logger = logging.getLogger("kpca_dask")
 
+#: Default extra columns of the randomized block (``l = k + n_oversamples``), shared by
+#: the estimator and the solvers; chosen by whole-fit timings (docs/solvers.md, "The
+#: block size").
+DEFAULT_N_OVERSAMPLES = 16
+
 
 class SymmetricOperator(Protocol):
     """What the solver needs from an operator: its size and products."""
@@ -122,19 +127,20 @@ class SymmetricOperator(Protocol):
 
 
 # ------------------------------------------------------------ orthogonalisation
-def _orth(R: np.ndarray) -> np.ndarray:
+def _orth(R: np.ndarray, gram: np.ndarray | None = None) -> np.ndarray:
     """Orthonormal basis of a tall-skinny, well-conditioned ``R`` (n x c).
 
     Cholesky QR, twice (CholQR2): two GEMMs and two triangular solves, an
     order of magnitude faster than Householder QR on n x c panels here.
     Falls back to Householder QR when ``R`` is too ill-conditioned for it.
+    ``gram``: ``R.T @ R`` when the caller has it already.
     """
     if R.shape[1] == 0:
         return R
     Q = R
     try:
-        for _ in range(2):
-            C = np.linalg.cholesky(Q.T @ Q)
+        for it in range(2):
+            C = np.linalg.cholesky(gram if it == 0 and gram is not None else Q.T @ Q)
             # Q C^-T as a GEMM with the (tiny) inverse factor: a triangular
             # solve with n right-hand sides is ~10x slower here.
             Cinv = scipy.linalg.solve_triangular(C, np.eye(C.shape[0]), lower=True)
@@ -147,28 +153,21 @@ def _orth(R: np.ndarray) -> np.ndarray:
     return scipy.linalg.qr(R, mode="economic", check_finite=False)[0]
 
 
-def _rank_revealing_orth(R: np.ndarray, tau: float) -> tuple[np.ndarray, float]:
-    """Orthonormal basis of the directions of ``R`` whose singular value exceeds ``tau``.
-
-    Returns the basis (n x r, ``r <= c``) and the largest dropped singular
-    value (0 if none): ``R`` equals its projection on the basis up to that.
-    The singular values come from the small Gram matrix when it resolves them
-    (condition number below ~1e4: then the cheap CholQR2 path is taken and
-    nothing is dropped), else from Householder QR plus the SVD of its factor.
-    """
-    Q, dropped, _ = _rank_revealing_orth_path(R, tau)
-    return Q, dropped
-
-
 #: Largest condition number of a block that :func:`_rank_revealing_orth` orthonormalises
 #: by CholQR2 (its Gram matrix resolves the singular values down to ``1 / COND_CHOLQR``).
 COND_CHOLQR = 1e4
 
 
-def _rank_revealing_orth_path(R: np.ndarray, tau: float) -> tuple[np.ndarray, float, bool]:
-    """:func:`_rank_revealing_orth`, and whether ``R`` was well conditioned: condition
-    number at most :data:`COND_CHOLQR` and every singular value above ``10 tau`` (the
-    CholQR2 path, nothing dropped)."""
+def _rank_revealing_orth(R: np.ndarray, tau: float) -> tuple[np.ndarray, float, bool]:
+    """Orthonormal basis of the directions of ``R`` whose singular value exceeds ``tau``.
+
+    Returns the basis (n x r, ``r <= c``), the largest dropped singular value (0 if
+    none: ``R`` equals its projection on the basis up to that), and whether ``R`` was
+    well conditioned. The singular values come from the small Gram matrix when it
+    resolves them (condition number at most :data:`COND_CHOLQR` and every singular
+    value above ``10 tau``: then the cheap CholQR2 path is taken, nothing is dropped
+    and the flag is True), else from Householder QR plus the SVD of its factor.
+    """
     c = R.shape[1]
     if c == 0:
         return R, 0.0, True
@@ -178,7 +177,7 @@ def _rank_revealing_orth_path(R: np.ndarray, tau: float) -> tuple[np.ndarray, fl
     if smax <= tau:
         return np.zeros((R.shape[0], 0)), smax, False
     if s2[0] > s2[-1] / COND_CHOLQR**2 and np.sqrt(max(s2[0], 0.0)) > 10.0 * tau:
-        return _orth(R), 0.0, True
+        return _orth(R, gram=G), 0.0, True
     Q0, Rf = scipy.linalg.qr(R, mode="economic", check_finite=False)
     U, s, _ = np.linalg.svd(Rf)
     keep = s > tau
@@ -209,7 +208,7 @@ def _next_block(
         return np.zeros((W.shape[0], 0)), S, 0.0
     R = Y - W @ S
     R -= W @ (W.T @ R)
-    Q, dropped, well_conditioned = _rank_revealing_orth_path(R, tau)
+    Q, dropped, well_conditioned = _rank_revealing_orth(R, tau)
     if Q.shape[1] > room:  # pragma: no cover - rounding noise beyond the space
         Q = Q[:, :room]
     if Q.shape[1] and not well_conditioned:
@@ -472,7 +471,7 @@ def randomized_eigh(
     op: SymmetricOperator,
     n_components: int,
     *,
-    n_oversamples: int = 16,
+    n_oversamples: int = DEFAULT_N_OVERSAMPLES,
     n_power_iter: int | str = "auto",
     method: str = "block_krylov",
     tol: float = 1e-7,
@@ -664,7 +663,7 @@ def randomized_eigh(
         if (not fixed and cert["ok"]) or p == n_passes_target or exhausted:
             break
         if method == "subspace":
-            Q, d = _rank_revealing_orth(Y, tau)
+            Q, d, _ = _rank_revealing_orth(Y, tau)
             Wbuf.reset(Q)
             M, drop2 = np.zeros((0, 0)), d**2
         elif (

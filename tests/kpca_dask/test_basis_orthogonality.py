@@ -13,7 +13,7 @@ import scipy.linalg
 from sklearn.datasets import make_blobs
 
 from kpca_dask.solvers import randomized
-from kpca_dask.solvers.randomized import _next_block, _rank_revealing_orth_path
+from kpca_dask.solvers.randomized import _next_block, _rank_revealing_orth
 
 EPS = np.finfo(np.float64).eps
 
@@ -44,7 +44,7 @@ def test_well_conditioned_block_is_orthogonal_after_two_projections(inside):
     tau = EPS * np.sqrt(n) * 1e-3 * np.linalg.norm(Y, 2)
     R = Y - W @ (W.T @ Y)
     R -= W @ (W.T @ R)
-    assert _rank_revealing_orth_path(R, tau)[2], "precondition: the CholQR2 path"
+    assert _rank_revealing_orth(R, tau)[2], "precondition: the CholQR2 path"
     Q, S, dropped = _next_block(W, Y, tau)
     assert Q.shape == (n, c) and dropped == 0.0
     across, within = orth_errors(W, Q)
@@ -73,7 +73,7 @@ def test_ill_conditioned_block_takes_the_third_projection():
     tau = 1e-12
     R = Y - W @ (W.T @ Y)
     R -= W @ (W.T @ R)
-    assert not _rank_revealing_orth_path(R, tau)[2]
+    assert not _rank_revealing_orth(R, tau)[2]
     Q, _, dropped = _next_block(W, Y, tau)
     assert Q.shape[1] == 20 and 0 < dropped < tau
     across, within = orth_errors(W, Q)
