@@ -105,14 +105,15 @@ class RunTransaction(RunLock):
     """The run lock plus the publishing transaction (pipeline/versions.py).
 
     Taking it first refuses an output that is not ours to write (``check_output``), then
-    starts the version the run writes: the unpublished one a killed run left (resumed),
-    else a new one seeded from the published version (so cached stages keep their
-    artifacts). While it is held, :func:`pipeline.layout.run_layout` points the stages at
-    that version. On leaving without an error the version is published by one atomic
-    write of the pointer (guarded: refused if another writer published meanwhile); a
-    re-run whose every stage was cached publishes nothing. On an error nothing is
-    published: the previous result stays as it was, the unpublished version is kept for
-    the next run to resume.
+    removes versions left by writers that died and chooses the new version's id (the
+    folder is created, seeded from the published version so that cached stages keep
+    their artifacts, by :func:`start_version` once the run is past its refusals). While
+    it is held, :func:`pipeline.layout.run_layout` points the stages at that version. On
+    leaving without an error the version is published by one atomic write of the
+    pointer (guarded: refused if another writer published meanwhile); a re-run whose
+    every stage was cached publishes nothing. On an error the new version is removed and
+    nothing is published: the previous result stays byte for byte as it was (a killed
+    run's version is removed by the next run; the run resumes from ``work/``).
     """
 
     def __init__(self, cfg: PipelineConfig):
@@ -130,7 +131,7 @@ class RunTransaction(RunLock):
         super().acquire()
         try:
             self.txn = Transaction(self.out, self, keep=self.cfg.output.keep_versions)
-            self.txn.begin(resume=True)
+            self.txn.begin()
             WRITING[self.out.url] = self.txn.vid
             ACTIVE[self.out.url] = self.txn
         except BaseException:
@@ -142,13 +143,15 @@ class RunTransaction(RunLock):
         try:
             WRITING.pop(self.out.url, None)
             ACTIVE.pop(self.out.url, None)
-            if (
-                self.holder is not None
-                and self.txn is not None
-                and self.txn.started
-                and exc_type is None
-            ):
-                self._publish()
+            if self.holder is not None and self.txn is not None and self.txn.started:
+                if exc_type is None:
+                    self._publish()
+                else:  # nothing is published; the previous result stays as it was
+                    self.txn.discard()
+                    logger.warning(
+                        "publish: the run failed; nothing was published, %s is as it was",
+                        self.out,
+                    )
         finally:
             self.release()
             if exc_type is not None:  # refused before writing: no empty output folder left
@@ -186,7 +189,12 @@ def start_version(cfg: PipelineConfig) -> Location:
     lay = run_layout(cfg)
     txn = ACTIVE.get(lay.root.url)
     if txn is None:
-        return lay.root  # no transaction (stages called on their own): in place
+        if lay.out != lay.root:  # a published version is never written in place
+            raise RunError(
+                f"{lay.root} holds published versions; write it under the run's lock "
+                "(pipeline.run.run_lock), which starts a new version."
+            )
+        return lay.root  # no transaction, nothing published: stages called on their own
     _mark_root(lay.root)
     return txn.start(seed=True)
 

@@ -130,7 +130,8 @@ def load_model(path: str | Location, storage_options: dict | None = None) -> Any
     finish (or was tampered with) is refused like the run itself.
     """
     loc = Location.at(path, storage_options)
-    run = loc if loc.child(MANIFEST).exists() else _run_folder_of(loc)
+    is_run = any(loc.child(name).exists() for name in (MANIFEST, VERSIONS, "model"))
+    run = loc if is_run else _run_folder_of(loc)
     if run is not None:
         split = _split_version(run)
         pub = open_run(run) if split is None else open_run(split[0], version=split[1])

@@ -17,9 +17,10 @@ publishes it by replacing the pointer in one step: ``os.replace`` of a temporary
 file on local disk, one PUT of one object on S3/GCS/Azure (atomic per object on
 each). A reader resolves the pointer (:func:`resolve`) and reads the version it
 names, so it sees the previous result or the new one, never a half-written one. A
-writer that fails or is killed leaves the pointer untouched; the version it left
-behind is named by nothing, and the next writer (under the lock) removes it --
-or, for a run, resumes in it (``work/pending.json`` names it).
+writer that fails removes the version it wrote and leaves the pointer untouched; one
+that is killed leaves a version named by nothing, which the next writer (under the
+lock) removes. A run resumes from ``work/`` (ingest and kernel stores), never from an
+unpublished version.
 
 Before it replaces the pointer a writer re-reads it: if it no longer names the version
 that was published when the writer took the lock, or the lock is no longer the
@@ -36,12 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import RunCorruptError, RunIncompleteError, UserError
-from .layout import MANIFEST, WORK
+from .layout import MANIFEST
 from .store import Location, atomic_write_json, mark_folder, read_json
 
 __all__ = [
     "DEFAULT_KEEP",
-    "PENDING",
     "POINTER_KEYS",
     "VERSIONS",
     "ConcurrentPublishError",
@@ -62,8 +62,6 @@ VERSIONS = "versions"
 DEFAULT_KEEP = 7
 #: the keys the pointer adds to the published version's manifest
 POINTER_KEYS = ("version", "version_path", "history")
-#: ``<out>/work/pending.json``: the unpublished version a run writes (a killed run resumes it)
-PENDING = "pending.json"
 #: the marker kind of a version folder
 VERSION_MARK = "version"
 
@@ -320,55 +318,33 @@ class Transaction:
         self.vid: str | None = None
         self.seeded = False
         self.started = False
-        self.resume = False
 
     @property
     def location(self) -> Location:
         assert self.vid is not None
         return version_location(self.root, self.vid)
 
-    @property
-    def _pending(self) -> Location:
-        return self.root.child(WORK, PENDING)
-
-    def begin(self, *, resume: bool = False) -> str:
-        """Record what is published now, choose the version to write (``resume``: the
-        unpublished one a killed run left, named by ``work/pending.json``) and remove
-        every other unpublished version (left by writers that died). Creates nothing:
-        :meth:`start` does, once the writer is past its refusals."""
+    def begin(self) -> str:
+        """Record what is published now, choose the new version's id and remove every
+        unpublished version (left by writers that died: only ours, by their marker).
+        Creates nothing: :meth:`start` does, once the writer is past its refusals."""
         self.base = read_pointer(self.root)
         keep = set(history_ids(self.base))
-        vid = None
-        if resume and self._pending.exists():
-            try:
-                cand = read_json(self._pending).get("version")
-            except Exception:
-                cand = None
-            if _valid_id(cand) and cand not in keep:
-                loc = version_location(self.root, cand)
-                where = loc.local_path if loc.is_local else loc.fs_path
-                if loc.exists() and _owned_version(loc)(where):
-                    vid = cand
-                    self.started = True
-                    logger.info(
-                        "publish: resuming the unpublished version %s of %s", vid, self.root
-                    )
-        for other in version_ids(self.root):  # left by writers that died
-            if other not in keep and other != vid and remove_version(self.root, other):
-                logger.info(
+        for other in version_ids(self.root):
+            if other not in keep and remove_version(self.root, other):
+                logger.warning(
                     "publish: removed version %s of %s, left unpublished by a writer that "
                     "did not finish",
                     other,
                     self.root,
                 )
-        self.resume = resume
-        self.vid = vid or new_version_id()
+        self.vid = new_version_id()
         return self.vid
 
     def start(self, *, seed: bool = False) -> Location:
-        """Create the new version's folder (once): marked as ours, recorded in
-        ``work/pending.json`` for a resumable writer, and -- ``seed`` -- a copy of the
-        published version to start from (cached stages keep their artifacts)."""
+        """Create the new version's folder (once): marked as ours and -- ``seed`` -- a
+        copy of the published version to start from (cached stages keep their
+        artifacts)."""
         loc = self.location
         if self.started:
             return loc
@@ -378,8 +354,6 @@ class Transaction:
                 _copy_version(src, loc)
                 self.seeded = True
         mark_folder(loc, VERSION_MARK)
-        if self.resume:
-            atomic_write_json(self._pending, {"version": self.vid})
         self.started = True
         return loc
 
@@ -438,7 +412,6 @@ class Transaction:
         self._check_still_ours()
         atomic_write_json(self.root.child(MANIFEST), pointer)  # the commit
         logger.info("publish: version %s of %s published", self.vid, self.root)
-        self._clear_pending()
         named = set(history_ids(pointer))
         for other in version_ids(self.root):
             if other not in named:
@@ -449,31 +422,4 @@ class Transaction:
         """Drop the new version (nothing to publish)."""
         if self.vid is not None and self.started:
             remove_version(self.root, self.vid)
-            self._clear_pending()
-
-    def _clear_pending(self) -> None:
-        p = self._pending
-        if p.exists():
-            try:
-                p.remove(root=self.root, owned=_pending_owned(p))
-            except Exception as exc:  # noqa: BLE001
-                logger.warning("publish: could not remove %s (%s)", p, exc)
-
-
-def _pending_owned(loc: Location):
-    def ours(p: Any) -> bool:
-        try:
-            if loc.is_local:
-                import os
-
-                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd) as f:
-                    data = json.load(f)
-            else:
-                with loc.fs.open(p, "r") as f:
-                    data = json.load(f)
-        except Exception:
-            return False
-        return isinstance(data, dict) and set(data) == {"version"}
-
-    return ours
+            self.started = False
