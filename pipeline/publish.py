@@ -249,8 +249,8 @@ def check_transform_output(
             )
         if os.path.lexists(p) and not p.is_dir():
             raise TransformOutputError(
-                f"output {raw} is a file, not written by kpca transform; it is left as it "
-                "is: choose another output path."
+                f"output {raw} is a file that was not written by kpca transform; it is left as "
+                "it is: choose another output path."
             )
     if not out.exists() or _is_empty(out):
         return out

@@ -348,13 +348,17 @@ class Transaction:
         loc = self.location
         if self.started:
             return loc
+        mark_folder(loc, VERSION_MARK)  # first: a version left half-made is ours to remove
+        self.started = True
         if seed and self.base is not None and _valid_id(self.base.get("version")):
             src = version_location(self.root, self.base["version"])
             if src.exists():
-                _copy_version(src, loc)
+                try:
+                    _copy_version(src, loc)
+                except BaseException:
+                    self.discard()
+                    raise
                 self.seeded = True
-        mark_folder(loc, VERSION_MARK)
-        self.started = True
         return loc
 
     def _check_still_ours(self) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import signal
@@ -22,7 +21,6 @@ from kpca_dask.exceptions import ModelFormatError
 from pipeline.export import MANIFEST, RunError, verify_run
 from pipeline.run import stage_begin
 from pipeline.transform import load_model
-
 from tests.published import rewrite_manifests, version_dir
 
 from .helpers import ROOT, env, make_published_run, small_config
