@@ -121,19 +121,23 @@ def check_not_overlapping(out: Location, inputs: list, what: str = "output.path"
             )
 
 
-def link_tree(src: Path, dst: Path) -> None:
+def link_tree(src: Path, dst: Path, top: Path | None = None, where: str = "") -> None:
     """``dst`` as a copy of ``src`` made of hard links (a copy where linking fails). Every
-    writer replaces files (rename), so changing the copy never changes ``src``."""
+    writer replaces files (rename), so changing the copy never changes ``src``. A
+    symbolic link anywhere in ``src`` is refused (named relative to ``top``, in the output
+    ``where``)."""
+    top = src if top is None else top
     st = os.lstat(src)
     if stat.S_ISLNK(st.st_mode):
+        rel = os.path.relpath(src, top)
         raise _run_error(
-            f"{src} is a symbolic link inside the published version; remove it and "
-            "re-run (kpca never follows links)."
+            f"{where or top}: {rel} in the published version is a symbolic link; remove it "
+            "and re-run (kpca never follows links)."
         )
     if stat.S_ISDIR(st.st_mode):
         os.makedirs(dst, exist_ok=True)
         for e in os.scandir(src):
-            link_tree(Path(e.path), dst / e.name)
+            link_tree(Path(e.path), dst / e.name, top, where)
         return
     try:
         os.link(src, dst, follow_symlinks=False)

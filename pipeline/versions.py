@@ -288,15 +288,23 @@ def _copy_version(src: Location, dst: Location) -> None:
     """``dst`` as a copy of the version ``src`` (hard links on local disk, server-side
     copies on object stores); every writer replaces files (rename / new object), so the
     published version is never changed through the copy."""
+    from kpca_dask.removal import MARKER_FILE
+
     if src.is_local:
+        import os
+        from pathlib import Path
+
         from .publish import link_tree
 
-        link_tree(src.local_path, dst.local_path)
+        where = str(src.local_path.parent.parent)  # the output
+        for e in sorted(os.scandir(src.local_path), key=lambda e: e.name):
+            if e.name != MARKER_FILE:  # the new version has its own
+                link_tree(Path(e.path), dst.local_path / e.name, src.local_path, where)
         return
     fs = src.fs
     s = src.fs_path.rstrip("/")
     d = dst.fs_path.rstrip("/")
-    files = [f for f in fs.find(s)]
+    files = [f for f in fs.find(s) if str(f) != f"{s}/{MARKER_FILE}"]
     if files:
         fs.copy(files, [d + str(f)[len(s) :] for f in files])
 

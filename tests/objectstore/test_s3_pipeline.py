@@ -256,7 +256,7 @@ def test_kpca_info_and_transform_on_the_s3_run(tmp_path, s3, s3_run, data):
         "transform", out, str(tmp_path / "new.npy"), pq_url, "--storage-options", opts_json
     )
     assert tr.returncode == 0, tr.stderr[-2000:]
-    pq = Location(pq_url, server.storage_options)
+    pq = open_output(pq_url, server.storage_options).data
     df = pd.read_parquet(pq.fs_path, filesystem=pq.fs)
     np.testing.assert_allclose(df.filter(like="pc").to_numpy(), got, rtol=1e-12)
 

@@ -236,7 +236,7 @@ CASES = [
         "embedding.parquet inside the published version is a link to another folder, "
         "--overwrite",
         _run_link_inside,
-        ("is a symbolic link inside the published version", "remove it and re-run"),
+        ("embedding.parquet in the published version is a symbolic link", "remove it"),
     ),
     Case(
         "safe-run-linked-lock",

@@ -1119,8 +1119,9 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
     A writer writes a new version (`<out>/versions/<id>/`) and publishes it by replacing
     the pointer `<out>/manifest.json`: written to a temporary name beside it, fsynced,
     then renamed (`os.replace`); one PUT on object stores. A failed or killed writer
-    leaves the published version and the pointer as they were. `verify_run` -- and through it `kpca info`, `kpca transform` and
-    `pipeline.transform.load_model`, also when given a run's `model/` folder -- refuses a
+    leaves the published version and the pointer as they were. `verify_run` -- and
+    through it `kpca info`, `kpca transform` and `pipeline.transform.load_model`, also
+    when given a version's `model/` folder -- refuses a
     run with no manifest, a manifest that is not valid JSON or lacks a required field, an
     unknown `schema_version`, a status other than `complete`, or any array, Parquet/report
     file or model whose checksum differs, each with its own message.
