@@ -78,8 +78,12 @@ def _print_summary(summary, out: str) -> None:
             f"  prefect    {len(states) - len(ran)} of {len(states)} stages cached; "
             + (f"ran {', '.join(ran)}" if ran else "nothing recomputed")
         )
+    version = getattr(summary, "version", None)
+    if version:
+        print(f"  version    {version} (published; read it with pipeline.open_run({out!r}))")
+    where = summary.out_version if version else out
     print(
-        f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
+        f"  artifacts  {out}/manifest.json; {where}/: model/, embedding, spectrum/"
         + (f", {den['array']}" if den else "")
         + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
         + (", report/report.md" if "report/report.md" in m.get("file_checksums", {}) else "")

@@ -145,7 +145,11 @@ class RunTransaction(RunLock):
             ACTIVE.pop(self.out.url, None)
             if self.holder is not None and self.txn is not None and self.txn.started:
                 if exc_type is None:
-                    self._publish()
+                    try:
+                        self._publish()
+                    except BaseException:  # refused (another writer published) or failed
+                        self.txn.discard()
+                        raise
                 else:  # nothing is published; the previous result stays as it was
                     self.txn.discard()
                     logger.warning(

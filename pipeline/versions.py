@@ -97,6 +97,8 @@ def read_pointer(root: Location) -> dict | None:
     """The pointer (``<root>/manifest.json``) as a dict; None when there is none. Raises
     RunIncompleteError when it is not a JSON object."""
     m = root.child(MANIFEST)
+    if not m.is_local:
+        m.fs.invalidate_cache(m.fs_path)  # the pointer is replaced by other processes
     if not m.exists():
         return None
     try:
@@ -128,6 +130,8 @@ def history_ids(pointer: dict | None) -> list[str]:
 def version_ids(root: Location) -> list[str]:
     """Every version folder present under ``<root>/versions`` (published or not), sorted."""
     base = root.child(VERSIONS)
+    if not base.is_local:
+        base.fs.invalidate_cache(base.fs_path)  # another process may have written there
     try:
         names = base.fs.ls(base.fs_path, detail=False) if base.exists() else []
     except FileNotFoundError:
