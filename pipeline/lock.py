@@ -242,6 +242,7 @@ def read_lock(out: Location) -> LockHolder | None:
             with os.fdopen(fd) as f:
                 text = f.read()
         else:
+            loc.fs.invalidate_cache(loc.fs_path)  # written and removed by other processes
             if not loc.exists():
                 return None
             with loc.fs.open(loc.fs_path, "r") as f:
