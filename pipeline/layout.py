@@ -135,13 +135,16 @@ class RunLayout:
     def out(self) -> Location:
         if self.version is not None:
             return self.root.child(VERSIONS, self.version)
-        from .versions import read_pointer
+        from .store import read_json
 
+        m = self.root.child(MANIFEST)
         try:
-            pointer = read_pointer(self.root)
+            if not m.is_local:
+                m.fs.invalidate_cache(m.fs_path)
+            pointer = read_json(m) if m.exists() else None
         except Exception:  # noqa: BLE001 - unreadable: readers get the error from resolve
             pointer = None
-        if pointer and isinstance(pointer.get("version"), str):
+        if isinstance(pointer, dict) and isinstance(pointer.get("version"), str):
             return self.root.child(VERSIONS, pointer["version"])
         return self.root
 
