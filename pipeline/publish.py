@@ -16,10 +16,8 @@ outputs, under the same lock as a run (pipeline/lock.py).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,6 @@ __all__ = [
     "check_not_overlapping",
     "check_output_folder",
     "check_transform_output",
-    "link_tree",
     "publish_output",
 ]
 
@@ -119,32 +116,6 @@ def check_not_overlapping(out: Location, inputs: list, what: str = "output.path"
                 f"{what} {out} is, holds or lies inside {label} {q}; write the "
                 f"output somewhere else ({label} is never overwritten)."
             )
-
-
-def link_tree(src: Path, dst: Path, top: Path | None = None, where: str = "") -> None:
-    """``dst`` as a copy of ``src`` made of hard links (a copy where linking fails). Every
-    writer replaces files (rename), so changing the copy never changes ``src``. A
-    symbolic link anywhere in ``src`` is refused (named relative to ``top``, in the output
-    ``where``)."""
-    top = src if top is None else top
-    st = os.lstat(src)
-    if stat.S_ISLNK(st.st_mode):
-        rel = os.path.relpath(src, top)
-        raise _run_error(
-            f"{where or top}: {rel} in the published version is a symbolic link; remove it "
-            "and re-run (kpca never follows links)."
-        )
-    if stat.S_ISDIR(st.st_mode):
-        os.makedirs(dst, exist_ok=True)
-        for e in os.scandir(src):
-            link_tree(Path(e.path), dst / e.name, top, where)
-        return
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-            raise
-        shutil.copy2(src, dst, follow_symlinks=False)
 
 
 # ----------------------------------------------------------------- transform outputs

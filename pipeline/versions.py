@@ -30,13 +30,18 @@ writer's, it publishes nothing (:class:`ConcurrentPublishError`, one line).
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
+import os
+import shutil
+import stat
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .errors import RunCorruptError, RunIncompleteError, UserError
+from .errors import RunCorruptError, RunError, RunIncompleteError, UserError
 from .layout import MANIFEST
 from .store import Location, atomic_write_json, mark_folder, read_json
 
@@ -288,6 +293,32 @@ def remove_version(root: Location, vid: str, protect: tuple = ()) -> bool:
         return False
 
 
+def link_tree(src: Path, dst: Path, top: Path | None = None, where: str = "") -> None:
+    """``dst`` as a copy of ``src`` made of hard links (a copy where linking fails). Every
+    writer replaces files (rename), so changing the copy never changes ``src``. A
+    symbolic link anywhere in ``src`` is refused (named relative to ``top``, in the output
+    ``where``)."""
+    top = src if top is None else top
+    st = os.lstat(src)
+    if stat.S_ISLNK(st.st_mode):
+        rel = os.path.relpath(src, top)
+        raise RunError(
+            f"{where or top}: {rel} in the published version is a symbolic link; remove it "
+            "and re-run (kpca never follows links)."
+        )
+    if stat.S_ISDIR(st.st_mode):
+        os.makedirs(dst, exist_ok=True)
+        for e in os.scandir(src):
+            link_tree(Path(e.path), dst / e.name, top, where)
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
 def _copy_version(src: Location, dst: Location) -> None:
     """``dst`` as a copy of the version ``src`` (hard links on local disk, server-side
     copies on object stores); every writer replaces files (rename / new object), so the
@@ -295,11 +326,6 @@ def _copy_version(src: Location, dst: Location) -> None:
     from kpca_dask.removal import MARKER_FILE
 
     if src.is_local:
-        import os
-        from pathlib import Path
-
-        from .publish import link_tree
-
         where = str(src.local_path.parent.parent)  # the output
         for e in sorted(os.scandir(src.local_path), key=lambda e: e.name):
             if e.name != MARKER_FILE:  # the new version has its own
