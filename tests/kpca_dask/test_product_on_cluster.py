@@ -28,7 +28,8 @@ def _outgoing(client) -> list[dict]:
     how many bytes)."""
 
     def log(dask_worker):
-        return [{"who": e["who"], "total": e["total"]} for e in dask_worker.transfer_outgoing_log]
+        log = dask_worker.transfer_outgoing_log
+        return [{"who": e["who"], "total": e["total"]} for e in log]
 
     return [e for entries in client.run(log).values() for e in entries]
 
