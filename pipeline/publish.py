@@ -71,9 +71,11 @@ def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> Non
             f"output path {p} is a file, not a folder; choose another output.path."
         )
     names = RUN_NAMES | set(extra_names)
+    # a transform's output (its pointer says so) is not a run's to replace
+    not_a_run = (*TRANSFORM_KINDS, "unreadable")
     ours = zarr_kind(p) == "kpca-dask-run" or (
-        has_marker(p, OUTPUT_MARK) and _pointer_kind(out) not in (*TRANSFORM_KINDS, "unreadable")
-    )  # a transform's output is not a run's to replace
+        has_marker(p, OUTPUT_MARK) and _pointer_kind(out) not in not_a_run
+    )
     for e in sorted(os.scandir(p), key=lambda e: e.name):
         if e.name not in names and not e.name.startswith(".kpca-"):
             continue  # the user's own file beside the run: never touched
