@@ -72,7 +72,7 @@ def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> Non
         )
     names = RUN_NAMES | set(extra_names)
     # a transform's output (its pointer says so) is not a run's to replace
-    not_a_run = (*TRANSFORM_KINDS, "unreadable")
+    not_a_run = TRANSFORM_KINDS
     ours = zarr_kind(p) == "kpca-dask-run" or (
         has_marker(p, OUTPUT_MARK) and _pointer_kind(out) not in not_a_run
     )
