@@ -58,7 +58,9 @@ def _edited_model_run(ctx, reseal):
 
     run = ctx.dir / "run"
     shutil.copytree(ctx.run, run)
-    meta = run / "model" / "zarr.json"
+    from tests.published import version_dir
+
+    meta = version_dir(run) / "model" / "zarr.json"
     doc = json.loads(meta.read_text())
     doc["attributes"]["kernel"]["gamma"] *= 2
     if reseal:

@@ -932,25 +932,32 @@ CLUSTER = [
 
 
 # ------------------------------------------------------------------ transform / info
-def _incomplete_run(ctx):
+def _incomplete_model(ctx):
+    """The model of a run whose version was written but never published (no pointer)."""
+    from tests.published import version_dir
+
     shutil.copytree(ctx.run, ctx.dir / "run")
+    model = version_dir(ctx.dir / "run") / "model"
     (ctx.dir / "run" / "manifest.json").unlink()
-    return ctx.dir / "run"
+    return model
 
 
 def _tampered_run(ctx):
     import zarr
 
+    from tests.published import version_dir
+
     shutil.copytree(ctx.run, ctx.dir / "run")
-    z = zarr.open_group(str(ctx.dir / "run"), mode="r+")["embedding"]
+    z = zarr.open_group(str(version_dir(ctx.dir / "run")), mode="r+")["embedding"]
     z[3, 1] = z[3, 1] * 2 + 1
     return ctx.dir / "run"
 
 
 def _schema_run(ctx):
+    from tests.published import rewrite_manifests
+
     shutil.copytree(ctx.run, ctx.dir / "run")
-    p = ctx.dir / "run" / "manifest.json"
-    p.write_text(json.dumps({**json.loads(p.read_text()), "schema_version": 7}))
+    rewrite_manifests(ctx.dir / "run", lambda m: {**m, "schema_version": 7})
     return ctx.dir / "run"
 
 
@@ -985,7 +992,7 @@ TRANSFORM = [
         "tr-incomplete",
         "transform",
         "model of a run that did not finish (no manifest)",
-        lambda c: ["transform", _incomplete_run(c) / "model", _new_rows(c), c.dir / "emb.zarr"],
+        lambda c: ["transform", _incomplete_model(c), _new_rows(c), c.dir / "emb.zarr"],
         ("has no manifest.json: the run did not finish", "Re-run the pipeline"),
     ),
     Case(
