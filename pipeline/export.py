@@ -207,7 +207,7 @@ def open_run(
     from .versions import resolve
 
     pub = resolve(path, version, storage_options)
-    _verify(pub.location, pub.manifest, check_arrays=check_arrays, name=pub.root)
+    _verify(pub.location, pub.manifest, check_arrays=check_arrays, label=pub.root)
     return pub
 
 
@@ -227,18 +227,18 @@ def verify_run(
 
 
 def _verify(
-    out: Location, manifest: dict, *, check_arrays: bool = True, name: Location | None = None
+    out: Location, manifest: dict, *, check_arrays: bool = True, label: Location | None = None
 ) -> None:
-    """Check the run whose arrays are at ``out``; messages name ``name`` (the output)."""
-    name = out if name is None else name
+    """Check the run whose arrays are at ``out``; messages name ``label`` (the output)."""
+    label = out if label is None else label
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise RunCorruptError(
-            f"{name} has manifest schema_version {manifest.get('schema_version')!r}; this "
+            f"{label} has manifest schema_version {manifest.get('schema_version')!r}; this "
             f"kpca-dask reads version {SCHEMA_VERSION}. Use a matching kpca-dask version."
         )
     if manifest.get("status") != "complete":
         raise RunIncompleteError(
-            f"{name}: manifest status is {manifest.get('status')!r}, not "
+            f"{label}: manifest status is {manifest.get('status')!r}, not "
             "'complete'; the run is not a result."
         )
     missing = [k for k in REQUIRED_FIELDS if k not in manifest]
@@ -246,7 +246,7 @@ def _verify(
         missing = ["model.checksums"]
     if missing:
         raise RunIncompleteError(
-            f"{name}: the manifest is incomplete (missing {', '.join(missing)}); the run is "
+            f"{label}: the manifest is incomplete (missing {', '.join(missing)}); the run is "
             "not a result. Re-run the pipeline."
         )
     if check_arrays:
@@ -254,36 +254,36 @@ def _verify(
         for name, expected in manifest["checksums"].items():
             if name not in g:
                 raise RunCorruptError(
-                    f"{name}: array {name!r} listed in the manifest is missing; "
+                    f"{label}: array {name!r} listed in the manifest is missing; "
                     "do not use this run, re-run the pipeline."
                 )
             if array_checksum(g[name]) != expected:
                 raise RunCorruptError(
-                    f"{name}: checksum mismatch for {name!r}: the array changed after the run "
+                    f"{label}: checksum mismatch for {name!r}: the array changed after the run "
                     "was published. Do not use this run; re-run the pipeline."
                 )
         for rel, expected in (manifest.get("file_checksums") or {}).items():
             f = out.child(*rel.split("/"))
             if not f.exists():
                 raise RunCorruptError(
-                    f"{name}: file {rel!r} listed in the manifest is missing; "
+                    f"{label}: file {rel!r} listed in the manifest is missing; "
                     "do not use this run, re-run the pipeline."
                 )
             if _file_sha256(out, f.fs_path) != expected:
                 raise RunCorruptError(
-                    f"{name}: checksum mismatch for file {rel!r}: it changed after the run was "
+                    f"{label}: checksum mismatch for file {rel!r}: it changed after the run was "
                     "published. Do not use this run; re-run the pipeline."
                 )
         try:
             attrs, _ = read_model_group(out.child("model").zarr_source())
         except Exception as exc:
-            raise RunCorruptError(f"{name}: the model cannot be verified ({exc}).") from exc
+            raise RunCorruptError(f"{label}: the model cannot be verified ({exc}).") from exc
         if attrs.get("checksums") != manifest["model"].get("checksums") or (
             "attrs_sha256" in manifest["model"]
             and attrs.get("attrs_sha256") != manifest["model"]["attrs_sha256"]
         ):
             raise RunCorruptError(
-                f"{name}: the model was replaced after the run was published "
+                f"{label}: the model was replaced after the run was published "
                 "(its checksums differ from the manifest's); re-run the "
                 "pipeline."
             )

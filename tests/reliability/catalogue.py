@@ -176,6 +176,7 @@ def normalise(message: str, ctx: Ctx) -> str:
         m,
     )
     m = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", m)
+    m = re.sub(r"versions/\d{8}T\d{12}Z-[0-9a-f]{6}", "versions/<version>", m)
     m = re.sub(r"\.tmp[\w.-]*|\.[0-9a-f]{8,}\b", "<tmp>", m)
     # numbers that depend on the CPU's rounding (AVX2 vs AVX-512 BLAS kernels)
     m = re.sub(r"certified residual " + _NUMBER, "certified residual <residual>", m)
