@@ -271,8 +271,8 @@ def _verify(
                 )
             if _file_sha256(out, f.fs_path) != expected:
                 raise RunCorruptError(
-                    f"{label}: checksum mismatch for file {rel!r}: it changed after the run was "
-                    "published. Do not use this run; re-run the pipeline."
+                    f"{label}: checksum mismatch for file {rel!r}: it changed after the run "
+                    "was published. Do not use this run; re-run the pipeline."
                 )
         try:
             attrs, _ = read_model_group(out.child("model").zarr_source())
