@@ -22,6 +22,7 @@ from dask.highlevelgraph import HighLevelGraph
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.metaestimators import available_if
 
+from . import cost as _cost
 from . import plan as _plan
 from . import preprocess as _pre
 from . import validation as V
@@ -552,9 +553,21 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         block by block when stored or computed).
         """
         Xd, kind = self._fit(X, **params)
-        return model_of(self).fit_embedding(self, Xd, kind)
+        with self._execution.scheduler():
+            return model_of(self).fit_embedding(self, Xd, kind)
 
-    def _fit(
+    def _fit(self, X: Any, **kw: Any) -> tuple[da.Array, str]:
+        # where the fit runs (a small fit on this process's threads rather than a
+        # cluster that would not pay: kpca_dask.cost.choose_execution), said in
+        # solver_info_["executed"]
+        where = _cost.fit_execution(self, X, **kw)
+        with where.scheduler():
+            out = self._fit_on(X, **kw)
+        self.solver_info_["executed"] = where.reason
+        self._execution = where
+        return out
+
+    def _fit_on(
         self,
         X: Any,
         kernel_blocks: Any = None,
@@ -786,7 +799,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         graph = HighLevelGraph.from_collections(name, dsk, dependencies=[Xr])
         out = da.Array(graph, name, chunks=(Xr.chunks[0], (out_cols,)), dtype=out_dtype)
         if kind == "numpy":
-            with blas_threads_for_dask():
+            where = _cost.transform_execution(self, int(Xd.shape[0]))
+            with where.scheduler(), blas_threads_for_dask():
                 (res,) = dask.compute(out)
             return res if what == "transform" else res[:, 0]
         out = out.rechunk({0: Xd.chunks[0]})

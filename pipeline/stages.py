@@ -41,7 +41,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from kpca_dask.plan import auto_block_rows
+from kpca_dask.plan import auto_block_rows, resolve_solver
 
 from .cluster import release_worker_memory
 from .config import ConfigError, PipelineConfig
@@ -375,11 +375,22 @@ def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> tuple[da.
     X = src.X if mask is None else src.X[mask.astype(bool)]
     n = int(X.shape[0])
     r = (
-        auto_block_rows(n)
+        _auto_rows(cfg, n, int(X.shape[1]))
         if cfg.chunks.block_rows == "auto"
         else min(int(cfg.chunks.block_rows), n)
     )
     return X.rechunk({0: r, 1: -1}), r
+
+
+def _auto_rows(cfg: Any, n: int, d: int) -> int:
+    """The estimator's block rule (kpca_dask.plan.auto_block_rows) for this run's solver,
+    on the active cluster, with stored blocks capped when the kernel is materialised."""
+    from kpca_dask.gram import _cluster_threads
+
+    solver = resolve_solver(make_planner(cfg).get_params(), n)
+    materialize, _ = plan_materialize(cfg.kernel_store.materialize, solver, d)
+    itemsize = np.dtype(cfg.solver.dtype).itemsize if materialize else None
+    return auto_block_rows(n, solver, threads=_cluster_threads(), stored_itemsize=itemsize)
 
 
 def _store_array(g, name: str, arr: da.Array, rows) -> None:
@@ -725,6 +736,7 @@ def stage_export(
     """
     # the manifest records where the stores are, not how they were opened (as before)
     model = dict(solved.info)
+    cost_model = model.pop("cost_model", None)  # its own manifest key (docs/scaling.md)
     denoised = (
         {k: v for k, v in denoised.items() if k != "checksums"}
         if denoised and denoised.get("enabled")
@@ -741,6 +753,7 @@ def stage_export(
             "kernel_store": _without_options(kernel.to_dict()),
             "evaluation": _summary(evaluation) if evaluation else None,
             "denoise": denoised,
+            "cost_model": cost_model,
         },
     )
 
