@@ -203,6 +203,56 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from kpca_dask.cost import calibrate, default_calibration_path
+
+    m = calibrate(quick=args.quick)
+    out = Path(args.output) if args.output else default_calibration_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(m.to_dict(), indent=2))
+    print(
+        f"kpca calibrate: {m.cpu} [{m.simd}]: GEMM {m.gemm('float64') / 1e9:.1f} / "
+        f"{m.gemm('float32') / 1e9:.1f} Gflop/s per core (float64/float32), exp "
+        f"{m.exp('float64') / 1e6:.0f} M/s, memory {m.mem_bandwidth / 1e9:.1f} GB/s, "
+        f"{m.task_seconds * 1e3:.2f} ms a task, round trip {m.roundtrip_seconds * 1e3:.0f} ms, "
+        f"client-worker {m.network / 1e9:.2f} GB/s; wrote {out}"
+    )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from dask.utils import parse_bytes
+
+    from kpca_dask.cost import Cluster, load_machine
+    from pipeline.sizing import plan_run
+
+    cfg = _load_run_config(args)
+    machine = load_machine(args.calibration) if args.calibration else load_machine()
+    workers = args.workers or cfg.cluster.n_workers or 1
+    threads = args.threads or cfg.cluster.threads_per_worker
+    limit = args.memory or cfg.cluster.memory_limit
+    memory = parse_bytes(limit) if limit and limit != "auto" else None
+    cluster = Cluster(
+        workers=int(workers),
+        threads=int(threads),
+        memory=float(memory) if memory else None,
+        network=args.network * 1e9 / 8 if args.network else None,
+    )
+    rp = plan_run(
+        cfg, cluster, machine, rows=args.rows, features=args.features, passes=args.passes
+    )
+    if args.json:
+        print(json.dumps(rp.to_dict(), indent=2, default=str))
+    else:
+        print(rp.summary())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.demo_data import DEMO_DATASETS, write_demo_dataset
@@ -631,6 +681,48 @@ def _add_validate(sub) -> None:
     c.add_argument("--overwrite", action="store_true", help="as `kpca run --overwrite`")
 
 
+def _add_calibrate(sub) -> None:
+    c = _subcommand(
+        sub,
+        "calibrate",
+        cmd_calibrate,
+        help="measure this machine's constants for `kpca plan` (about 30 s)",
+        description="Measures GEMM and exp rates on one core, memory bandwidth, and on a "
+        "one-worker LocalCluster the scheduler's seconds per task, the round trip of one "
+        "graph and the client-worker bandwidth; writes them as JSON (default "
+        "$KPCA_CALIBRATION, else ~/.cache/kpca/calibration.json), which `kpca plan` and "
+        "the estimator's execution rule read. See docs/scaling.md.",
+    )
+    c.add_argument("--output", help="JSON file to write (default: see above)")
+    c.add_argument("--quick", action="store_true", help="a few seconds, less precise")
+
+
+def _add_plan(sub) -> None:
+    c = _subcommand(
+        sub,
+        "plan",
+        cmd_plan,
+        help="predict a run's time, memory and bounds before it starts",
+        description="Plans the configured run as `kpca run` would (solver, blocks) and "
+        "prices it with the cost model on the cluster described (default: the config's "
+        "cluster section) using the calibration file (`kpca calibrate`) or built-in "
+        "constants: tasks and bytes moved per pass, memory per worker and on the client, "
+        "time per stage and what bounds it. Starts nothing, writes nothing.",
+    )
+    c.add_argument("config", help="YAML config (see docs/config.md)")
+    c.add_argument("--output", help=argparse.SUPPRESS)
+    c.add_argument("--overwrite", action="store_true", help=argparse.SUPPRESS)
+    c.add_argument("--workers", type=int, help="worker processes (nodes)")
+    c.add_argument("--threads", type=int, help="threads per worker")
+    c.add_argument("--memory", help="memory per worker, e.g. 64GiB")
+    c.add_argument("--network", type=float, help="network bandwidth per node in Gbit/s")
+    c.add_argument("--rows", type=int, help="input rows (default: read from the input)")
+    c.add_argument("--features", type=int, help="feature columns (default: from the input)")
+    c.add_argument("--passes", type=int, help="solver passes (default: the expected number)")
+    c.add_argument("--calibration", help="calibration JSON (default: kpca calibrate's)")
+    c.add_argument("--json", action="store_true", help="the whole prediction as JSON")
+
+
 def _add_transform(sub) -> None:
     t = _subcommand(
         sub, "transform", cmd_transform, help="embed new data with a saved model or run folder"
@@ -724,6 +816,8 @@ SUBCOMMANDS = [
     _add_demo,
     _add_run,
     _add_validate,
+    _add_plan,
+    _add_calibrate,
     _add_transform,
     _add_info,
     _add_update,

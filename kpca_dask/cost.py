@@ -459,6 +459,7 @@ def estimate(
     kernel_cache: str = "recompute",
     params: dict | None = None,
     input_in_memory: bool = True,
+    persist: bool | None = None,
 ) -> Estimate:
     """Predict the cost of the fit ``plan`` describes (see the module docstring).
 
@@ -468,7 +469,8 @@ def estimate(
     "store" (read from a kernel store at the machine's storage bandwidth).
     ``input_in_memory``: numpy rows on the client (sent to the workers once); False:
     a dask/zarr source the workers read (Nyström re-reads it at every pass above
-    256 MB, as :meth:`FitPlan.persists` decides).
+    256 MB, as :meth:`FitPlan.persists` decides; ``persist`` overrides: the pipeline
+    reads the rows into the workers' memory when they fit).
     """
     cl = cluster or Cluster()
     m = machine or Machine()
@@ -506,7 +508,9 @@ def estimate(
     x_bytes = n * d * 8
     solver = plan.solver
     from_storage = not input_in_memory
-    if from_storage and solver == "nystroem":
+    if persist is not None:
+        persisted = bool(persist)
+    elif from_storage and solver == "nystroem":
         persisted = x_bytes <= (256 << 20)
     else:
         persisted = True
