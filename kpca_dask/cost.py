@@ -9,10 +9,12 @@ drivers as they are written (docs/scaling.md):
 
 * exact randomized solver (:meth:`kpca_dask.gram.BlockKernelMatrix.product`):
   per pass, one task per upper block, one sum task per row block of each *wave*
-  (``wave_tasks = max(128, 4 x threads)`` block tasks), and ``n_blocks`` tasks
-  that persist the pass's block of Z; each wave's partial sums, rows from the
-  wave's first row to n, come back to the client: ``sum_waves (n - offset) x c
-  x 8`` bytes per pass for ``c`` columns. The Krylov basis (n x L) and its
+  (``wave_tasks = max(128, 4 x threads)`` block tasks), one accumulator task per
+  row block of each later wave (the waves' sums are added on the workers),
+  and ``n_blocks`` tasks that persist the pass's block of Z; only final row
+  blocks come back to the client: ``n x c x 8`` bytes per pass for ``c``
+  columns (on the threaded scheduler every wave's partial sums from its first
+  row to n are added in the caller). The Krylov basis (n x L) and its
   orthogonalisation live on the client.
 * Nyström (:mod:`kpca_dask.solvers.nystroem`): one task per row block (or per
   8 blocks when fused), a tree of sums with fan-in 8, one m x c (randomized)
@@ -89,25 +91,32 @@ EIGH_EFFICIENCY = 0.25
 # ------------------------------------------------------------------ machine
 @dataclass(frozen=True)
 class Machine:
-    """Measured constants of one node (per core unless said otherwise)."""
+    """Measured constants of one node (per core unless said otherwise).
+
+    The built-in values are this project's quiet-machine measurements of 2026-11-24
+    (AVX-512, OpenBLAS; ``benchmarks/bench_pipeline.py exact`` roofline, two threads:
+    float32 GEMM 200-211 Gflop/s and exp 4.1-4.3 G/s, i.e. per core about 100 Gflop/s
+    and 2 G/s; about 1-1.5 ms of worker overhead a task, README), float64 at half the
+    float32 rates. ``kpca calibrate`` replaces them with the machine at hand's.
+    """
 
     #: GEMM flops per second on one core, by dtype name.
-    gemm_flops: dict = field(default_factory=lambda: {"float64": 3.0e10, "float32": 6.0e10})
+    gemm_flops: dict = field(default_factory=lambda: {"float64": 5.0e10, "float32": 1.0e11})
     #: exp evaluations per second on one core (numpy's, in place), by dtype name.
-    exp_rate: dict = field(default_factory=lambda: {"float64": 4.0e8, "float32": 8.0e8})
+    exp_rate: dict = field(default_factory=lambda: {"float64": 1.0e9, "float32": 2.0e9})
     #: Streaming memory bandwidth of one core (bytes/s; a copy counts read + write).
-    mem_bandwidth: float = 8.0e9
+    mem_bandwidth: float = 1.0e10
     #: Scheduler (and worker bookkeeping) seconds per task of a large graph.
     task_seconds: float = 1.0e-3
     #: Seconds from submitting a one-task graph to having its result on the client.
     roundtrip_seconds: float = 0.02
-    #: Network bandwidth of a node, each direction (bytes/s).
+    #: Network bandwidth of a node, each direction (bytes/s): 10 Gbit/s.
     network: float = 1.25e9
     #: Storage read/write bandwidth of a node (bytes/s); not calibrated (given).
     storage: float = 5.0e8
     cpu: str = ""
     simd: str = ""
-    source: str = "built-in defaults (not measured on this machine)"
+    source: str = "built-in defaults (quiet AVX-512 node, 2026-11-24 measurements)"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -638,10 +647,17 @@ def estimate(
         offsets = np.concatenate([[0], np.cumsum(chunks)])
         block_tasks = nb * (nb + 1) // 2
         sum_tasks = sum(nb - s for s, _ in wv)
-        # distributed adds one finalize task per computed collection (each wave)
-        tasks = block_tasks + sum_tasks + ((nb + len(wv)) if cl.distributed else 0)
+        if cl.distributed:
+            # each wave after the first adds its sums to the previous accumulator on the
+            # workers (one task per row block from its first on); Z persisted (nb tasks);
+            # only final row blocks come to the client, each once
+            acc_tasks = sum(nb - s for s, _ in wv[1:])
+            tasks = block_tasks + sum_tasks + acc_tasks + nb
+            rows_back = n
+        else:
+            tasks = block_tasks + sum_tasks
+            rows_back = int(sum(n - offsets[s] for s, _ in wv))
         waves = len(wv)
-        rows_back = int(sum(n - offsets[s] for s, _ in wv))
         evals = _kernel_evals(chunks, item)
         flops = float(evals) * (2 * (d + 2) + 4 * c)
         to_client = rows_back * c * 8
@@ -656,12 +672,15 @@ def estimate(
             assumptions.append("kernel blocks read from a kernel store at every pass")
         else:
             storage = 0
-        t_comp = _pass_compute(evals, d, c, elem, m, dtype, cores)
+        # tasks of similar size over the cores: the last round is as long as a full one
+        rounds = block_tasks / cores
+        imbalance = math.ceil(rounds) / rounds if rounds > 0 else 1.0
+        t_comp = _pass_compute(evals, d, c, elem, m, dtype, cores) * imbalance
         if kernel_cache in ("memory", "store"):
             g = m.gemm(dtype)
             t_rest = evals * 4 * c / (g * _eff_skinny(c)) / cores
             t_mem = evals * item / (m.mem_bandwidth * cores)
-            t_comp_later = max(t_rest, t_mem)
+            t_comp_later = max(t_rest, t_mem) * imbalance
         else:
             t_comp_later = t_comp
         basis = min(c * (p + 1), max(512, min(2048, (128 << 20) // (8 * max(1, n)))) + c)

@@ -228,8 +228,8 @@ LARGE_BLOCK_ROWS = 4096
 #: Upper bound on the block tasks of one pass ("low thousands"): beyond it the blocks
 #: grow instead. At ~1 ms of scheduler time a task (``kpca calibrate`` measures it) a
 #: pass then costs seconds of scheduling, not minutes (issue 28: 119 805 tasks at
-#: n = 1M with 2 045-row blocks). A cluster with more threads than a third of this
-#: gets three tasks per thread instead (balance), never more than ``MAX_TASKS_PER_PASS``.
+#: n = 1M with 2 045-row blocks). A cluster with more threads than this gets one task
+#: per thread instead (no idle core), never more than ``MAX_TASKS_PER_PASS``.
 TASKS_PER_PASS = 4000
 MAX_TASKS_PER_PASS = 20_000
 
@@ -258,7 +258,7 @@ def auto_block_rows(
 
     Exact solvers: about ``EXACT_BLOCK_ROWS`` rows, ``LARGE_BLOCK_ROWS`` from
     ``LARGE_BLOCK_MIN_SAMPLES`` rows on; larger blocks when a pass would have more than
-    ``TASKS_PER_PASS`` upper-block tasks (or three per thread of a ``threads``-thread
+    ``TASKS_PER_PASS`` upper-block tasks (or one per thread of a ``threads``-thread
     cluster, at most ``MAX_TASKS_PER_PASS``); at least 6 row blocks (21 tasks) when n
     allows, so that a pass balances over the cores. ``stored_itemsize``: the blocks are
     materialised whole (kernel store) in that many bytes per value: at most
@@ -274,7 +274,7 @@ def auto_block_rows(
         if stored_itemsize:
             target = min(target, int(math.isqrt(STORED_BLOCK_BYTES // int(stored_itemsize))))
         nb = max(1, math.ceil(n / target))
-        cap = max(TASKS_PER_PASS, 3 * int(threads or 0))
+        cap = max(TASKS_PER_PASS, int(threads or 0))
         cap = min(cap, MAX_TASKS_PER_PASS)
         if _upper_tasks(nb) > cap and not stored_itemsize:
             nb = max(1, (math.isqrt(8 * cap + 1) - 1) // 2)

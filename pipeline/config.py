@@ -381,7 +381,8 @@ class ChunkConfig(_Model):
         description="Target size of one ingested row chunk in MB (50-200 MB suits clusters).",
     )
     block_rows: int | Literal["auto"] = Field(
-        "auto", description="Rows per block of the kernel partition ('auto': ~2048)."
+        "auto",
+        description="Rows per block of the kernel partition ('auto': ~2048, ~4096 from 50 000 rows, larger beyond ~350 000; docs/scaling.md).",
     )
 
     @field_validator("block_rows")

@@ -94,7 +94,7 @@ def _reason(cmd: str) -> str | None:
     return next((why for prefix, why in NOT_RUN.items() if cmd.startswith(prefix)), None)
 
 
-RUN_HERE = ("kpca --version", "kpca validate ")
+RUN_HERE = ("kpca --version", "kpca validate ", "kpca plan ")
 
 
 def test_every_command_is_run_here_or_has_a_reason():
@@ -132,6 +132,9 @@ def test_bash_command(line, cmd, tmp_path):
     if cmd.startswith("kpca validate"):
         assert res.stdout.startswith("kpca validate: ok: data/features.parquet (parquet)")
         assert sorted(tmp_path.rglob("*")) == before  # the output probe left nothing
+    if cmd.startswith("kpca plan"):
+        assert "bound:" in res.stdout and "GB on the client" in res.stdout
+        assert sorted(tmp_path.rglob("*")) == before  # starts nothing, writes nothing
 
 
 def _named_files() -> dict[str, str]:
