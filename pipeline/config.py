@@ -382,7 +382,8 @@ class ChunkConfig(_Model):
     )
     block_rows: int | Literal["auto"] = Field(
         "auto",
-        description="Rows per block of the kernel partition ('auto': ~2048, ~4096 from 50 000 rows, larger beyond ~350 000; docs/scaling.md).",
+        description="Rows per block of the kernel partition ('auto': ~2048, ~4096 from "
+        "50 000 rows, larger beyond ~350 000; docs/scaling.md).",
     )
 
     @field_validator("block_rows")
