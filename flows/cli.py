@@ -848,6 +848,11 @@ def start_runtime(args: argparse.Namespace) -> None:
         import warnings
 
         warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        # ...and a local cluster's dashboard on another port than 8787 (another cluster on
+        # this machine has it): the stage log names the dashboard's address it got
+        warnings.filterwarnings(
+            "ignore", message="Port .* is already in use", category=UserWarning
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,8 @@ def test_an_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path):
     )
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines[0] == f"kpca run: checking {cfg}, its input and its output", lines
+    lines = lines[1:]  # the first line says what it does; then one for the error
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith(f"kpca run: error: the Prefect API at PREFECT_API_URL={url} ")
     assert "not reachable" in lines[0] and "--no-prefect" in lines[0]
@@ -129,7 +131,7 @@ def _alive(procs) -> list[str]:
         try:
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                 alive.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
-        except psutil.NoSuchProcess:
+        except psutil.Error:  # gone, or a zombie meanwhile: not running
             pass
     return alive
 
@@ -154,6 +156,7 @@ def test_sigterm_mid_solve_exits_143_stops_every_child_and_the_run_resumes(tmp_p
                 assert time.monotonic() < t_end, err_file.read_text()
                 time.sleep(0.05)
             started = psutil.Process(proc.pid).children(recursive=True)
+            cmdlines = [" ".join(p.cmdline()) for p in started]
             t0 = time.monotonic()
             os.kill(proc.pid, signal.SIGTERM)
             rc = proc.wait(timeout=60)
@@ -164,7 +167,6 @@ def test_sigterm_mid_solve_exits_143_stops_every_child_and_the_run_resumes(tmp_p
                 proc.wait()
     text = err_file.read_text()
     # the command had started the API server and at least one Dask worker process
-    cmdlines = [" ".join(p.cmdline()) for p in started if p.is_running()]
     assert any("uvicorn" in c for c in cmdlines), cmdlines
     assert any("multiprocessing" in c for c in cmdlines), cmdlines
     deadline = time.monotonic() + 10  # the kernel reaps a killed process's children
