@@ -484,6 +484,10 @@ def cmd_update(args: argparse.Namespace) -> int:
             else None
         ),
     )
+    if args.prefect:
+        from .runtime import check_prefect_api
+
+        _say(args, _prefect_line(check_prefect_api()))
     with show_progress(args.progress):
         summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
     upd = summary.manifest["update"]
