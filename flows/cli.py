@@ -263,9 +263,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from dask.utils import parse_bytes
 
     from kpca_dask.cost import Cluster, load_machine
+    from pipeline.config import load_config
     from pipeline.sizing import plan_run
 
-    cfg = _load_run_config(args)
+    cfg = load_config(args.config)
     machine = load_machine(args.calibration) if args.calibration else load_machine()
     workers = args.workers or cfg.cluster.n_workers or 1
     threads = args.threads or cfg.cluster.threads_per_worker
@@ -759,8 +760,6 @@ def _add_plan(sub) -> None:
         "time per stage and what bounds it. Starts nothing, writes nothing.",
     )
     c.add_argument("config", help="YAML config (see docs/config.md)")
-    c.add_argument("--output", help=argparse.SUPPRESS)
-    c.add_argument("--overwrite", action="store_true", help=argparse.SUPPRESS)
     c.add_argument("--workers", type=int, help="worker processes (nodes)")
     c.add_argument("--threads", type=int, help="threads per worker")
     c.add_argument("--memory", help="memory per worker, e.g. 64GiB")

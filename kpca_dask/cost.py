@@ -252,9 +252,12 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
     b = np.empty_like(a)
     bw = 2 * a.nbytes / _best(lambda: np.copyto(b, a), reps + 2)
     if client is None:
+        import warnings
+
         from distributed import Client, LocalCluster
 
         with (
+            warnings.catch_warnings(),  # "port 8787 in use" and the like: not ours to say
             LocalCluster(
                 n_workers=1,
                 threads_per_worker=1,
@@ -264,6 +267,7 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
             ) as cluster,
             Client(cluster, set_as_default=False) as c,
         ):
+            warnings.simplefilter("ignore")
             per_task, roundtrip, net = _measure_cluster(c, 500 if quick else 2000)
     else:
         per_task, roundtrip, net = _measure_cluster(client, 500 if quick else 2000)
