@@ -99,9 +99,34 @@ def run_targets(cfg) -> list[ProbeTarget]:
     if update is not None and update.base:  # kpca update: the base run is read too
         base = Location.at(update.base, update.base_storage_options)
         targets.append(ProbeTarget("base run", base.url, dict(base.storage_options), False))
+        targets += _lineage_targets(base)
     return targets + [
         ProbeTarget("output", lay.out.url, dict(lay.out.storage_options), True),
         ProbeTarget("work folder", lay.work.url, dict(lay.work.storage_options), True),
+    ]
+
+
+def _lineage_targets(base: Location) -> list[ProbeTarget]:
+    """The ingest stores of an update's lineage outside the base run (earlier runs' rows,
+    read by the workers for a refit and the drift reference), from the base's manifest;
+    none when it cannot be read (the update's base stage then says why)."""
+    from .layout import MANIFEST
+    from .store import read_json
+
+    try:
+        rows = (read_json(base.child(MANIFEST)).get("update") or {}).get("rows") or []
+    except Exception:  # noqa: BLE001 - not this check's to report
+        return []
+    found: dict[str, ProbeTarget] = {}
+    for r in rows:
+        url = str(r.get("store") or "")
+        if url and not _inside(url, base.url) and url not in found:
+            loc = Location.at(url, r.get("storage_options") or {})
+            found[url] = ProbeTarget("", loc.url, dict(loc.storage_options), False)
+    many = len(found) > 1  # roles name the targets: each its own
+    return [
+        ProbeTarget(f"lineage store{f' {i}' if many else ''}", t.url, t.storage_options, False)
+        for i, t in enumerate(found.values(), 1)
     ]
 
 
