@@ -216,13 +216,13 @@ class WorkerWatch(threading.Thread):
             return []
         return sorted(a for a, (_, t) in self._seen.items() if now - t > self.timeout)
 
-    def trip(self, silent: list[str], now: float | None = None) -> None:
+    def trip(self, silent: list[str], doing: str, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         ages = ", ".join(f"{a} ({now - self._seen[a][1]:.0f} s)" for a in silent)
         n = "worker" if len(silent) == 1 else f"{len(silent)} workers"
         self.tripped = (
             f"Dask {n} {ages} stopped answering the scheduler (no heartbeat for more than "
-            f"{self.timeout:g} s) during the {current_activity()}: stopped, hung or cut off; "
+            f"{self.timeout:g} s) during the {doing}: stopped, hung or cut off; "
             "the run was stopped and nothing new was published. Restart or remove that "
             "worker (or raise cluster.worker_timeout / --worker-timeout), then re-run the "
             "same command to resume."
@@ -253,8 +253,9 @@ class WorkerWatch(threading.Thread):
                         logger.error("%s", self.tripped)
                     continue
                 silent = self.poll()
-                if silent and current_activity() is not None:
-                    self.trip(silent)
+                doing = current_activity()
+                if silent and doing is not None:
+                    self.trip(silent, doing)
                     self.cancel_pending()
             except Exception as exc:  # noqa: BLE001 - the client closing: not our call
                 logger.debug("worker watch: %s", exc)
