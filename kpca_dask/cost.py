@@ -906,16 +906,13 @@ def fit_execution(est: Any, X: Any, **fit_kw: Any) -> Execution:
     if _active_client() is None:
         return Execution("scheduler", "the active dask scheduler (no distributed client)")
     try:
-        from . import plan as _plan
-        from .validation import as_dask_array
-
         params = est.get_params(deep=False)
-        _plan.check_params(params)
-        shape = getattr(X, "shape", None)
-        if shape is None or len(shape) != 2:
-            shape = as_dask_array(X)[0].shape
-        exact = fit_kw.get("kernel_blocks") is not None or fit_kw.get("centring") is not None
-        plan = _plan.make_plan(params, int(shape[0]), int(shape[1]), exact_inputs=exact)
+        plan = est.plan(
+            X,
+            kernel_blocks=fit_kw.get("kernel_blocks"),
+            centring=fit_kw.get("centring"),
+            kernel=False,
+        )
     except Exception:
         return Execution("cluster", "cluster (the fit's input could not be planned)")
     return choose_execution(plan, params)
@@ -939,3 +936,14 @@ def transform_execution(est: Any, rows: int) -> Execution:
 
 
 __all__ += ["fit_execution", "transform_execution"]
+
+
+def cluster_threads() -> int:
+    """Threads of the active distributed cluster, else this machine's cores (what the
+    block rule and the exact product's waves are sized by)."""
+    from .gram import _cluster_threads
+
+    return _cluster_threads()
+
+
+__all__ += ["cluster_threads"]

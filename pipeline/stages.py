@@ -386,12 +386,12 @@ def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> tuple[da.
 def _auto_rows(cfg: Any, n: int, d: int) -> int:
     """The estimator's block rule (kpca_dask.plan.auto_block_rows) for this run's solver,
     on the active cluster, with stored blocks capped when the kernel is materialised."""
-    from kpca_dask.gram import _cluster_threads
+    from kpca_dask.cost import cluster_threads
 
     solver = resolve_solver(make_planner(cfg).get_params(), n)
     materialize, _ = plan_materialize(cfg.kernel_store.materialize, solver, d)
     itemsize = np.dtype(cfg.solver.dtype).itemsize if materialize else None
-    return auto_block_rows(n, solver, threads=_cluster_threads(), stored_itemsize=itemsize)
+    return auto_block_rows(n, solver, threads=cluster_threads(), stored_itemsize=itemsize)
 
 
 def _store_array(g, name: str, arr: da.Array, rows) -> None:
