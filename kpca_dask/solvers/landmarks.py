@@ -143,6 +143,8 @@ def kmeanspp_landmarks(S: np.ndarray, m: int, rng: np.random.Generator) -> np.nd
     fewer than ``m`` distinct rows exist, every distinct row is returned.
     """
     s = S.shape[0]
+    S = np.asarray(S, dtype=np.float64)
+    S = S - S.mean(axis=0)  # translation invariant: no cancellation at large offsets
     sq = np.einsum("ij,ij->i", S, S)
     chosen = [int(rng.integers(s))]
     d2 = np.maximum(sq - 2.0 * S @ S[chosen[0]] + sq[chosen[0]], 0.0)

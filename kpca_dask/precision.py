@@ -1,0 +1,92 @@
+"""How exactly a kernel is evaluated on the training data, and what to say when it cannot
+be (docs/solvers.md, "Kernel evaluation").
+
+Distance-based kernels (rbf, laplacian) are translation invariant: the fit evaluates them
+on rows minus the training mean (``Kernel.with_center``), from the column sums the
+finiteness pass computes anyway (float64 sums, no pass of its own). The mean is mapped
+through the fitted scaling when there is one. Rows far from the origin then cost nothing:
+the expanded squared distance ``|x|^2 + |y|^2 - 2 x.y`` cancels only within the spread.
+
+What centring cannot restore is the input's own precision: a float32 value near 1e4
+carries steps of 1e-3, whatever is done with it afterwards. :func:`centre_kernel` warns
+(:class:`~kpca_dask.exceptions.PrecisionWarning`) when the input's quantisation step is
+a noticeable part of a column's range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .exceptions import PrecisionWarning
+
+__all__ = ["INPUT_STEP_WARN", "centre_kernel", "input_step_ratio"]
+
+#: Warn when the input dtype's rounding of a column's values (half a unit in the last
+#: place of its largest magnitude) exceeds this fraction of the column's range.
+INPUT_STEP_WARN = 1e-6
+
+
+def input_step_ratio(stats: Any) -> tuple[float, int]:
+    """``(ratio, column)``: the largest ``u |x|_max / range`` over the columns, with
+    ``u`` the input dtype's unit roundoff (0.0 for constant or non-float input)."""
+    dtype = np.dtype(stats.dtype)
+    if not np.issubdtype(dtype, np.floating):
+        return 0.0, -1
+    u = float(np.finfo(dtype).eps) / 2
+    span = np.asarray(stats.max, dtype=np.float64) - np.asarray(stats.min, dtype=np.float64)
+    big = np.maximum(np.abs(stats.max), np.abs(stats.min))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(span > 0, u * big / span, 0.0)
+    if r.size == 0:
+        return 0.0, -1
+    j = int(np.argmax(r))
+    return float(r[j]), j
+
+
+def centre_kernel(plan: Any, stats: Any, scaler: Any = None, dtype: Any = None) -> Any:
+    """``plan`` with its kernel centred on the training mean (distance-based kernels;
+    ``plan`` itself otherwise), after checking the input's precision."""
+    kernel = plan.kernel
+    if stats is None or kernel is None or not kernel.translation_invariant:
+        return plan
+    ratio, j = input_step_ratio(stats)
+    if ratio > INPUT_STEP_WARN:
+        dt = np.dtype(stats.dtype)
+        big = max(abs(float(stats.max[j])), abs(float(stats.min[j])))
+        warnings.warn(
+            f"X is {dt.name} and column {j} holds values near {big:.3g} that vary over "
+            f"{float(stats.max[j] - stats.min[j]):.3g}: {dt.name} keeps them to steps of "
+            f"{ratio:.1e} of that range, so the {kernel.name} kernel (of differences of "
+            "rows) and its eigenvalues carry that relative error whatever the solver "
+            "certifies; pass the data as float64 (or subtract the offset before storing it "
+            f"as {dt.name}).",
+            PrecisionWarning,
+            stacklevel=4,
+        )
+    mean = np.asarray(stats.mean, dtype=np.float64)
+    if scaler is not None and not scaler.identity:
+        mean = (mean - scaler.center) / scaler.scale
+    return dataclasses.replace(plan, kernel=kernel.with_center(mean))
+
+
+def centred_for_rows(kernel: Any, X: Any) -> Any:
+    """``kernel`` centred on the float64 column means of the rows ``X`` (a dask or numpy
+    array; one reduction) when it is distance-based; ``kernel`` otherwise. For callers
+    that evaluate the kernel outside a fit (e.g. a pipeline materialising the training
+    kernel matrix): any centre near the data gives the same kernel to rounding, so it
+    need not be the fit's own."""
+    if kernel is None or not kernel.translation_invariant:
+        return kernel
+    import dask.array as da
+
+    Xd = X if isinstance(X, da.Array) else da.from_array(np.asarray(X))
+    mean = Xd.map_blocks(
+        lambda b: np.asarray(b.sum(axis=0, dtype=np.float64)).reshape(1, -1),
+        chunks=((1,) * len(Xd.chunks[0]), Xd.chunks[1]),
+        dtype=np.float64,
+    ).sum(axis=0) / max(1, int(Xd.shape[0]))
+    return kernel.with_center(np.asarray(mean.compute(), dtype=np.float64))
