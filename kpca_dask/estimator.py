@@ -38,7 +38,7 @@ from .exceptions import (
 )
 from .persistence import load_state, save_state
 from .plan import FitPlan
-from .precision import centre_kernel
+from .precision import centre_kernel, check_centred_scale
 from .preimage import warn_not_converged
 from .preprocess import Scaler
 from .projection import project_block
@@ -637,6 +637,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             v0=v0,
         )
         self._apply_solution(sol, n)
+        check_centred_scale(self)  # rounding of an offset in feature space vs tol
         if self.fit_inverse_transform:
             fit_preimage(self, Xb, n)
         self.fit_seconds_ = time.perf_counter() - t0

@@ -47,6 +47,26 @@ def input_step_ratio(stats: Any) -> tuple[float, int]:
     return float(r[j]), j
 
 
+#: The kernel centre is rounded to 2**-CENTRE_GRID_BITS of each column's range.
+CENTRE_GRID_BITS = 12
+
+
+def grid_rounded(mean: Any, span: Any) -> np.ndarray:
+    """``mean`` rounded to a power-of-two grid of about ``span / 4096`` per column.
+
+    Any centre near the data gives the same kernel; a rounded one is the same bits
+    whatever the row chunking summed it (the sums' rounding is far below the grid), so
+    results that amplify last-bit differences (Nyström's ``W^-1/2``, pivoted landmark
+    choices) depend on the seed alone, as documented. It moves the centre by at most
+    ``span / 8192``: nothing for the cancellation it is there to avoid."""
+    mean = np.asarray(mean, dtype=np.float64)
+    span = np.asarray(span, dtype=np.float64)
+    ok = np.isfinite(span) & (span > 0)
+    exp = np.floor(np.log2(np.where(ok, span, 1.0))) - CENTRE_GRID_BITS
+    step = np.ldexp(1.0, exp.astype(int))
+    return np.where(ok, np.round(mean / step) * step, mean)
+
+
 def centre_kernel(plan: Any, stats: Any, scaler: Any = None, dtype: Any = None) -> Any:
     """``plan`` with its kernel centred on the training mean (distance-based kernels;
     ``plan`` itself otherwise), after checking the input's precision."""
@@ -67,7 +87,7 @@ def centre_kernel(plan: Any, stats: Any, scaler: Any = None, dtype: Any = None) 
             PrecisionWarning,
             stacklevel=4,
         )
-    mean = np.asarray(stats.mean, dtype=np.float64)
+    mean = grid_rounded(stats.mean, np.asarray(stats.max) - np.asarray(stats.min))
     if scaler is not None and not scaler.identity:
         mean = (mean - scaler.center) / scaler.scale
     return dataclasses.replace(plan, kernel=kernel.with_center(mean))
@@ -90,3 +110,41 @@ def centred_for_rows(kernel: Any, X: Any) -> Any:
         dtype=np.float64,
     ).sum(axis=0) / max(1, int(Xd.shape[0]))
     return kernel.with_center(np.asarray(mean.compute(), dtype=np.float64))
+
+
+#: The relative accuracy the certificate defaults to, per compute dtype (estimator ``tol``).
+DEFAULT_TOL = {np.dtype(np.float64): 1e-8, np.dtype(np.float32): 1e-5}
+
+
+def check_centred_scale(est: Any) -> None:
+    """Warn when the kernel's values are so much larger than their centred variation that
+    rounding in the compute dtype alone exceeds the certified accuracy.
+
+    Every kernel value is computed to about ``u`` (the compute dtype's unit roundoff)
+    relative to the values themselves, ``trace(K) / n`` on average; the spectrum is that
+    of the centred matrix, of average diagonal ``trace(Kc) / n``. Their ratio
+    ``trace(K) / trace(Kc)`` (an offset in feature space: polynomial, sigmoid or linear
+    kernels on rows far from the origin, or an rbf / laplacian gamma so small that every
+    value is near 1) multiplies the rounding; past ``tol`` no solver can certify what it
+    reports. Costs nothing: both traces are fitted attributes.
+    """
+    tr, ctr = float(est.kernel_trace_), float(est.centred_trace_)
+    if not (tr > 0 and ctr > 0):
+        return  # a constant kernel is refused elsewhere; indefinite traces: no claim
+    dtype = np.dtype(est._dtype)
+    tol = float(est.tol) if est.tol else DEFAULT_TOL.get(dtype, 1e-8)
+    u = float(np.finfo(dtype).eps) / 2
+    amp = tr / ctr
+    if u * amp <= tol:
+        return
+    name = getattr(est.kernel_, "name", "callable")
+    warnings.warn(
+        f"The {name} kernel's values are {amp:.3g} times larger than their centred "
+        f"variation (trace(K) / trace(Kc)): {dtype.name} rounding of the values alone is "
+        f"{u * amp:.1e} of the centred spectrum, above the tolerance {tol:g} the solver "
+        "certifies. Centre or scale the input (preprocess='standard'), use a larger gamma "
+        "or, for polynomial/sigmoid kernels, a smaller gamma or coef0"
+        + ("; or dtype='float64'." if dtype == np.float32 else "."),
+        PrecisionWarning,
+        stacklevel=4,
+    )

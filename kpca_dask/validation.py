@@ -259,17 +259,20 @@ def column_label(j: int, names: Any = None) -> str:
     return str(j)
 
 
-def _block_stats(x: np.ndarray) -> np.ndarray:
-    """Column sums (float64), minima and maxima of one block: a 1 x 3 x d array (NaN
-    propagates into the minima and maxima; those are only read when X is finite)."""
+def _block_stats(x: np.ndarray, ref: np.ndarray, block_info: Any = None) -> np.ndarray:
+    """Column sums of ``x - ref`` (float64), minima and maxima of one block: a 1 x 3 x d
+    array (NaN propagates into them; they are only read when X is finite). ``ref`` is
+    the whole reference row; the block's columns are sliced from it."""
     x = np.asarray(x)
+    if block_info is not None and 0 in block_info:
+        c0, c1 = block_info[0]["array-location"][1]
+        ref = ref[c0:c1]
     if x.shape[0] == 0:
         out = np.zeros((1, 3, x.shape[1]))
         out[0, 1], out[0, 2] = np.inf, -np.inf
         return out
-    return np.stack([x.sum(axis=0, dtype=np.float64), x.min(axis=0), x.max(axis=0)]).astype(
-        np.float64
-    )[None]
+    sums = (np.asarray(x, dtype=np.float64) - ref).sum(axis=0)
+    return np.stack([sums, x.min(axis=0), x.max(axis=0)]).astype(np.float64)[None]
 
 
 @dataclass(frozen=True)
@@ -294,8 +297,14 @@ def check_finite(
     one_row = ((1,) * len(Xd.chunks[0]), Xd.chunks[1])
     per_block = Xd.map_blocks(_block_nonfinite, chunks=one_row, dtype=np.int64)
     if column_stats:
+        # sums of x minus the first row: their rounding is relative to the spread, not
+        # the offset, so the mean differs between chunkings far below the grid the
+        # kernel centre is rounded to (kpca_dask.precision)
+        ref = np.asarray(Xd[:1].compute(), dtype=np.float64).reshape(-1)
+        ref = np.where(np.isfinite(ref), ref, 0.0) if ref.size else np.zeros(Xd.shape[1])
         stats = Xd.map_blocks(
             _block_stats,
+            ref=ref,
             chunks=((1,) * len(Xd.chunks[0]), (3,), Xd.chunks[1]),
             new_axis=1,
             dtype=np.float64,
@@ -319,7 +328,7 @@ def check_finite(
     if column_stats:
         st = np.asarray(stats3d, dtype=np.float64)
         return ColumnStats(
-            mean=st[:, 0].sum(axis=0) / max(1, int(Xd.shape[0])),
+            mean=ref + st[:, 0].sum(axis=0) / max(1, int(Xd.shape[0])),
             min=st[:, 1].min(axis=0),
             max=st[:, 2].max(axis=0),
             dtype=np.dtype(Xd.dtype),
