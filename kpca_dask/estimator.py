@@ -83,8 +83,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         "precomputed": ``fit`` takes the n x n kernel matrix (numpy, dask,
         zarr or scipy.sparse; read in square blocks, never copied whole; a
         matrix that is not exactly symmetric is used through its symmetric
-        part) and ``transform`` the ``n_new x n`` kernel between new and
-        training rows (docs/sklearn.md).
+        part, with an AsymmetricKernelWarning beyond rounding) and
+        ``transform`` the ``n_new x n`` kernel between new and training rows
+        (docs/sklearn.md). rbf and laplacian are evaluated on rows minus the
+        training mean (``kernel_.center``; exact far from the origin,
+        docs/solvers.md "Kernel evaluation").
     gamma : float, "scale" or None, default=None
         Kernel coefficient of rbf, laplacian, poly and sigmoid. None means
         ``1 / n_features``; "scale" is the median heuristic on a sample of at
