@@ -253,3 +253,21 @@ def test_precomputed_kernel_symmetric_to_rounding_is_silent():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         KernelPCA(K, kernel="precomputed", eigen_solver="dense").fit(noisy)
+
+
+# ------------------------------------------------- what cannot be met is said
+def test_feature_space_offset_warns_where_rounding_exceeds_tol():
+    """Polynomial and linear kernels are not translation invariant: far from the origin
+    their values dwarf the centred spectrum. Near the origin: silent; far: a
+    PrecisionWarning naming the ratio and the fix."""
+    X0 = normal_rows(200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        KernelPCA(K, kernel="poly", gamma=1 / D, eigen_solver="dense").fit(X0)
+        KernelPCA(K, kernel="linear", eigen_solver="dense", dtype="float32").fit(X0)
+    with pytest.warns(PrecisionWarning, match=r"trace\(K\) / trace\(Kc\).*preprocess"):
+        KernelPCA(K, kernel="poly", gamma=1 / D, eigen_solver="dense", dtype="float32").fit(
+            X0 + 100.0
+        )
+    with pytest.warns(PrecisionWarning, match=r"linear kernel's values are 1\.\d+e\+08 times"):
+        KernelPCA(K, kernel="linear", eigen_solver="dense").fit(X0 + 1e4)
