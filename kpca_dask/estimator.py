@@ -38,7 +38,7 @@ from .exceptions import (
 )
 from .persistence import load_state, save_state
 from .plan import FitPlan
-from .precision import centre_kernel, check_centred_scale
+from .precision import centre_kernel, check_centred_scale, is_distance_kernel
 from .preimage import warn_not_converged
 from .preprocess import Scaler
 from .projection import project_block
@@ -587,7 +587,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         )
         stats = None  # a precomputed K is checked by its own first read (inspect)
         if not plan.precomputed:  # one pass: NaN/inf, and the distance kernels' centre
-            stats = V.check_finite(Xd, names=names, column_stats=True)
+            stats = V.check_finite(
+                Xd, names=names, column_stats=is_distance_kernel(self.kernel)
+            )
         if v0 is not None:  # before any work on X: a wrong v0 costs nothing
             v0 = V.check_start_vectors(v0, n, plan.solver)
         self.preprocess_ = scaler = _pre.for_fit(
@@ -610,7 +612,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             Xb = Xb.persist()
 
         plan = _plan.resolve_kernel(plan, params, Xb)
-        plan = centre_kernel(plan, stats, scaler, self._dtype)
+        plan = centre_kernel(plan, stats, scaler)
         self.gamma_ = plan.gamma
         self.kernel_ = plan.kernel
         self.eigen_solver_ = plan.solver

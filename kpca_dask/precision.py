@@ -23,7 +23,15 @@ import numpy as np
 
 from .exceptions import PrecisionWarning
 
-__all__ = ["INPUT_STEP_WARN", "centre_kernel", "input_step_ratio"]
+__all__ = [
+    "INPUT_STEP_WARN",
+    "centre_kernel",
+    "centred_for_rows",
+    "check_centred_scale",
+    "grid_rounded",
+    "input_step_ratio",
+    "is_distance_kernel",
+]
 
 #: Warn when the input dtype's rounding of a column's values (half a unit in the last
 #: place of its largest magnitude) exceeds this fraction of the column's range.
@@ -67,7 +75,18 @@ def grid_rounded(mean: Any, span: Any) -> np.ndarray:
     return np.where(ok, np.round(mean / step) * step, mean)
 
 
-def centre_kernel(plan: Any, stats: Any, scaler: Any = None, dtype: Any = None) -> Any:
+def is_distance_kernel(kernel: Any) -> bool:
+    """Whether the ``kernel`` parameter names a translation-invariant (distance) kernel."""
+    from .kernels import KERNELS
+
+    return (
+        isinstance(kernel, str)
+        and kernel in KERNELS
+        and KERNELS[kernel][0].translation_invariant
+    )
+
+
+def centre_kernel(plan: Any, stats: Any, scaler: Any = None) -> Any:
     """``plan`` with its kernel centred on the training mean (distance-based kernels;
     ``plan`` itself otherwise), after checking the input's precision."""
     kernel = plan.kernel
