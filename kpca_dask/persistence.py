@@ -22,6 +22,10 @@ Layout of a saved model (``attrs["model_kind"]`` says which)::
       preimage_indices      (s,) int64, those rows in the training data
       preimage_mean         (d,) linear kernel only: exact pre-image mean + z @ components
       preimage_components   (k, d) linear kernel only
+    distance-based kernels (rbf, laplacian), optional:
+      kernel_center         (d,) float64, the training mean the kernel evaluates rows
+                            minus (kpca_dask.precision); models without it evaluate on
+                            uncentred rows
 
 The attributes record the format name, a schema version, the estimator's
 parameters, the kernel (named kernels only: a callable cannot be stored

@@ -18,6 +18,7 @@ from kpca_dask.exceptions import (
     ConstantKernelError,
     ConvergenceWarning,
     DroppedComponentsWarning,
+    PrecisionWarning,
 )
 from kpca_dask.plan import auto_block_rows, resolve_solver
 
@@ -275,6 +276,7 @@ def solve(
         # an uncertified solve is logged and then judged by check_fit (max_residual)
         warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
         warnings.simplefilter("always", ConvergenceWarning)
+        warnings.simplefilter("always", PrecisionWarning)
         try:
             # the pipeline's cluster is the one its config names: every fit runs there
             with dask.config.set({EXECUTION_CONFIG: "cluster"}):
@@ -283,7 +285,9 @@ def solve(
             raise SolveError(CONSTANT_KERNEL) from e
     del X_train  # rows kept in the workers' memory are released with it
     for w in caught:
-        if issubclass(w.category, ConvergenceWarning):
+        # an uncertified solve, or a precision the data/kernel cannot support: the log's
+        # warning line (the run goes on; check_fit judges the residuals)
+        if issubclass(w.category, (ConvergenceWarning, PrecisionWarning)):
             logger.warning("solve: %s", w.message)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

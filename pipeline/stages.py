@@ -42,6 +42,7 @@ import dask.array as da
 import numpy as np
 
 from kpca_dask.plan import auto_block_rows, resolve_solver
+from kpca_dask.precision import centred_for_rows
 
 from .cluster import release_worker_memory
 from .completeness import DENSE
@@ -522,7 +523,8 @@ def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResul
         store = run_layout(cfg).kernel
         ks = build_kernel_store(
             X_train,
-            plan.kernel,
+            # distance kernels on rows minus their mean: exact far from the origin
+            centred_for_rows(plan.kernel, X_train),
             cfg.solver.dtype,
             store,
             input_fingerprint=_kernel_input(res.fingerprint, split),
