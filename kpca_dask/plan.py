@@ -169,6 +169,38 @@ class FitPlan:
     gamma: float | None = None
     #: The kernel, ``gamma`` resolved (None until :func:`resolve_kernel`).
     kernel: Kernel | None = None
+    #: ``n_components`` and ``n_oversamples`` as given (the block width of the passes).
+    n_components: int | None = None
+    n_oversamples: int = 16
+    #: The kernel's name as given ("callable" for a function), for the cost model.
+    kernel_name: str = "rbf"
+    #: ``nystroem_method`` as given.
+    nystroem_method: str = "auto"
+
+    def estimate(self, cluster: Any = None, machine: Any = None, **kw: Any) -> Any:
+        """The cost model's prediction for this plan (:func:`kpca_dask.cost.estimate`):
+        tasks, bytes moved, memory and time per stage on ``cluster``
+        (:class:`kpca_dask.cost.Cluster`; default: one worker of one thread) with the
+        constants of ``machine`` (default: ``kpca calibrate``'s file, else built-in
+        ones). Keywords: ``passes``, ``kernel_cache``, ``input_in_memory``.
+
+        >>> import dask.array as da
+        >>> from kpca_dask import KernelPCA
+        >>> from kpca_dask.cost import Cluster
+        >>> X = da.zeros((1_000_000, 64), chunks=(100_000, 64))
+        >>> p = KernelPCA(16, kernel="rbf", eigen_solver="randomized").plan(X, kernel=False)
+        >>> e = p.estimate(Cluster(workers=16, threads=8), passes=10)
+        >>> e.block_tasks_per_pass <= 20_000
+        True
+        """
+        from .cost import estimate
+
+        kw.setdefault("n_components", self.n_components)
+        kw.setdefault("n_oversamples", self.n_oversamples)
+        kw.setdefault(
+            "params", {"kernel": self.kernel_name, "nystroem_method": self.nystroem_method}
+        )
+        return estimate(self, cluster, machine, **kw)
 
     @property
     def n_blocks(self) -> int:
@@ -183,11 +215,69 @@ class FitPlan:
         return self.solver != "nystroem" or kind == "numpy" or nbytes <= NYSTROEM_PERSIST_BYTES
 
 
-def auto_block_rows(n: int, target: int = 2048, min_rows: int = 256) -> int:
-    """Rows per block: about ``target`` (a 16-32 MB kernel block, tens of ms of work per
-    task), and at least 6 row blocks (21 upper-block tasks) when n allows, so that the
-    tasks of a pass balance over the cores."""
-    nb = max(1, math.ceil(n / target))
+#: Rows per block of the exact solvers' kernel partition below ``LARGE_BLOCK_MIN_SAMPLES``:
+#: a 16 MB float32 block, tens of ms of work per task.
+EXACT_BLOCK_ROWS = 2048
+
+#: From this many samples the exact blocks have ``LARGE_BLOCK_ROWS`` rows: measured at
+#: n = 100 000 (pipeline, 2 workers), 63.2 s against 72.5 s for the solve with 4096-row
+#: blocks (README, "the exact solve against the roofline").
+LARGE_BLOCK_MIN_SAMPLES = 50_000
+LARGE_BLOCK_ROWS = 4096
+
+#: Upper bound on the block tasks of one pass ("low thousands"): beyond it the blocks
+#: grow instead. At ~1 ms of scheduler time a task (``kpca calibrate`` measures it) a
+#: pass then costs seconds of scheduling, not minutes (issue 28: 119 805 tasks at
+#: n = 1M with 2 045-row blocks). A cluster with more threads than this gets one task
+#: per thread instead (no idle core), never more than ``MAX_TASKS_PER_PASS``.
+TASKS_PER_PASS = 4000
+MAX_TASKS_PER_PASS = 20_000
+
+#: Largest block a worker allocates whole (a stored or read kernel block, the
+#: ``memory`` cache's blocks) without glibc's mmap path: the workers'
+#: ``MALLOC_MMAP_THRESHOLD_`` (pipeline.cluster.WORKER_MALLOC_ENV), whose ceiling on
+#: 64-bit glibc is 32 MiB. A buffer above it is a fresh mmap whose pages fault in one by
+#: one (docs/tuning.md: 76.5 ms against 38.4 ms a stored block).
+STORED_BLOCK_BYTES = 32 << 20
+
+
+def _upper_tasks(nb: int) -> int:
+    return nb * (nb + 1) // 2
+
+
+def auto_block_rows(
+    n: int,
+    solver: str = "randomized",
+    *,
+    threads: int | None = None,
+    stored_itemsize: int | None = None,
+    min_rows: int = 256,
+) -> int:
+    """Rows per block of the kernel partition (``chunk_size="auto"``): the one rule the
+    estimator and the pipeline use.
+
+    Exact solvers: about ``EXACT_BLOCK_ROWS`` rows, ``LARGE_BLOCK_ROWS`` from
+    ``LARGE_BLOCK_MIN_SAMPLES`` rows on; larger blocks when a pass would have more than
+    ``TASKS_PER_PASS`` upper-block tasks (or one per thread of a ``threads``-thread
+    cluster, at most ``MAX_TASKS_PER_PASS``); at least 6 row blocks (21 tasks) when n
+    allows, so that a pass balances over the cores. ``stored_itemsize``: the blocks are
+    materialised whole (kernel store) in that many bytes per value: at most
+    ``STORED_BLOCK_BYTES`` a block. Nyström: about ``NYSTROEM_BLOCK_ROWS`` rows, and at
+    most ``TASKS_PER_PASS`` blocks (a task holds a strip, not its block).
+    """
+    n = int(n)
+    if solver == "nystroem":
+        nb = max(1, math.ceil(n / NYSTROEM_BLOCK_ROWS))
+        nb = min(nb, TASKS_PER_PASS)
+    else:
+        target = LARGE_BLOCK_ROWS if n >= LARGE_BLOCK_MIN_SAMPLES else EXACT_BLOCK_ROWS
+        if stored_itemsize:
+            target = min(target, int(math.isqrt(STORED_BLOCK_BYTES // int(stored_itemsize))))
+        nb = max(1, math.ceil(n / target))
+        cap = max(TASKS_PER_PASS, int(threads or 0))
+        cap = min(cap, MAX_TASKS_PER_PASS)
+        if _upper_tasks(nb) > cap and not stored_itemsize:
+            nb = max(1, (math.isqrt(8 * cap + 1) - 1) // 2)
     if nb < 6:
         nb = max(nb, min(6, n // min_rows))
     return math.ceil(n / nb)
@@ -335,13 +425,19 @@ def resolve_solver(params: Mapping[str, Any], n: int, exact_inputs: bool = False
 
 
 def make_plan(
-    params: Mapping[str, Any], n_samples: int, n_features: int, *, exact_inputs: bool = False
+    params: Mapping[str, Any],
+    n_samples: int,
+    n_features: int,
+    *,
+    exact_inputs: bool = False,
+    threads: int | None = None,
 ) -> FitPlan:
     """The plan of a fit on ``n_samples x n_features`` rows, without its kernel (no data read).
 
     ``params`` are the estimator's (``get_params(deep=False)``), already checked by
     :func:`check_params`. ``exact_inputs``: stored kernel blocks or centring statistics
-    will be given (they rule out Nyström).
+    will be given (they rule out Nyström). ``threads``: of the cluster the fit will run
+    on (None: the active one's, asked only when the block rule depends on it).
     """
     n, d = int(n_samples), int(n_features)
     if params["n_components"] is not None:
@@ -355,10 +451,12 @@ def make_plan(
     )
     if params["chunk_size"] != "auto":
         rows = min(int(params["chunk_size"]), n)
-    elif solver == "nystroem":
-        rows = auto_block_rows(n, target=NYSTROEM_BLOCK_ROWS)
     else:
-        rows = auto_block_rows(n)
+        if threads is None and solver != "nystroem" and n > 200_000:
+            from .gram import _cluster_threads
+
+            threads = _cluster_threads()
+        rows = auto_block_rows(n, solver, threads=threads)
     dtype = V.resolve_dtype(params["dtype"])
     tol = params["tol"]
     if not tol:  # None or scikit-learn's 0: the precision's default
@@ -381,6 +479,10 @@ def make_plan(
         preimage=preimage,
         precomputed=precomputed,
         exact_inputs=exact_inputs,
+        n_components=params["n_components"],
+        n_oversamples=int(params["n_oversamples"]),
+        kernel_name=params["kernel"] if isinstance(params["kernel"], str) else "callable",
+        nystroem_method=params.get("nystroem_method", "auto"),
     )
 
 
@@ -406,6 +508,7 @@ def resolve_gamma(
     S = np.asarray(rows[idx].compute(), dtype=np.float64)
     iu = np.triu_indices(m, 1)
     if name == "rbf":
+        S = S - S.mean(axis=0)  # distances are translation invariant: no cancellation
         sq = np.einsum("ij,ij->i", S, S)
         stat = np.maximum(sq[:, None] + sq[None, :] - 2 * S @ S.T, 0)[iu]
         med, factor = np.median(stat), 2.0

@@ -381,7 +381,9 @@ class ChunkConfig(_Model):
         description="Target size of one ingested row chunk in MB (50-200 MB suits clusters).",
     )
     block_rows: int | Literal["auto"] = Field(
-        "auto", description="Rows per block of the kernel partition ('auto': ~2048)."
+        "auto",
+        description="Rows per block of the kernel partition ('auto': ~2048, ~4096 from "
+        "50 000 rows, larger beyond ~350 000; docs/scaling.md).",
     )
 
     @field_validator("block_rows")
@@ -480,6 +482,15 @@ class ClusterConfig(_Model):
         description="Fail the run when every worker has been paused at its "
         "memory limit for this many seconds with work pending (a paused worker whose memory "
         "never drops would wait forever); null waits forever.",
+    )
+    worker_timeout: float | None = Field(
+        120.0,
+        gt=0,
+        description="Seconds a Dask worker may go without answering (no heartbeat to the "
+        "scheduler, no reply to the visibility probe) before the run stops with one line "
+        "naming it (exit 1); a stopped or cut-off worker would otherwise hang the run for "
+        "ever. Well above the workers' heartbeat interval (0.5-5 s); null waits forever. "
+        "See docs/cluster.md.",
     )
 
     @field_validator("memory_limit")

@@ -7,16 +7,20 @@ import time
 import warnings
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 
 from kpca_dask import KernelPCA
+from kpca_dask import cost as _cost
+from kpca_dask.cost import EXECUTION_CONFIG
 from kpca_dask.exceptions import (
     ConstantKernelError,
     ConvergenceWarning,
     DroppedComponentsWarning,
+    PrecisionWarning,
 )
-from kpca_dask.plan import NYSTROEM_BLOCK_ROWS, auto_block_rows, resolve_solver
+from kpca_dask.plan import auto_block_rows, resolve_solver
 
 from .config import PipelineConfig
 from .denoise import estimator_params
@@ -187,7 +191,7 @@ def nystroem_rows(
     """
     n = int(X.shape[0])
     if cfg.chunks.block_rows == "auto":
-        r = auto_block_rows(n, target=NYSTROEM_BLOCK_ROWS)
+        r = auto_block_rows(n, "nystroem")
     else:
         r = min(int(cfg.chunks.block_rows), n)
     X = X.rechunk({0: r, 1: -1})
@@ -257,6 +261,7 @@ def solve(
     if block_reader is None and nystroem:
         X_train, reading = nystroem_rows(X_train, cfg)
         est.set_params(chunk_size=reading["block_rows"])
+    predicted = _predict(est, X_train, block_reader, reading)
     fit_kw: dict[str, Any] = {}
     if v0 is not None and nystroem:
         logger.info("solve: no warm start: the fit resolved to the Nyström solver")
@@ -271,13 +276,18 @@ def solve(
         # an uncertified solve is logged and then judged by check_fit (max_residual)
         warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
         warnings.simplefilter("always", ConvergenceWarning)
+        warnings.simplefilter("always", PrecisionWarning)
         try:
-            est.fit(X_train, **fit_kw)
+            # the pipeline's cluster is the one its config names: every fit runs there
+            with dask.config.set({EXECUTION_CONFIG: "cluster"}):
+                est.fit(X_train, **fit_kw)
         except ConstantKernelError as e:
             raise SolveError(CONSTANT_KERNEL) from e
     del X_train  # rows kept in the workers' memory are released with it
     for w in caught:
-        if issubclass(w.category, ConvergenceWarning):
+        # an uncertified solve, or a precision the data/kernel cannot support: the log's
+        # warning line (the run goes on; check_fit judges the residuals)
+        if issubclass(w.category, (ConvergenceWarning, PrecisionWarning)):
             logger.warning("solve: %s", w.message)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -300,6 +310,8 @@ def solve(
         "seconds": time.perf_counter() - t0,
         **reading,
     }
+    if predicted is not None:
+        info["cost_model"] = _measured(predicted, est, fit_s)
     if "v0" in fit_kw:
         info["warm_start"] = est.solver_info_.get("warm_start")
     logger.info(
@@ -311,3 +323,50 @@ def solve(
         fit_s,
     )
     return est, info
+
+
+def _predict(
+    est: KernelPCA, X_train: da.Array, block_reader: Any, reading: dict[str, Any]
+) -> tuple | None:
+    """The cost model's prediction of this fit on the active cluster (None when it cannot
+    be made: the run goes on without it)."""
+    try:
+        from distributed import default_client
+
+        cluster = _cost.Cluster.from_client(default_client())
+    except (ImportError, ValueError):
+        cluster = _cost.Cluster.local()
+    try:
+        plan = est.plan(X_train, kernel=False)
+        kw = {
+            "kernel_cache": "store" if block_reader is not None else "recompute",
+            "input_in_memory": bool(reading.get("rows_in_memory", True)),
+        }
+        machine = _cost.load_machine()
+        return plan, cluster, machine, kw, plan.estimate(cluster, machine, **kw)
+    except Exception as exc:  # the model must never fail a run
+        logger.info("solve: no cost prediction (%s)", exc)
+        return None
+
+
+def _measured(predicted: tuple, est: KernelPCA, fit_s: float) -> dict[str, Any]:
+    """The prediction beside what happened: the manifest's ``cost_model`` block."""
+    plan, cluster, machine, kw, est0 = predicted
+    passes = int(getattr(est, "n_passes_", 0) or 0)
+    out: dict[str, Any] = {
+        "predicted": est0.to_dict(),
+        "measured": {
+            "fit_seconds": fit_s,
+            "passes": passes,
+            "pass_seconds": list(est.solver_info_.get("pass_seconds") or []),
+            "solver": est.eigen_solver_,
+        },
+    }
+    if passes and est0.solver == est.eigen_solver_:
+        try:
+            re = plan.estimate(cluster, machine, passes=passes, **kw)
+            out["predicted_at_measured_passes"] = {"seconds": re.seconds, "bound": re.bound}
+            out["measured_over_predicted"] = fit_s / re.seconds if re.seconds else None
+        except Exception as exc:  # pragma: no cover - the first estimate worked
+            logger.info("solve: no re-priced prediction (%s)", exc)
+    return out

@@ -42,9 +42,11 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from kpca_dask.plan import auto_block_rows
+from kpca_dask.plan import auto_block_rows, resolve_solver
+from kpca_dask.precision import centred_for_rows
 
 from .cluster import release_worker_memory
+from .completeness import DENSE
 from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
@@ -383,11 +385,22 @@ def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> tuple[da.
     X = src.X if mask is None else src.X[mask.astype(bool)]
     n = int(X.shape[0])
     r = (
-        auto_block_rows(n)
+        _auto_rows(cfg, n, int(X.shape[1]))
         if cfg.chunks.block_rows == "auto"
         else min(int(cfg.chunks.block_rows), n)
     )
     return X.rechunk({0: r, 1: -1}), r
+
+
+def _auto_rows(cfg: Any, n: int, d: int) -> int:
+    """The estimator's block rule (kpca_dask.plan.auto_block_rows) for this run's solver,
+    on the active cluster, with stored blocks capped when the kernel is materialised."""
+    from kpca_dask.cost import cluster_threads
+
+    solver = resolve_solver(make_planner(cfg).get_params(), n)
+    materialize, _ = plan_materialize(cfg.kernel_store.materialize, solver, d)
+    itemsize = np.dtype(cfg.solver.dtype).itemsize if materialize else None
+    return auto_block_rows(n, solver, threads=cluster_threads(), stored_itemsize=itemsize)
 
 
 def _store_array(g, name: str, arr: da.Array, rows) -> None:
@@ -395,7 +408,7 @@ def _store_array(g, name: str, arr: da.Array, rows) -> None:
         del g[name]
     arr = arr.rechunk({0: rows})
     dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-    z = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows[0],))
+    z = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows[0],), config=DENSE)
     da.store(arr, z, lock=False)
 
 
@@ -518,7 +531,8 @@ def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResul
         store = run_layout(cfg).kernel
         ks = build_kernel_store(
             X_train,
-            plan.kernel,
+            # distance kernels on rows minus their mean: exact far from the origin
+            centred_for_rows(plan.kernel, X_train),
             cfg.solver.dtype,
             store,
             input_fingerprint=_kernel_input(res.fingerprint, split),
@@ -734,6 +748,7 @@ def stage_export(
     """
     # the manifest records where the stores are, not how they were opened (as before)
     model = dict(solved.info)
+    cost_model = model.pop("cost_model", None)  # its own manifest key (docs/scaling.md)
     denoised = (
         {k: v for k, v in denoised.items() if k != "checksums"}
         if denoised and denoised.get("enabled")
@@ -750,6 +765,7 @@ def stage_export(
             "kernel_store": _without_options(kernel.to_dict()),
             "evaluation": _summary(evaluation) if evaluation else None,
             "denoise": denoised,
+            "cost_model": cost_model,
         },
     )
 

@@ -46,9 +46,13 @@ def dask_cluster():
 
 @pytest.fixture
 def dask_client(dask_cluster):
+    """A client of ``dask_cluster``; the estimator runs every fit on the cluster (its
+    execution rule would run these small fits on local threads: tests/kpca_dask/
+    test_cost.py tests the rule itself)."""
+    import dask
     from distributed import Client
 
-    with Client(dask_cluster) as client:
+    with Client(dask_cluster) as client, dask.config.set({"kpca.execution": "cluster"}):
         yield client
 
 

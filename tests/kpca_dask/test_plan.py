@@ -146,7 +146,8 @@ def test_plan_refuses_what_fit_refuses(est, data, kw, error, match):
 
 
 def test_auto_block_rows_balances_small_inputs():
-    assert auto_block_rows(100_000) == 2041  # ~2048 rows a block
+    assert auto_block_rows(20_000) == 2000  # ~2048 rows a block below 50 000 rows
+    assert auto_block_rows(100_000) == 4000  # ~4096 from 50 000 rows on
     assert -(-3000 // auto_block_rows(3000)) == 6  # at least 6 blocks when n allows
     assert auto_block_rows(300) == 300  # one block below 2 x 256 rows
 
