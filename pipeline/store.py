@@ -394,9 +394,18 @@ def fingerprint_arrays(arrays: dict[str, da.Array], extra: Any = None) -> str:
     return "blake2b:" + h.hexdigest()
 
 
-def array_checksum(arr: zarr.Array | da.Array) -> str:
-    """SHA-256 over per-chunk digests of an array's values (order-stable)."""
-    d = arr if isinstance(arr, da.Array) else da.from_zarr(arr)
+def array_checksum(arr: zarr.Array | da.Array, *, fix: str = "") -> str:
+    """SHA-256 over per-chunk digests of an array's values (order-stable).
+
+    A zarr array is read chunk by chunk through :func:`pipeline.verify.checked_array`: a
+    chunk that cannot be decoded is a CorruptObjectError naming it (``fix``: what the
+    message tells the reader to do), a store failure a StoreError."""
+    if isinstance(arr, da.Array):
+        d = arr
+    else:
+        from .verify import checked_array
+
+        d = checked_array(arr, fix=fix)
     (digests,) = dask.compute(_digest_blocks(d))
     h = hashlib.sha256(f"{d.shape}:{d.dtype.str}".encode())
     h.update(np.ascontiguousarray(digests).tobytes())

@@ -1,0 +1,241 @@
+"""Verified reads of stored zarr arrays: no missing chunk read as zeros, no damaged chunk
+read as a traceback, no edited attribute taken as it is.
+
+zarr reads an absent chunk as the array's fill value without a word, and a truncated or
+garbled chunk raises the codec's own error (``Zstd decompression error``) that names no
+object. Every read of data the pipeline relies on (a published run, an ingest store, a
+base run's rows in an update's lineage) goes through this module instead:
+
+* :func:`check_present` lists the array's chunk objects (one listing, no chunk read) and
+  refuses, naming the first (``<array>/c/2/0``), any chunk that is absent and not recorded
+  as absent when the array was written (zarr skips chunks equal to the fill value unless
+  ``write_empty_chunks`` is set; the manifest records those, :func:`absent_chunks`);
+* :func:`checked_array` is a dask array whose tasks read one chunk each and turn a decoding
+  error into :class:`~pipeline.errors.CorruptObjectError` naming the chunk, a failure of
+  the store into :class:`~pipeline.errors.StoreError` naming it and the operation, and
+  (given the digests recorded when it was written) a chunk whose values changed into a
+  CorruptObjectError naming the chunk;
+* :func:`attrs_digest` is the SHA-256 of an array's or group's attributes (canonical
+  JSON), which the manifest records per array (``integrity.attrs``), so that an edited
+  ``classes`` or ``columns`` fails verification like an edited value.
+
+The functions take zarr arrays/groups or a :class:`~pipeline.store.Location` (whatever
+prefix a run is published under); they know no run layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from .errors import CorruptObjectError, PipelineError, StoreError
+
+__all__ = [
+    "INTEGRITY_VERSION",
+    "absent_chunks",
+    "attrs_digest",
+    "check_present",
+    "checked_array",
+    "is_store_failure",
+    "object_name",
+    "open_checked_group",
+    "read_chunk",
+    "store_error",
+]
+
+#: version of the manifest's ``integrity`` record (attribute digests, absent chunks);
+#: manifests without the record (written before it) verify as they did: values only
+INTEGRITY_VERSION = 1
+
+#: modules whose exceptions mean the store (or the network to it) failed, not the bytes
+_STORE_MODULES = (
+    "botocore",
+    "aiobotocore",
+    "aiohttp",
+    "s3fs",
+    "gcsfs",
+    "google",
+    "adlfs",
+    "azure",
+    "requests",
+    "urllib3",
+    "fsspec",
+)
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """The store or the way to it failed (an OS/network error, an SDK's error), as opposed
+    to bytes that were read but cannot be decoded."""
+    if isinstance(exc, PipelineError):
+        return isinstance(exc, StoreError)
+    if isinstance(exc, OSError):  # ConnectionError, TimeoutError, PermissionError...
+        return True
+    return any(
+        type(e).__module__.split(".")[0] in _STORE_MODULES for e in type(exc).__mro__[:-2]
+    )
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg[:limit]}" if msg else type(exc).__name__
+
+
+def store_error(operation: str, what: str, exc: BaseException) -> StoreError:
+    """A :class:`StoreError` naming the operation (read, write, list, delete) and the
+    object; the store's own message kept short."""
+    if isinstance(exc, StoreError):
+        return exc
+    perm = isinstance(exc, PermissionError) or "AccessDenied" in str(exc)
+    hint = (
+        "the credentials in use may not (any longer) be allowed to"
+        if perm
+        else "the store failed (its client retried with backoff first)"
+    )
+    return StoreError(f"cannot {operation} {what}: {hint} ({_short(exc)})")
+
+
+def object_name(z: Any, key: str | None = None) -> str:
+    """``<store url>/<array path>[/<chunk key>]`` of a zarr array (or group)."""
+    base = str(z.store_path).rstrip("/").removeprefix("file://")
+    return f"{base}/{key}" if key else base
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(
+        obj,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        allow_nan=True,
+        default=str,
+    )
+
+
+def attrs_digest(node: Any) -> str:
+    """SHA-256 of a zarr array's or group's attributes, as canonical JSON."""
+    return "sha256:" + hashlib.sha256(_canonical(dict(node.attrs)).encode()).hexdigest()
+
+
+def _chunk_key(z: Any, idx: tuple[int, ...]) -> str:
+    """The key of the stored object holding block ``idx`` of ``z.chunks`` (its shard when
+    sharded)."""
+    shards = getattr(z, "shards", None)
+    if shards:
+        idx = tuple(i * c // s for i, c, s in zip(idx, z.chunks, shards))
+    return z.metadata.encode_chunk_key(idx)
+
+
+def absent_chunks(z: Any) -> list[str]:
+    """Keys of the chunk objects of ``z`` that its store does not hold (listed, not read)."""
+    from kpca_dask.validation import missing_zarr_chunks
+
+    try:
+        missing = missing_zarr_chunks(z)
+    except Exception as exc:
+        if is_store_failure(exc):
+            raise store_error("list", object_name(z), exc) from exc
+        raise
+    return [z.metadata.encode_chunk_key(i) for i in missing]
+
+
+def check_present(z: Any, *, allowed: Any = (), fix: str = "") -> None:
+    """Refuse (CorruptObjectError naming the first) chunks of ``z`` absent from its store
+    other than the ``allowed`` keys (chunks equal to the fill value, never written)."""
+    from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
+
+    allowed = set(allowed or ())
+    try:
+        missing = [
+            i for i in missing_zarr_chunks(z) if z.metadata.encode_chunk_key(i) not in allowed
+        ]
+    except Exception as exc:
+        if is_store_failure(exc):
+            raise store_error("list", object_name(z), exc) from exc
+        raise
+    if missing:
+        key = z.metadata.encode_chunk_key(missing[0])
+        rows = describe_missing_chunks(z, missing).rpartition(", ")[2].rstrip(")")
+        more = f" (and {len(missing) - 1} more chunks)" if len(missing) > 1 else ""
+        raise CorruptObjectError(
+            f"chunk {object_name(z, key)} ({rows}) is missing{more}: zarr would read it as "
+            f"zeros{'; ' + fix if fix else ''}"
+        )
+
+
+def read_chunk(z: Any, idx: tuple[int, ...], *, fix: str = "") -> np.ndarray:
+    """Block ``idx`` of ``z`` (``z.chunks`` grid): a StoreError when the store fails, a
+    CorruptObjectError naming the chunk when its bytes cannot be decoded."""
+    key = _chunk_key(z, idx) if z.ndim else "c"
+    try:
+        return np.asarray(z.get_block_selection(idx) if z.ndim else z[...])
+    except PipelineError:
+        raise
+    except Exception as exc:
+        if is_store_failure(exc):
+            raise store_error("read", object_name(z, key), exc) from exc
+        raise CorruptObjectError(
+            f"chunk {object_name(z, key)} cannot be decoded ({_short(exc, 120)}): the chunk is "
+            f"truncated or damaged{'; ' + fix if fix else ''}"
+        ) from exc
+
+
+def checked_array(
+    z: Any, *, digests: np.ndarray | None = None, fix: str = "", what: str = ""
+) -> da.Array:
+    """``z`` as a dask array (chunked like ``da.from_zarr(z)``) whose every chunk read is
+    checked (:func:`read_chunk`); with ``digests`` (one 16-byte BLAKE2b per chunk, the
+    layout of :func:`pipeline.store._digest_blocks`, recorded when ``z`` was written) a
+    chunk whose values differ is refused, naming it and ``what`` recorded them."""
+    from dask.base import tokenize
+
+    from .store import _chunk_digest
+
+    d = da.from_zarr(z)  # only for its chunking (no task of it is computed)
+    if digests is not None:
+        digests = np.asarray(digests, dtype=np.uint8).reshape(d.numblocks + (16,))
+
+    def block(block_info=None):
+        idx = tuple(block_info[None]["chunk-location"])
+        x = read_chunk(z, idx, fix=fix)
+        if digests is not None and not np.array_equal(
+            _chunk_digest(x).reshape(-1), digests[idx]
+        ):
+            raise CorruptObjectError(
+                f"chunk {object_name(z, _chunk_key(z, idx))} differs from the digest recorded "
+                f"{what or 'when it was written'}: its values changed"
+                f"{'; ' + fix if fix else ''}"
+            )
+        return x
+
+    name = "checked-" + tokenize(object_name(z), d.shape, d.chunks, str(d.dtype), digests)
+    return da.map_blocks(
+        block,
+        chunks=d.chunks,
+        dtype=d.dtype,
+        meta=np.empty((0,) * d.ndim, dtype=d.dtype),
+        name=name,
+    )
+
+
+def open_checked_group(loc: Any, *, fix: str = "") -> Any:
+    """``loc.open_group("r")``: a StoreError naming the location when the store fails,
+    a CorruptObjectError naming its ``zarr.json`` when that cannot be parsed."""
+    try:
+        return loc.open_group("r")
+    except PipelineError:
+        raise
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        if is_store_failure(exc):
+            raise store_error("read", f"{loc}/zarr.json", exc) from exc
+        if isinstance(exc, ValueError | TypeError | KeyError):
+            raise CorruptObjectError(
+                f"{loc}/zarr.json cannot be read as zarr metadata ({_short(exc, 120)})"
+                f"{'; ' + fix if fix else ''}"
+            ) from exc
+        raise
