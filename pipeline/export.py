@@ -226,9 +226,18 @@ def integrity_record(out: Location, names: tuple[str, ...]) -> dict[str, Any]:
 _DO_NOT_USE = "do not use this run; re-run the pipeline (or restore the run from a copy)"
 
 
-def _check_integrity(out: Location, g: Any, record: dict[str, Any]) -> None:
-    """Attribute digests and chunk presence of a run against its manifest's ``integrity``
-    record (RunCorruptError / CorruptObjectError naming the array, attribute or chunk)."""
+def _check_integrity(
+    out: Location,
+    g: Any,
+    record: dict[str, Any],
+    *,
+    model: bool,
+    attrs: bool = True,
+    chunks: bool = True,
+) -> None:
+    """Attribute digests (``attrs``) and chunk presence (``chunks``) of the run's arrays,
+    or (``model``) of its model group and arrays, against the manifest's ``integrity``
+    record: RunCorruptError / CorruptObjectError naming the array, attribute or chunk."""
     if record.get("version") != INTEGRITY_VERSION:
         raise RunCorruptError(
             f"{out}: the manifest's integrity record has version {record.get('version')!r}; "
@@ -237,7 +246,10 @@ def _check_integrity(out: Location, g: Any, record: dict[str, Any]) -> None:
     absent = record.get("absent_chunks") or {}
     mg = None
     for name, expected in sorted((record.get("attrs") or {}).items()):
-        if name == "model" or name.startswith("model/"):
+        in_model = name == "model" or name.startswith("model/")
+        if in_model != model:
+            continue
+        if in_model:
             if mg is None:
                 mg = open_checked_group(out.child("model"), fix=_DO_NOT_USE)
             node = mg if name == "model" else mg.get(name[len("model/") :])
@@ -247,12 +259,12 @@ def _check_integrity(out: Location, g: Any, record: dict[str, Any]) -> None:
             raise RunCorruptError(
                 f"{out}: {name!r} listed in the manifest is missing; {_DO_NOT_USE}."
             )
-        if attrs_digest(node) != expected:
+        if attrs and attrs_digest(node) != expected:
             raise RunCorruptError(
                 f"{out}: the attributes of {name!r} (its zarr.json) changed after the run was "
                 f"published; {_DO_NOT_USE}."
             )
-        if name != "model":
+        if chunks and name != "model":
             check_present(node, allowed=absent.get(name), fix=_DO_NOT_USE)
 
 
@@ -321,8 +333,9 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
         )
     if check_arrays:
         g = open_checked_group(out, fix=_DO_NOT_USE)
-        if "integrity" in manifest:  # manifests written before it: values only
-            _check_integrity(out, g, manifest["integrity"] or {})
+        record = manifest.get("integrity")  # manifests written before it: values only
+        if record is not None:
+            _check_integrity(out, g, record or {}, model=False)
         for name, expected in manifest["checksums"].items():
             if name not in g:
                 raise RunCorruptError(
@@ -346,6 +359,8 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
                     f"{out}: checksum mismatch for file {rel!r}: it changed after the run was "
                     "published. Do not use this run; re-run the pipeline."
                 )
+        if record is not None:  # every model chunk there before it is read
+            _check_integrity(out, g, record or {}, model=True, attrs=False)
         try:
             attrs, _ = read_model_group(out.child("model").zarr_source())
         except Exception as exc:
@@ -363,4 +378,6 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
                 "(its checksums differ from the manifest's); re-run the "
                 "pipeline."
             )
+        if record is not None:  # the model's arrays' own attributes (zarr.json)
+            _check_integrity(out, g, record or {}, model=True, chunks=False)
     return manifest

@@ -32,7 +32,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from .errors import CorruptObjectError, PipelineError, StoreError
+from .errors import USER_OS_ERRORS, CorruptObjectError, PipelineError, StoreError
 
 __all__ = [
     "INTEGRITY_VERSION",
@@ -40,6 +40,7 @@ __all__ = [
     "attrs_digest",
     "check_present",
     "checked_array",
+    "describe_store_failure",
     "is_store_failure",
     "object_name",
     "open_checked_group",
@@ -239,3 +240,117 @@ def open_checked_group(loc: Any, *, fix: str = "") -> Any:
                 f"{'; ' + fix if fix else ''}"
             ) from exc
         raise
+
+
+#: frames of the storage stack whose name says which operation failed (innermost wins)
+_OPERATIONS = {
+    "set": "write",
+    "set_if_not_exists": "write",
+    "_pipe_file": "write",
+    "_put_file": "write",
+    "_upload_chunk": "write",
+    "_initiate_upload": "write",
+    "commit": "write",
+    "_call_s3": None,  # the S3 call itself: its operation name is in its locals
+    "get": "read",
+    "_cat_file": "read",
+    "_fetch_range": "read",
+    "_get_file": "read",
+    "_info": "read",
+    "_exists": "read",
+    "exists": "read",
+    "delete": "delete",
+    "delete_dir": "delete",
+    "_rm": "delete",
+    "_rm_file": "delete",
+    "rmdir": "delete",
+    "unlink": "delete",
+    "list": "list",
+    "list_prefix": "list",
+    "list_dir": "list",
+    "_ls": "list",
+    "_find": "list",
+    "_lsdir": "list",
+    "mkdir": "write",
+    "makedirs": "write",
+    "_mkdir": "write",
+}
+#: modules whose frames are the storage stack (a ``get`` elsewhere is not a store read)
+_STORAGE_CODE = (
+    "zarr.storage",
+    "zarr.abc.store",
+    "fsspec",
+    "s3fs",
+    "gcsfs",
+    "adlfs",
+    "pipeline.store",
+    "kpca_dask.removal",
+)
+_S3_CALLS = {"put": "write", "get": "read", "head": "read", "delete": "delete", "list": "list"}
+
+
+def _failed_operation(exc: BaseException) -> tuple[str | None, str | None]:
+    """(operation, object) of the innermost storage frame of ``exc``'s traceback (None
+    where it cannot be told: a traceback rebuilt from another process has no locals)."""
+    op = obj = None
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if code.co_name in _OPERATIONS and module.startswith(_STORAGE_CODE):
+            loc = tb.tb_frame.f_locals
+            what = _OPERATIONS[code.co_name]
+            if what is None:  # s3fs: _call_s3(method, ...) with method "put_object"...
+                name = getattr(loc.get("method"), "__name__", str(loc.get("method", "")))
+                what = next((v for k, v in _S3_CALLS.items() if k in name.lower()), None)
+                kw = loc.get("kwargs") or loc.get("kwarglist") or {}
+                if isinstance(kw, dict) and kw.get("Bucket"):
+                    key = kw.get("Key", kw.get("Prefix", ""))
+                    obj = f"s3://{kw['Bucket']}/{key}".rstrip("/")
+            else:
+                for k in ("key", "path", "rpath", "lpath", "prefix"):
+                    v = loc.get(k)
+                    if isinstance(v, str) and v:
+                        obj = v
+                        break
+            op = what or op
+        tb = tb.tb_next
+    return op, obj
+
+
+def describe_store_failure(exc: BaseException, where: str = "") -> str | None:
+    """One line for a failure of the store (None: ``exc`` is not one): the location, the
+    operation and the object where they can be told, and what to do."""
+    if isinstance(exc, StoreError):
+        return str(exc)
+    if isinstance(exc, PipelineError) or not is_store_failure(exc):
+        return None
+    if isinstance(exc, USER_OS_ERRORS) and not isinstance(exc, PermissionError):
+        return None  # a wrong path: the user's to fix (pipeline/errors.py)
+    op, obj = _failed_operation(exc)
+    filename = getattr(exc, "filename", None)
+    sdk = any(
+        type(e).__module__.split(".")[0] in _STORE_MODULES for e in type(exc).__mro__[:-2]
+    )
+    if not (op or filename or sdk):  # an OSError of the cluster's comms, not of a store
+        return None
+    obj = str(filename) if filename else obj
+    perm = isinstance(exc, PermissionError) or "AccessDenied" in str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        reason = _short(exc)
+    target = obj or where or "the store"
+    if where and obj and where not in obj and not obj.startswith(where.split("://")[-1]):
+        target = f"{obj} (in {where})"
+    action = f"{op} " if op else "use "
+    if perm:
+        return (
+            f"cannot {action}{target}: permission denied ({reason}); the credentials or file "
+            "permissions in use do not (any longer) allow it: restore them, then re-run the "
+            "same command."
+        )
+    return (
+        f"cannot {action}{target}: the store failed ({reason}) after the client's "
+        "retries; re-run the same command when it is reachable."
+    )

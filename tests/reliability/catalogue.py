@@ -1038,6 +1038,7 @@ EXTENSIONS = (
     "cases_cli",
     "cases_update",
     "cases_scale",
+    "cases_verify",
 )
 if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: spawned workers
     import importlib
