@@ -184,41 +184,43 @@ def read_chunk(z: Any, idx: tuple[int, ...], *, fix: str = "") -> np.ndarray:
         ) from exc
 
 
+def _read_checked(z: Any, idx: tuple[int, ...], expected: bytes | None, fix: str, what: str):
+    """One task of :func:`checked_array`: block ``idx`` read and checked."""
+    from .store import _chunk_digest
+
+    x = read_chunk(z, idx, fix=fix)
+    if expected is not None and _chunk_digest(x).tobytes() != expected:
+        raise CorruptObjectError(
+            f"chunk {object_name(z, _chunk_key(z, idx))} differs from the digest recorded "
+            f"{what or 'when it was written'}: its values changed{'; ' + fix if fix else ''}"
+        )
+    return x
+
+
 def checked_array(
     z: Any, *, digests: np.ndarray | None = None, fix: str = "", what: str = ""
 ) -> da.Array:
     """``z`` as a dask array (chunked like ``da.from_zarr(z)``) whose every chunk read is
     checked (:func:`read_chunk`); with ``digests`` (one 16-byte BLAKE2b per chunk, the
     layout of :func:`pipeline.store._digest_blocks`, recorded when ``z`` was written) a
-    chunk whose values differ is refused, naming it and ``what`` recorded them."""
+    chunk whose values differ is refused, naming it and ``what`` recorded them. One task
+    per chunk, each carrying only its own digest."""
     from dask.base import tokenize
-
-    from .store import _chunk_digest
+    from dask.highlevelgraph import HighLevelGraph
 
     d = da.from_zarr(z)  # only for its chunking (no task of it is computed)
     if digests is not None:
         digests = np.asarray(digests, dtype=np.uint8).reshape(d.numblocks + (16,))
-
-    def block(block_info=None):
-        idx = tuple(block_info[None]["chunk-location"])
-        x = read_chunk(z, idx, fix=fix)
-        if digests is not None and not np.array_equal(
-            _chunk_digest(x).reshape(-1), digests[idx]
-        ):
-            raise CorruptObjectError(
-                f"chunk {object_name(z, _chunk_key(z, idx))} differs from the digest recorded "
-                f"{what or 'when it was written'}: its values changed"
-                f"{'; ' + fix if fix else ''}"
-            )
-        return x
-
-    name = "checked-" + tokenize(object_name(z), d.shape, d.chunks, str(d.dtype), digests)
-    return da.map_blocks(
-        block,
-        chunks=d.chunks,
-        dtype=d.dtype,
-        meta=np.empty((0,) * d.ndim, dtype=d.dtype),
-        name=name,
+    token = tokenize(object_name(z), d.shape, d.chunks, str(d.dtype), digests, fix, what)
+    name = "checked-" + token
+    zkey = "checked-zarr-" + token
+    dsk: dict[Any, Any] = {zkey: z}
+    for idx in np.ndindex(*d.numblocks):
+        expected = None if digests is None else digests[idx].tobytes()
+        dsk[(name, *idx)] = (_read_checked, zkey, idx, expected, fix, what)
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
+    return da.Array(
+        graph, name, chunks=d.chunks, dtype=d.dtype, meta=np.empty((0,) * d.ndim, d.dtype)
     )
 
 
