@@ -177,6 +177,8 @@ def _lineage(base: Location, manifest: dict) -> list[dict[str, Any]]:
     rows = (manifest.get("update") or {}).get("rows")
     if rows:
         lineage = [dict(r) for r in rows]
+        for r in lineage:  # recorded before entries had options: the base run's
+            r.setdefault("storage_options", dict(base.storage_options))
     else:
         inp = manifest["input"]
         g = base.open_group("r")
