@@ -66,7 +66,8 @@ def _base_run(ctx):
 
 def _update(ctx, base):
     new = ctx.npy(blobs(40, D, seed=1), "new.npy")
-    return ["update", base, new, "--output", ctx.dir / "v2", "--policy", "refit"]
+    out = ctx.dir / "v2"
+    return ["update", base, new, "--output", out, "--policy", "refit", "--no-prefect"]
 
 
 def _lineage_chunk_deleted(ctx):
