@@ -40,6 +40,7 @@ __all__ = [
     "attrs_digest",
     "check_present",
     "checked_array",
+    "chunk_digest",
     "describe_store_failure",
     "is_store_failure",
     "object_name",
@@ -184,12 +185,22 @@ def read_chunk(z: Any, idx: tuple[int, ...], *, fix: str = "") -> np.ndarray:
         ) from exc
 
 
+def chunk_digest(x: np.ndarray) -> np.ndarray:
+    """The 16-byte BLAKE2b of one chunk's values (strings joined by US), shaped
+    ``(1,) * ndim + (16,)`` (what ``pipeline.store._digest_blocks`` maps over chunks)."""
+    x = np.ascontiguousarray(x)
+    if x.dtype.kind in "OUT":
+        data = "\x1f".join(map(str, x.ravel())).encode()
+    else:
+        data = x.astype(x.dtype.newbyteorder("<"), copy=False).tobytes()
+    h = hashlib.blake2b(data, digest_size=16).digest()
+    return np.frombuffer(h, dtype=np.uint8).reshape((1,) * x.ndim + (16,))
+
+
 def _read_checked(z: Any, idx: tuple[int, ...], expected: bytes | None, fix: str, what: str):
     """One task of :func:`checked_array`: block ``idx`` read and checked."""
-    from .store import _chunk_digest
-
     x = read_chunk(z, idx, fix=fix)
-    if expected is not None and _chunk_digest(x).tobytes() != expected:
+    if expected is not None and chunk_digest(x).tobytes() != expected:
         raise CorruptObjectError(
             f"chunk {object_name(z, _chunk_key(z, idx))} differs from the digest recorded "
             f"{what or 'when it was written'}: its values changed{'; ' + fix if fix else ''}"
