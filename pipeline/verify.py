@@ -76,9 +76,7 @@ def is_store_failure(exc: BaseException) -> bool:
         return isinstance(exc, StoreError)
     if isinstance(exc, OSError):  # ConnectionError, TimeoutError, PermissionError...
         return True
-    return any(
-        type(e).__module__.split(".")[0] in _STORE_MODULES for e in type(exc).__mro__[:-2]
-    )
+    return any(e.__module__.split(".")[0] in _STORE_MODULES for e in type(exc).__mro__[:-2])
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:
@@ -342,9 +340,7 @@ def describe_store_failure(exc: BaseException, where: str = "") -> str | None:
         return None  # a wrong path: the user's to fix (pipeline/errors.py)
     op, obj = _failed_operation(exc)
     filename = getattr(exc, "filename", None)
-    sdk = any(
-        type(e).__module__.split(".")[0] in _STORE_MODULES for e in type(exc).__mro__[:-2]
-    )
+    sdk = any(e.__module__.split(".")[0] in _STORE_MODULES for e in type(exc).__mro__[:-2])
     if not (op or filename or sdk):  # an OSError of the cluster's comms, not of a store
         return None
     obj = str(filename) if filename else obj
@@ -363,7 +359,13 @@ def describe_store_failure(exc: BaseException, where: str = "") -> str | None:
             "permissions in use do not (any longer) allow it: restore them, then re-run the "
             "same command."
         )
+    endpoint = (
+        "; an object store's endpoint goes in storage_options (or --storage-options): "
+        '{"client_kwargs": {"endpoint_url": ...}}'
+        if "endpoint" in str(exc).lower()
+        else ""
+    )
     return (
         f"cannot {action}{target}: the store failed ({reason}) after the client's "
-        "retries; re-run the same command when it is reachable."
+        f"retries{endpoint}; re-run the same command when it is reachable."
     )

@@ -141,11 +141,15 @@ def test_unreachable_store_is_one_line_exit_1(s3, tmp_path):
     """The endpoint at a port nobody listens on: the store cannot be read; one line naming
     the location, exit 1 (the environment), after the client's retries."""
     _, bucket = s3
-    dead = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"}}
+    dead = {  # tried once (botocore's retries of a refused connection take ~18 s)
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"},
+        "config_kwargs": {"retries": {"max_attempts": 1}},
+    }
     res = _kpca("info", f"s3://{bucket}/chain/v1", "--storage-options", json.dumps(dead))
     assert res.returncode == 1, res.stderr[-3000:]
     line = _one_error_line(res, "info")
-    assert f"s3://{bucket}/chain/v1" in line, line
+    assert f"s3://{bucket}/chain/v1" in line and "the store failed" in line, line
+    assert "storage_options (or --storage-options)" in line, line
 
 
 # ------------------------------------------------------------------ a store that fails
