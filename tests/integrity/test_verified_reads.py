@@ -301,3 +301,11 @@ def test_store_failures_are_described_with_the_object(tmp_path):
     # a comms OSError of the cluster (no storage frame, no file): not a store failure
     assert describe_store_failure(ConnectionResetError("peer"), "") is None
     assert describe_store_failure(FileNotFoundError(2, "No such file", "x"), "") is None
+    # an SDK's error (not an OSError) is recognised by its class's module
+    from botocore.exceptions import EndpointConnectionError
+
+    line = describe_store_failure(
+        EndpointConnectionError(endpoint_url="http://h:1"), "s3://b/r"
+    )
+    assert line.startswith("cannot use s3://b/r: the store failed"), line
+    assert "endpoint goes in storage_options" in line
