@@ -100,7 +100,14 @@ def store_error(operation: str, what: str, exc: BaseException) -> StoreError:
 
 def object_name(z: Any, key: str | None = None) -> str:
     """``<store url>/<array path>[/<chunk key>]`` of a zarr array (or group)."""
-    base = str(z.store_path).rstrip("/").removeprefix("file://")
+    store, path = z.store_path.store, z.store_path.path.strip("/")
+    if hasattr(store, "fs") and isinstance(getattr(store, "path", None), str):  # fsspec
+        proto = store.fs.protocol
+        proto = proto[0] if isinstance(proto, (tuple, list)) else proto
+        root = f"{proto}://{store.path.strip('/')}"
+    else:
+        root = str(getattr(store, "root", "") or store).removeprefix("file://")
+    base = f"{root.rstrip('/')}/{path}" if path else root.rstrip("/")
     return f"{base}/{key}" if key else base
 
 

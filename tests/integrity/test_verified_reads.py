@@ -37,7 +37,7 @@ N, D = 300, 5
 
 def _table(n: int, seed: int) -> pd.DataFrame:
     df = pd.DataFrame(blobs(n, D, seed=seed), columns=[f"f{i}" for i in range(D)])
-    df.insert(0, "row_id", [f"r{seed}-{i}" for i in range(n)])
+    df.insert(0, "row_id", seed * 100_000 + np.arange(n))
     df["label"] = np.array(["a", "b", "c"])[np.arange(n) % 3]
     return df
 
