@@ -49,6 +49,35 @@ __all__ = ["KernelPCA", "load"]
 logger = logging.getLogger("kpca_dask")
 
 
+#: model arrays (training rows + coefficients) at least this large go to a distributed
+#: cluster's workers once, instead of inside every transform graph: every graph would
+#: otherwise ship them through the scheduler again (distributed warns from 10 MiB)
+SCATTER_BYTES = 1 << 20
+_SCATTERED: dict[tuple[int, str], list] = {}  # (client, model token) -> futures, newest last
+_SCATTERED_KEEP = 4
+
+
+def _on_cluster(token: str, *arrays: np.ndarray) -> list | None:
+    """Futures of ``arrays`` on every worker of the current distributed client (scattered
+    once per model and client, again if a worker that held them is gone), or None: no
+    distributed client, or arrays small enough to travel in the graph."""
+    if sum(a.nbytes for a in arrays) < SCATTER_BYTES:
+        return None
+    from .gram import _scheduler_kind
+
+    kind, client = _scheduler_kind()
+    if kind != "distributed":
+        return None
+    key = (id(client), token)
+    futures = _SCATTERED.pop(key, None)
+    if futures is None or any(f.status != "finished" for f in futures):
+        futures = client.scatter(list(arrays), broadcast=True, hash=False)
+    _SCATTERED[key] = futures
+    while len(_SCATTERED) > _SCATTERED_KEEP:  # released: the workers drop them
+        _SCATTERED.pop(next(iter(_SCATTERED)))
+    return futures
+
+
 class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Kernel principal component analysis on Dask: exact, randomized or Nyström.
 
@@ -778,6 +807,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         name = f"kpca-{what}-" + tokenize(token, Xr.name)
         train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
         dsk: dict[Any, Any] = {train_key: self.X_fit_, coef_key: A_aug}
+        on_cluster = _on_cluster(token, self.X_fit_, A_aug)
+        if on_cluster is not None:  # the rows are on the workers: the graph names them
+            dsk[train_key], dsk[coef_key] = on_cluster
         out_dtype = self._out_dtype(Xd.dtype) if what == "transform" else np.dtype(np.float64)
         for b in range(len(Xr.chunks[0])):
             dsk[(name, b, 0)] = model.block_task(
