@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from typing import Any
 
 import dask.array as da
@@ -202,6 +203,12 @@ def chunk_digest(x: np.ndarray) -> np.ndarray:
     return np.frombuffer(h, dtype=np.uint8).reshape((1,) * x.ndim + (16,))
 
 
+#: in the keys of checked reads: the same within a process (a graph read twice shares its
+#: tasks), never across processes, so a shared cluster never answers a new command with
+#: a result or error of an earlier one's read of the same chunks (restored since)
+_SESSION = uuid.uuid4().hex
+
+
 def _read_checked(z: Any, idx: tuple[int, ...], expected: bytes | None, fix: str, what: str):
     """One task of :func:`checked_array`: block ``idx`` read and checked."""
     x = read_chunk(z, idx, fix=fix)
@@ -227,7 +234,9 @@ def checked_array(
     d = da.from_zarr(z)  # only for its chunking (no task of it is computed)
     if digests is not None:
         digests = np.asarray(digests, dtype=np.uint8).reshape(d.numblocks + (16,))
-    token = tokenize(object_name(z), d.shape, d.chunks, str(d.dtype), digests, fix, what)
+    token = tokenize(
+        _SESSION, object_name(z), d.shape, d.chunks, str(d.dtype), digests, fix, what
+    )
     name = "checked-" + token
     zkey = "checked-zarr-" + token
     dsk: dict[Any, Any] = {zkey: z}
