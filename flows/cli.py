@@ -212,7 +212,21 @@ def _load_run_config(args: argparse.Namespace):
         cfg.output.path = args.output
     if args.overwrite:
         cfg.output.overwrite = True
+    _cluster_overrides(cfg, args)
     return cfg
+
+
+def _cluster_overrides(cfg, args: argparse.Namespace) -> None:
+    """--cluster and --worker-timeout over the config's cluster section."""
+    from pipeline.config import ClusterConfig
+
+    update = {}
+    if getattr(args, "cluster", None):
+        update["address"] = args.cluster
+    if getattr(args, "worker_timeout", None) is not None:
+        update["worker_timeout"] = args.worker_timeout
+    if update:
+        cfg.cluster = ClusterConfig.model_validate({**cfg.cluster.model_dump(), **update})
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -277,10 +291,11 @@ def _storage_options(args: argparse.Namespace, flag: str = "storage_options") ->
 
 
 def cmd_transform(args: argparse.Namespace) -> int:
-    from pipeline.config import ChunkConfig, InputConfig
+    from pipeline.config import InputConfig
     from pipeline.progress import show_progress
-    from pipeline.transform import transform_to_store
 
+    if args.preimage != "auto" and not args.inverse:
+        raise UserError("--preimage applies to --inverse only.")
     options = _storage_options(args)
     input_options = (
         _storage_options(args, "input_storage_options")
@@ -295,20 +310,43 @@ def cmd_transform(args: argparse.Namespace) -> int:
         label_column=args.label_column,
         storage_options=input_options if "://" in args.input else {},
     )
+    with _transform_cluster(args), show_progress(args.progress):
+        return _transform(args, inp, options)
+
+
+def _transform_cluster(args: argparse.Namespace):
+    """``--cluster``: the scheduler to transform on (with the worker watch); without it
+    the rows are embedded by threads in this process (nothing to probe)."""
+    import contextlib
+
+    if not args.cluster:
+        return contextlib.nullcontext()
+    from pipeline.cluster import dask_client
+    from pipeline.config import ClusterConfig
+
+    kw = {"address": args.cluster}
+    if args.worker_timeout is not None:
+        kw["worker_timeout"] = args.worker_timeout
+    return dask_client(ClusterConfig(**kw))
+
+
+def _transform(args: argparse.Namespace, inp, options: dict) -> int:
+    from pipeline.config import ChunkConfig
+    from pipeline.transform import transform_to_store
+
     if args.inverse:
         from pipeline.denoise import denoise_to_store
 
-        with show_progress(args.progress):
-            res = denoise_to_store(
-                args.model,
-                inp,
-                args.output,
-                chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
-                method=None if args.preimage == "auto" else args.preimage,
-                overwrite=args.overwrite,
-                storage_options=options,
-                ignore_extra=args.ignore_extra,
-            )
+        res = denoise_to_store(
+            args.model,
+            inp,
+            args.output,
+            chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+            method=None if args.preimage == "auto" else args.preimage,
+            overwrite=args.overwrite,
+            storage_options=options,
+            ignore_extra=args.ignore_extra,
+        )
         late = res["fixed_point_not_converged"]
         print(
             f"kpca: denoised {res['rows']} rows ({res['n_features']} features) -> "
@@ -320,18 +358,15 @@ def cmd_transform(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    if args.preimage != "auto":
-        raise UserError("--preimage applies to --inverse only.")
-    with show_progress(args.progress):
-        res = transform_to_store(
-            args.model,
-            inp,
-            args.output,
-            chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
-            overwrite=args.overwrite,
-            storage_options=options,
-            ignore_extra=args.ignore_extra,
-        )
+    res = transform_to_store(
+        args.model,
+        inp,
+        args.output,
+        chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+        overwrite=args.overwrite,
+        storage_options=options,
+        ignore_extra=args.ignore_extra,
+    )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
         f"{res['output']} ({res['seconds']:.1f} s)"
@@ -484,6 +519,7 @@ def cmd_update(args: argparse.Namespace) -> int:
             else None
         ),
     )
+    _cluster_overrides(cfg, args)
     if args.prefect:
         from .runtime import check_prefect_api
 
@@ -609,6 +645,29 @@ def _progress_flags(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return v
+
+
+def _cluster_flags(sp: argparse.ArgumentParser, address: str | None) -> None:
+    """--worker-timeout (and, with ``address``, --cluster)."""
+    if address:
+        sp.add_argument("--cluster", metavar="ADDRESS", help=address)
+    sp.add_argument(
+        "--worker-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop with one line naming a Dask worker that has not answered for this "
+        "long (cluster.worker_timeout; default 120; docs/cluster.md)",
+    )
+
+
 def _prefect_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--no-prefect",
@@ -659,6 +718,7 @@ def _add_run(sub) -> None:
         help="replace a complete run there "
         "(with the flow: only the stages whose inputs changed run again)",
     )
+    _cluster_flags(r, None)
     _progress_flags(r)
     _prefect_flags(r)
 
@@ -738,6 +798,11 @@ def _add_transform(sub) -> None:
         metavar="JSON|FILE",
         help="fsspec options of the input URL when they differ from --storage-options",
     )
+    _cluster_flags(
+        t,
+        "Dask scheduler to transform on (tcp://host:8786); default: threads in this "
+        "process. Its workers must see the model, input and output (probed first)",
+    )
     _progress_flags(t)
 
 
@@ -772,6 +837,11 @@ def _add_update(sub) -> None:
         "--input-storage-options",
         metavar="JSON|FILE",
         help="fsspec options of NEW_DATA's URL (default: the base run's input options)",
+    )
+    _cluster_flags(
+        up,
+        "Dask scheduler to run on (default: the base run's cluster.address; empty there "
+        "starts a local cluster)",
     )
     _progress_flags(up)
     _prefect_flags(up)

@@ -38,6 +38,7 @@ from .exceptions import (
 )
 from .persistence import load_state, save_state
 from .plan import FitPlan
+from .precision import centre_kernel, check_centred_scale, is_distance_kernel
 from .preimage import warn_not_converged
 from .preprocess import Scaler
 from .projection import project_block
@@ -111,8 +112,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         "precomputed": ``fit`` takes the n x n kernel matrix (numpy, dask,
         zarr or scipy.sparse; read in square blocks, never copied whole; a
         matrix that is not exactly symmetric is used through its symmetric
-        part) and ``transform`` the ``n_new x n`` kernel between new and
-        training rows (docs/sklearn.md).
+        part, with an AsymmetricKernelWarning beyond rounding) and
+        ``transform`` the ``n_new x n`` kernel between new and training rows
+        (docs/sklearn.md). rbf and laplacian are evaluated on rows minus the
+        training mean (``kernel_.center``; exact far from the origin,
+        docs/solvers.md "Kernel evaluation").
     gamma : float, "scale" or None, default=None
         Kernel coefficient of rbf, laplacian, poly and sigmoid. None means
         ``1 / n_features``; "scale" is the median heuristic on a sample of at
@@ -610,8 +614,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         plan = _plan.make_plan(
             params, n, d, exact_inputs=kernel_blocks is not None or centring is not None
         )
-        if not plan.precomputed:  # a precomputed K is checked by its own first read (inspect)
-            V.check_finite(Xd, names=names)
+        stats = None  # a precomputed K is checked by its own first read (inspect)
+        if not plan.precomputed:  # one pass: NaN/inf, and the distance kernels' centre
+            stats = V.check_finite(
+                Xd, names=names, column_stats=is_distance_kernel(self.kernel)
+            )
         if v0 is not None:  # before any work on X: a wrong v0 costs nothing
             v0 = V.check_start_vectors(v0, n, plan.solver)
         self.preprocess_ = scaler = _pre.for_fit(
@@ -634,6 +641,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             Xb = Xb.persist()
 
         plan = _plan.resolve_kernel(plan, params, Xb)
+        plan = centre_kernel(plan, stats, scaler)
         self.gamma_ = plan.gamma
         self.kernel_ = plan.kernel
         self.eigen_solver_ = plan.solver
@@ -663,6 +671,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             v0=v0,
         )
         self._apply_solution(sol, n)
+        check_centred_scale(self)  # rounding of an offset in feature space vs tol
         if self.fit_inverse_transform:
             fit_preimage(self, Xb, n)
         self.fit_seconds_ = time.perf_counter() - t0
