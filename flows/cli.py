@@ -1086,7 +1086,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if interrupted():  # Prefect reports the interrupted flow as its own exception
             return _interrupted(args)
-        return _report_error(args.command, exc)
+        return _report_error(args.command, exc, _locations(args))
 
 
 def _interrupt_line(args: argparse.Namespace) -> str:
@@ -1137,8 +1137,28 @@ def _user_message(exc: BaseException) -> str:
     return str(exc)
 
 
-def _report_error(command: str, exc: Exception) -> int:
+def _locations(args: argparse.Namespace) -> str:
+    """The location a command works on (for a store failure that names no object)."""
+    for name in ("artifact_dir", "output_dir", "output", "run"):
+        v = getattr(args, name, None)
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
+def _report_error(command: str, exc: Exception, where: str = "") -> int:
     """Print what went wrong as the taxonomy says (pipeline/errors.py); the exit status."""
+    from pipeline.verify import describe_store_failure
+
+    store = (
+        None
+        if _environment_error(exc)
+        or (is_user_error(exc) and not isinstance(exc, PermissionError))
+        else describe_store_failure(exc, where)
+    )
+    if store is not None:  # the store failed: the environment (exit 1), one line
+        print(f"kpca {command}: error: {store}", file=sys.stderr)
+        return EXIT_FAILED
     findings = getattr(exc, "findings", None)
     if findings and is_user_error(exc):  # the pre-start checks: one line per problem
         for f in findings:

@@ -23,6 +23,7 @@ import sys
 
 __all__ = [
     "USER_OS_ERRORS",
+    "CorruptObjectError",
     "EvaluationError",
     "InternalError",
     "PipelineError",
@@ -30,6 +31,7 @@ __all__ = [
     "RunError",
     "RunExistsError",
     "RunIncompleteError",
+    "StoreError",
     "TransientError",
     "UserError",
     "is_transient",
@@ -69,6 +71,16 @@ class RunIncompleteError(RunError):
 
 class RunCorruptError(RunError):
     """An array does not match its manifest checksum, or the schema is unknown."""
+
+
+class CorruptObjectError(RunCorruptError):
+    """A stored object (a chunk, a ``zarr.json``) is missing, truncated, undecodable or not
+    what its digest says: the message names the object (array path and chunk key)."""
+
+
+class StoreError(TransientError, OSError):
+    """The store failed an operation (read, write, list, delete): the message names the
+    location, the object and the operation; running again may succeed (exit 1)."""
 
 
 class EvaluationError(UserError, ValueError):

@@ -22,6 +22,16 @@ from .completeness import DENSE, check_complete
 from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
 from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST, MODEL
 from .store import Location, array_checksum, atomic_write_json, read_json
+from .verify import (
+    INTEGRITY_VERSION,
+    absent_chunks,
+    attrs_digest,
+    check_present,
+    is_store_failure,
+    open_checked_group,
+    read_chunk,
+    store_error,
+)
 from .versions import Published
 
 __all__ = [
@@ -36,6 +46,7 @@ __all__ = [
     "verify_run",
     "open_run",
     "file_checksums",
+    "integrity_record",
     "CHECKSUMMED",
     "CHECKSUMMED_FILES",
 ]
@@ -173,6 +184,7 @@ def write_manifest(
         if name in g:
             checksums[name] = array_checksum(g[name])
     model_attrs, _ = read_model_group(out.child("model").zarr_source())  # with its options
+    integrity = integrity_record(out, tuple(checksums))
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "status": "complete",
@@ -188,6 +200,7 @@ def write_manifest(
         "timings": timings,
         "checksums": checksums,
         "file_checksums": file_checksums(out),
+        "integrity": integrity,
         **(extra or {}),
     }
     atomic_write_json(out.child(MANIFEST), manifest)
@@ -215,6 +228,86 @@ def open_run(
     pub = resolve(path, version, storage_options)
     _verify(pub.location, pub.manifest, check_arrays=check_arrays, label=pub.root)
     return pub
+
+
+def integrity_record(out: Location, names: tuple[str, ...]) -> dict[str, Any]:
+    """The manifest's ``integrity`` record of the run at ``out`` (any prefix it is
+    published under): the attribute digest of each checksummed array, of the model group
+    and of each model array (``model/<name>``), and the chunks zarr did not write because
+    they equal the fill value (``absent_chunks``; any other absent chunk is damage)."""
+    g = out.open_group("r")
+    attrs: dict[str, str] = {}
+    absent: dict[str, list[str]] = {}
+    nodes = [(name, g[name]) for name in names if name in g]
+    mg = out.child("model").open_group("r")
+    attrs["model"] = attrs_digest(mg)
+    nodes += [(f"model/{k}", mg[k]) for k in sorted(mg.array_keys())]
+    for name, z in nodes:
+        attrs[name] = attrs_digest(z)
+        keys = absent_chunks(z)
+        if keys:
+            absent[name] = keys
+    return {"version": INTEGRITY_VERSION, "attrs": attrs, "absent_chunks": absent}
+
+
+_DO_NOT_USE = "do not use this run; re-run the pipeline (or restore the run from a copy)"
+
+
+def _check_integrity(
+    out: Location,
+    g: Any,
+    record: dict[str, Any],
+    *,
+    model: bool,
+    attrs: bool = True,
+    chunks: bool = True,
+) -> None:
+    """Attribute digests (``attrs``) and chunk presence (``chunks``) of the run's arrays,
+    or (``model``) of its model group and arrays, against the manifest's ``integrity``
+    record: RunCorruptError / CorruptObjectError naming the array, attribute or chunk."""
+    if record.get("version") != INTEGRITY_VERSION:
+        raise RunCorruptError(
+            f"{out}: the manifest's integrity record has version {record.get('version')!r}; "
+            f"this kpca-dask reads version {INTEGRITY_VERSION}. Use a matching kpca-dask."
+        )
+    absent = record.get("absent_chunks") or {}
+    mg = None
+    for name, expected in sorted((record.get("attrs") or {}).items()):
+        in_model = name == "model" or name.startswith("model/")
+        if in_model != model:
+            continue
+        if in_model:
+            if mg is None:
+                mg = open_checked_group(out.child("model"), fix=_DO_NOT_USE)
+            node = mg if name == "model" else mg.get(name[len("model/") :])
+        else:
+            node = g.get(name)
+        if node is None:
+            raise RunCorruptError(
+                f"{out}: {name!r} listed in the manifest is missing; {_DO_NOT_USE}."
+            )
+        if attrs and attrs_digest(node) != expected:
+            raise RunCorruptError(
+                f"{out}: the attributes of {name!r} (its zarr.json) changed after the run was "
+                f"published; {_DO_NOT_USE}."
+            )
+        if chunks and name != "model":
+            check_present(node, allowed=absent.get(name), fix=_DO_NOT_USE)
+
+
+def _locate_bad_model_chunk(out: Location) -> None:
+    """After the model failed to load: a CorruptObjectError naming the first chunk of a
+    model array that cannot be decoded (if that is why), else nothing."""
+    mg = open_checked_group(out.child("model"), fix=_DO_NOT_USE)
+    for name in sorted(mg.array_keys()):
+        z = mg[name]
+        for idx in np.ndindex(*_numblocks(z)):
+            read_chunk(z, idx, fix=_DO_NOT_USE)
+
+
+def _numblocks(z: Any) -> tuple[int, ...]:
+    """The block grid of ``z.chunks`` (what :func:`pipeline.verify.read_chunk` indexes)."""
+    return tuple(-(-s // c) for s, c in zip(z.shape, z.chunks))
 
 
 def verify_run(
@@ -256,14 +349,17 @@ def _verify(
             "not a result. Re-run the pipeline."
         )
     if check_arrays:
-        g = out.open_group("r")
+        g = open_checked_group(out, fix=_DO_NOT_USE)
+        record = manifest.get("integrity")  # manifests written before it: values only
+        if record is not None:
+            _check_integrity(out, g, record or {}, model=False)
         for name, expected in manifest["checksums"].items():
             if name not in g:
                 raise RunCorruptError(
                     f"{label}: array {name!r} listed in the manifest is missing; "
                     "do not use this run, re-run the pipeline."
                 )
-            if array_checksum(g[name]) != expected:
+            if array_checksum(g[name], fix=_DO_NOT_USE) != expected:
                 raise RunCorruptError(
                     f"{label}: checksum mismatch for {name!r}: the array changed after the run "
                     "was published. Do not use this run; re-run the pipeline."
@@ -280,10 +376,16 @@ def _verify(
                     f"{label}: checksum mismatch for file {rel!r}: it changed after the run "
                     "was published. Do not use this run; re-run the pipeline."
                 )
+        if record is not None:  # every model chunk there before it is read
+            _check_integrity(out, g, record or {}, model=True, attrs=False)
         try:
             attrs, _ = read_model_group(out.child("model").zarr_source())
         except Exception as exc:
-            raise RunCorruptError(f"{label}: the model cannot be verified ({exc}).") from exc
+            if is_store_failure(exc):
+                raise store_error("read", f"{out}/model", exc) from exc
+            _locate_bad_model_chunk(out)  # a chunk that cannot be decoded: named
+            msg = " ".join(str(exc).split())
+            raise RunCorruptError(f"{label}: the model cannot be verified ({msg}).") from exc
         if attrs.get("checksums") != manifest["model"].get("checksums") or (
             "attrs_sha256" in manifest["model"]
             and attrs.get("attrs_sha256") != manifest["model"]["attrs_sha256"]
@@ -293,3 +395,5 @@ def _verify(
                 "(its checksums differ from the manifest's); re-run the "
                 "pipeline."
             )
+        if record is not None:  # the model's arrays' own attributes (zarr.json)
+            _check_integrity(out, g, record or {}, model=True, chunks=False)

@@ -34,6 +34,8 @@ from kpca_dask.removal import (
 )
 
 from .errors import UserError
+from .verify import checked_array
+from .verify import chunk_digest as _chunk_digest
 
 __all__ = [
     "Location",
@@ -361,16 +363,6 @@ def json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def _chunk_digest(x: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(x)
-    if x.dtype.kind in "OUT":
-        data = "\x1f".join(map(str, x.ravel())).encode()
-    else:
-        data = x.astype(x.dtype.newbyteorder("<"), copy=False).tobytes()
-    h = hashlib.blake2b(data, digest_size=16).digest()
-    return np.frombuffer(h, dtype=np.uint8).reshape((1,) * x.ndim + (16,))
-
-
 def _digest_blocks(arr: da.Array) -> da.Array:
     """One 16-byte digest per chunk, in chunk order (computed in parallel)."""
     chunks = tuple((1,) * len(c) for c in arr.chunks) + ((16,),)
@@ -394,9 +386,16 @@ def fingerprint_arrays(arrays: dict[str, da.Array], extra: Any = None) -> str:
     return "blake2b:" + h.hexdigest()
 
 
-def array_checksum(arr: zarr.Array | da.Array) -> str:
-    """SHA-256 over per-chunk digests of an array's values (order-stable)."""
-    d = arr if isinstance(arr, da.Array) else da.from_zarr(arr)
+def array_checksum(arr: zarr.Array | da.Array, *, fix: str = "") -> str:
+    """SHA-256 over per-chunk digests of an array's values (order-stable).
+
+    A zarr array is read chunk by chunk through :func:`pipeline.verify.checked_array`: a
+    chunk that cannot be decoded is a CorruptObjectError naming it (``fix``: what the
+    message tells the reader to do), a store failure a StoreError."""
+    if isinstance(arr, da.Array):
+        d = arr
+    else:
+        d = checked_array(arr, fix=fix)
     (digests,) = dask.compute(_digest_blocks(d))
     h = hashlib.sha256(f"{d.shape}:{d.dtype.str}".encode())
     h.update(np.ascontiguousarray(digests).tobytes())

@@ -46,6 +46,7 @@ from .errors import UserError
 from .export import open_run, write_manifest, write_spectrum
 from .ingest import IngestResult, load_ingested
 from .layout import DRIFT_REPORT, EMBEDDING, MODEL, PARQUET, UPDATE, run_layout
+from .lineage import entry_record, entry_rows, entry_split, verify_entry
 from .results import ProjectResult, SolveResult
 from .stages import (
     INGEST,
@@ -173,45 +174,42 @@ def update_config(
 # ---------------------------------------------------------------- the lineage
 def _lineage(base: Location, manifest: dict) -> list[dict[str, Any]]:
     """The ingest stores holding every row of the base run, in embedding order; each
-    with its row count and whether a ``split`` mask (1 = training) of the run marks its
-    training rows."""
+    with its row count, the options to read it, its fingerprint and digests record, and
+    whether a ``split`` mask (1 = training) of the run marks its training rows
+    (pipeline/lineage.py). Each entry is verified here (one line when its rows are not
+    the ones the base was published with)."""
     rows = (manifest.get("update") or {}).get("rows")
     if rows:
-        return [dict(r) for r in rows]
-    inp = manifest["input"]
-    g = base.open_group("r")
-    return [
-        {
-            "store": inp["path"],
-            "storage_options": dict(base.storage_options),
-            "n_rows": int(inp["n_rows"]),
-            "split_run": base.url if "split" in g else None,
-            "split_storage_options": dict(base.storage_options),
-        }
-    ]
+        lineage = [dict(r) for r in rows]
+        for r in lineage:  # recorded before entries had options: the base run's
+            r.setdefault("storage_options", dict(base.storage_options))
+    else:
+        inp = manifest["input"]
+        g = base.open_group("r")
+        split = "split" in g
+        lineage = [
+            entry_record(
+                Location.at(inp["path"], base.storage_options),
+                n_rows=int(inp["n_rows"]),
+                fingerprint=inp.get("fingerprint"),
+                split_run=base if split else None,
+                split_checksum=manifest["checksums"].get("split") if split else None,
+                split_absent=((manifest.get("integrity") or {}).get("absent_chunks") or {}).get(
+                    "split"
+                ),
+            )
+        ]
+    for entry in lineage:
+        verify_entry(entry)
+    return lineage
 
 
 def _entry_rows(entry: dict[str, Any]) -> tuple[da.Array, np.ndarray]:
-    """One lineage entry's rows (lazy) and its training mask."""
-    store = Location(entry["store"], dict(entry.get("storage_options") or {}))
-    if not store.exists():
-        raise UpdateError(
-            f"the ingest store {store} that holds rows of the base run is gone; the refit "
-            "and the drift reference need it: re-run the full pipeline (kpca run) instead."
-        )
-    X = da.from_zarr(store.open_group("r")["X"])
-    if X.shape[0] != entry["n_rows"]:
-        raise UpdateError(
-            f"the ingest store {store} holds {X.shape[0]} rows, the base run recorded "
-            f"{entry['n_rows']}; it was rebuilt since: re-run the full pipeline instead."
-        )
-    mask = np.ones(X.shape[0], dtype=bool)
-    if entry.get("split_run"):
-        g = Location.at(
-            entry["split_run"], entry.get("split_storage_options", entry.get("storage_options"))
-        ).open_group("r")
-        mask = np.asarray(g["split"][...]).astype(bool)
-    return X, mask
+    """One lineage entry's rows (lazy, every chunk verified as it is read) and its
+    training mask."""
+    X = entry_rows(entry)
+    mask = entry_split(entry)
+    return X, (np.ones(X.shape[0], dtype=bool) if mask is None else mask)
 
 
 def _training_rows(lineage: list[dict[str, Any]], extra: da.Array | None = None) -> da.Array:
@@ -546,12 +544,12 @@ def stage_export(
 ) -> dict[str, Any]:
     """The new run's manifest (last, atomically), with its ``update`` record."""
     lineage = list(base["lineage"]) + [
-        {
-            "store": ing.store.url,
-            "n_rows": int(ing.n_rows),
-            "split_run": None,
-            "run": run_layout(cfg).out.url,
-        }
+        entry_record(
+            ing.store,
+            n_rows=int(ing.n_rows),
+            fingerprint=ing.fingerprint,
+            run=run_layout(cfg).out.url,
+        )
     ]
     record = {
         "base": base["path"],

@@ -1047,6 +1047,7 @@ EXTENSIONS = (
     "cases_cli",
     "cases_update",
     "cases_scale",
+    "cases_verify",
 )
 if __name__ not in ("__main__", "__mp_main__"):  # __mp_main__: spawned workers
     import importlib
@@ -1087,8 +1088,9 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
     threshold) as `<residual>`, `<k>`; the tests check those against bounds instead.
 
     Exit status of `kpca`: 0 success; 2 a problem named in one line (bad input,
-    config, artifact, cluster, lock, disk full); 1 an unexpected failure (with a
-    traceback: a bug, please report it); 130 interrupted (Ctrl-C), 143 stopped by SIGTERM.
+    config, artifact, cluster, lock, disk full, a damaged chunk named); 1 the environment
+    failed (a store unreachable or refusing access, named in one line: re-run); 70 a bug
+    (with a traceback, please report it); 130 interrupted (Ctrl-C), 143 stopped by SIGTERM.
 
     ## Disk full
 
