@@ -86,6 +86,12 @@ def _copy(published: Path, tmp_path: Path, name: str = "run") -> Path:
     return run
 
 
+def _version(run: Path) -> Path:
+    """The folder of the version the run's pointer publishes (where its arrays are)."""
+    pointer = json.loads((run / "manifest.json").read_text())
+    return run / pointer["version_path"]
+
+
 def _edit_attrs(node: Path, edit) -> None:
     meta = node / "zarr.json"
     doc = json.loads(meta.read_text())
@@ -180,7 +186,7 @@ def test_info_refuses_damage_anywhere_in_a_published_run(published, tmp_path, da
     run = _copy(published, tmp_path)
     assert kpca("info", run).returncode == 0
     apply, obj, what = DAMAGE[damage]
-    apply(run)
+    apply(_version(run))
     _refused(kpca("info", run), "info", obj, what)
 
 
@@ -190,7 +196,7 @@ def test_info_refuses_damage_anywhere_in_a_published_run(published, tmp_path, da
 def test_transform_and_update_refuse_a_damaged_run(published, tmp_path, damage):
     run = _copy(published, tmp_path)
     apply, obj, what = DAMAGE[damage]
-    apply(run)
+    apply(_version(run))
     new = published / "new.parquet"
     res = kpca("transform", run, new, tmp_path / "t", "--id-column", "row_id")
     _refused(res, "transform", obj, what)
@@ -204,11 +210,12 @@ def test_a_manifest_without_the_integrity_record_still_verifies(published, tmp_p
     """Runs published before the record: verified on values as before (no attribute
     digests), not refused."""
     run = _copy(published, tmp_path)
-    m = json.loads((run / "manifest.json").read_text())
-    del m["integrity"]
-    (run / "manifest.json").write_text(json.dumps(m))
+    for manifest in (run / "manifest.json", _version(run) / "manifest.json"):
+        m = json.loads(manifest.read_text())
+        del m["integrity"]
+        manifest.write_text(json.dumps(m))
     assert kpca("info", run).returncode == 0
-    _alter_value(run)  # values are still covered
+    _alter_value(_version(run))  # values are still covered
     _refused(kpca("info", run), "info", "'embedding'", "checksum mismatch")
 
 
@@ -236,7 +243,7 @@ def test_lineage_reads_are_verified(published, tmp_path, dask_cluster):
     assert [r["n_rows"] for r in rows] == [N, 40]
     first = json.loads((base / "manifest.json").read_text())
     assert rows[0]["fingerprint"] == first["input"]["fingerprint"]
-    assert rows[0]["split_run"] == str(base) and rows[0]["split_checksum"]
+    assert rows[0]["split_run"] == str(_version(base)) and rows[0]["split_checksum"]
     assert rows[1]["fingerprint"] == m["input"]["fingerprint"]
     assert all(r["storage_options"] == {} and r["digests_sha256"] for r in rows)
 
