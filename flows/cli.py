@@ -171,14 +171,15 @@ def _rmdir(folder: Path) -> None:
 
 
 def _load_run_config(args: argparse.Namespace):
-    from pipeline.config import load_config
+    from pipeline.config import load_config, with_absolute_paths
 
     cfg = load_config(args.config)
     if args.output:
         cfg.output.path = args.output
     if args.overwrite:
         cfg.output.overwrite = True
-    return cfg
+    # relative paths against this folder, once: the manifest records where things are
+    return with_absolute_paths(cfg)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -243,7 +244,7 @@ def _storage_options(args: argparse.Namespace, flag: str = "storage_options") ->
 
 
 def cmd_transform(args: argparse.Namespace) -> int:
-    from pipeline.config import ChunkConfig, InputConfig
+    from pipeline.config import ChunkConfig, InputConfig, absolute_path
     from pipeline.progress import show_progress
     from pipeline.transform import transform_to_store
 
@@ -253,6 +254,8 @@ def cmd_transform(args: argparse.Namespace) -> int:
         if args.input_storage_options is not None
         else options
     )
+    # recorded in the output's attributes: absolute, whatever folder this ran in
+    args.model, args.input = absolute_path(args.model), absolute_path(args.input)
     inp = InputConfig(
         path=args.input,
         format=args.format,
@@ -367,6 +370,13 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"update     v{upd['version']} from {upd['base']}: {upd['action']} of "
             f"{upd['batch_rows']} rows ({upd['n_rows']} in all); {upd['reason']}"
         )
+        for name, c in (upd.get("changes") or {}).items():
+            print(
+                f"           {name} {'CHANGED' if c['changed'] else 'kept'} "
+                f"({c['base']} -> {c['new']}): {c['why']}"
+            )
+        for f in upd.get("findings") or []:
+            print(f"finding    {f['check']}: {f['message']}")
     ks = m.get("kernel_store") or {}
     if ks:
         print(
@@ -449,14 +459,28 @@ def cmd_update(args: argparse.Namespace) -> int:
             if args.input_storage_options
             else None
         ),
+        unlabelled=args.unlabelled,
+        no_ids=args.no_ids,
+        ignore_extra=args.ignore_extra,
     )
-    with show_progress(args.progress):
-        summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    fresh = _new_local_folder(cfg.output.path)
+    try:
+        with show_progress(args.progress):
+            summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    except Exception as exc:
+        if fresh is not None:  # a refused or failed update leaves no half-written version
+            _discard_fresh_output(fresh, exc)
+        raise
     upd = summary.manifest["update"]
     print(
         f"kpca: update v{upd['version']} -> {cfg.output.path}: {upd['action']} of "
         f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
     )
+    for name, c in (upd.get("changes") or {}).items():
+        state = "changed" if c["changed"] else "kept"
+        print(f"  {name:<13} {state} ({c['base']} -> {c['new']}): {c['why']}")
+    for f in upd.get("findings") or []:
+        print(f"  finding       {f['check']}: {f['message']}")
     print(f"  drift report  {cfg.output.path}/{upd['report']}")
     print(f"  inspect       kpca info {cfg.output.path}")
     return 0
@@ -702,6 +726,21 @@ def _add_update(sub) -> None:
         help="override update.policy of the run's config",
     )
     up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    up.add_argument(
+        "--unlabelled",
+        action="store_true",
+        help="accept a batch without the base run's label column (its rows get no label)",
+    )
+    up.add_argument(
+        "--no-ids",
+        action="store_true",
+        help="accept a batch without the base run's id column (the new run has no ids)",
+    )
+    up.add_argument(
+        "--ignore-extra",
+        action="store_true",
+        help="add the batch with the base model's features even when it has other columns",
+    )
     _storage_flags(up, "the base run and the new run (default for the new run: the base's)")
     up.add_argument(
         "--input-storage-options",

@@ -837,7 +837,29 @@ class UpdateConfig(_Model):
         "flags the batch, then `on_drift`.",
     )
     on_drift: Literal["merge", "refresh_landmarks", "refit"] = Field(
-        "refresh_landmarks", description="What policy 'auto' does with a flagged batch."
+        "refresh_landmarks",
+        description="What policy 'auto' does with a flagged batch. An exact base model "
+        "(dense, randomized, arpack) has no landmarks: 'refresh_landmarks' refits it with "
+        "its own solver (an explicit `policy: refresh_landmarks` makes it Nyström).",
+    )
+    kernel_params: Literal["keep", "resolve"] = Field(
+        "keep",
+        description="'keep': a refit or refresh_landmarks uses the base model's kernel "
+        "parameters (gamma resolved once, at the first fit); 'resolve': resolve them "
+        "again from the config on every row (e.g. gamma: scale). The report and the "
+        "manifest (update.changes) say which changed and why.",
+    )
+    unlabelled: bool = Field(
+        False,
+        description="Accept a batch without the base run's label column (`kpca update "
+        "--unlabelled`): its rows get no label (code -1, an empty label in Parquet); the "
+        "base rows keep theirs.",
+    )
+    no_ids: bool = Field(
+        False,
+        description="Accept a batch without the base run's id column (`kpca update "
+        "--no-ids`): the new run then has no ids array (its first rows are the base run's, "
+        "in order; join them through the base run's ids).",
     )
 
     @field_validator("base_storage_options")
@@ -1148,3 +1170,37 @@ def reference_markdown() -> str:
 
 if __name__ == "__main__":
     print(reference_markdown())
+
+
+def absolute_path(path: str) -> str:
+    """A local path made absolute against the current folder (``file://`` kept); URLs
+    and the names refused elsewhere as "no folder of its own" (``""``, ``.``, ``..``)
+    unchanged. What a manifest or lineage records must not depend on the folder a command
+    ran in: a series started with ``--output runs/v1`` is updated from anywhere."""
+    import os
+
+    raw = str(path)
+    if "://" in raw and not raw.startswith("file://"):
+        return raw
+    prefix = "file://" if raw.startswith("file://") else ""
+    bare = raw.removeprefix("file://")
+    if bare.strip().rstrip("/") in ("", ".", ".."):
+        return raw
+    return prefix + os.path.abspath(os.path.expanduser(bare))
+
+
+def with_absolute_paths(cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg`` with its local input, output and update-base paths absolute
+    (:func:`absolute_path`); the same object when they already are."""
+    paths = {
+        ("input", "path"): cfg.input.path,
+        ("output", "path"): cfg.output.path,
+        ("update", "base"): cfg.update.base,
+    }
+    fixed = {k: absolute_path(v) for k, v in paths.items() if v is not None}
+    if all(fixed[k] == paths[k] for k in fixed):
+        return cfg
+    cfg = cfg.model_copy(deep=True)
+    for (section, name), value in fixed.items():
+        setattr(getattr(cfg, section), name, value)
+    return cfg

@@ -338,6 +338,7 @@ class OutputLock:
         )
         self._fd: int | None = None
         self._token = ""
+        self._created: list[Location] = []  # parent folders created for the output
 
     def __enter__(self) -> OutputLock:
         if self.path is None:
@@ -347,7 +348,14 @@ class OutputLock:
         import uuid
 
         from .lock import OutputLockedError
+        from .visibility import missing_folders
 
+        # missing parents are created, as `kpca run` creates its output's; a transform
+        # that fails removes exactly those again (when they are still empty)
+        parent = Location(str(self.path.parent))
+        self._created = missing_folders(parent)
+        if self._created:
+            parent.makedirs()
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
@@ -385,14 +393,23 @@ class OutputLock:
         with os.fdopen(fd) as f:
             return self._token in f.read(4096)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self._fd is None:
+            self._remove_created(exc_type)
             return
         try:
             Location(str(self.path)).remove(root=Location(str(self.path)), owned=self._ours)
         finally:
             os.close(self._fd)  # releases the flock
             self._fd = None
+            self._remove_created(exc_type)
+
+    def _remove_created(self, exc_type) -> None:
+        if exc_type is not None and self._created:
+            from .visibility import remove_created
+
+            remove_created(self._created)
+        self._created = []
 
 
 def publish_beside(out: Location, write, verify, protect: tuple = ()) -> None:

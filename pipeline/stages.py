@@ -412,7 +412,11 @@ def _same(a: Any, b: Any) -> bool:
 # ---------------------------------------------------------------------- stages
 def stage_ingest(cfg: Any) -> IngestResult:
     """Input -> ``work/ingest.zarr`` (reused when source and config are unchanged)."""
-    return ingest(cfg.input, cfg.chunks, run_layout(cfg).ingest)
+    # a run that never evaluates (an update, evaluate.enabled: false) takes any labels
+    one_class_ok = cfg.evaluate.enabled is False
+    return ingest(
+        cfg.input, cfg.chunks, run_layout(cfg).ingest, min_classes=1 if one_class_ok else 2
+    )
 
 
 def _fresh_ingest(cfg: Any, inputs: dict, res: dict) -> str | None:
@@ -794,7 +798,7 @@ _PREIMAGE_FIELDS = (
 INGEST = Stage(
     "ingest",
     stage_ingest,
-    config=("input", "chunks.target_chunk_mb"),
+    config=("input", "chunks.target_chunk_mb", "evaluate.enabled"),
     result="ing",
     result_type=IngestResult,
     fresh=_fresh_ingest,
