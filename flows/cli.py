@@ -170,7 +170,7 @@ def _rmdir(folder: Path) -> None:
         pass
 
 
-def _load_run_config(args: argparse.Namespace):
+def _load_run_config(args: argparse.Namespace, *, absolute: bool = True):
     from pipeline.config import load_config, with_absolute_paths
 
     cfg = load_config(args.config)
@@ -179,7 +179,7 @@ def _load_run_config(args: argparse.Namespace):
     if args.overwrite:
         cfg.output.overwrite = True
     # relative paths against this folder, once: the manifest records where things are
-    return with_absolute_paths(cfg)
+    return with_absolute_paths(cfg) if absolute else cfg
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.validate import validate
 
-    cfg = _load_run_config(args)
+    cfg = _load_run_config(args, absolute=False)  # (its summary names paths as given)
     v = validate(cfg)
     for f in v.notes:
         print(f"kpca validate: note: {f.message}", file=sys.stderr)
