@@ -98,7 +98,7 @@ class Validation:
             what = f"{self.shape[0]} rows x {self.shape[1]} features"
         if self.rows is not None:
             what = (
-                f"{self.rows} rows x {len(self.features)} features, every row read in "
+                f"{self.rows} rows x {len(self.features)} feature columns, every row read in "
                 f"{self.scan_seconds:.1f} s"
             )
             if self.id_type:

@@ -185,7 +185,7 @@ def test_validate_reads_every_row_and_says_so(tmp_path):
     cfg = _config(tmp_path / "c.yaml", tmp_path / "ok.csv", "tcp://127.0.0.1:9")
     r = kpca("validate", cfg, "--output", tmp_path / "out", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "5000 rows x 5 features, every row read" in r.stdout
+    assert "5000 rows x 5 feature columns, every row read" in r.stdout
     assert "ids int64 and unique" in r.stdout
 
 
