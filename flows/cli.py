@@ -10,7 +10,7 @@
     kpca --version
 
 Global flags (-v/--verbose, -q/--quiet) go before or after the subcommand. ``kpca run``
-first checks the config, the input (a sample of rows) and the output
+first checks the config, the input (every row, streaming) and the output
 (pipeline/validate.py), and only then starts Prefect and Dask: a wrong path, column or
 type is one line per problem, in about a second, and leaves nothing behind.
 
@@ -645,8 +645,10 @@ def _add_validate(sub) -> None:
         cmd_validate,
         help="check a config, its input and its output before running it",
         description="The checks `kpca run` makes before it starts Prefect or Dask: the "
-        "input exists and is readable, the columns and label are there, the types and "
-        "the NaN policy hold on a sample of rows, the output is writable (nothing is "
+        "input exists and is readable, the columns and label are there, every row is "
+        "read once (NaN/inf, text in numeric columns, missing labels, missing or "
+        "repeated ids: the first of each with its row and column), the output is "
+        "writable (nothing is "
         "left behind), and whether a complete run is already there. One line per "
         "problem; exit status 2 when there is one.",
     )

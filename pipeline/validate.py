@@ -1,16 +1,19 @@
 """The checks before anything starts: ``kpca validate CONFIG``, and the first thing ``kpca run``
 does, before a Prefect API or a Dask cluster is started.
 
-:func:`validate` reads only what it must -- the input's header and a small sample of rows
-(a few CSV lines, the first Parquet batch, an NPY header and first rows, a zarr array's
-metadata) -- and probes the output for writing, removing only what the probe created. It
-returns a list of :class:`Finding` (one line each, naming the problem and the fix); errors
-stop a run before anything is written.
+:func:`validate` reads the input's header and a small sample of rows (a few CSV lines,
+the first Parquet batch, an NPY header and first rows, a zarr array's metadata) for the
+cheap checks, then every row of a CSV, Parquet or NPY input once, streaming
+(pipeline/scan.py: row count, NaN/inf, text in numeric columns, missing labels, missing
+or repeated ids, each with the exact row and column of its first occurrence); and it
+probes the output for writing, removing only what the probe created. It returns a list of
+:class:`Finding` (one line each, naming the problem and the fix); errors stop a run
+before anything is written.
 
-This module imports neither dask, distributed, zarr nor Prefect (a test checks it): it
-runs in the time it takes to read a few kilobytes, so a wrong path or column is reported
-in about a second, not after a cluster has started. The full checks still run where they
-always did (the ingest stage sees every row); these are the cheap, early ones.
+This module imports neither dask, distributed, zarr nor Prefect (a test checks it): a
+wrong path or column is reported in about a second, bad data after one streaming pass
+(cost in docs/config.md, "input"), never after a cluster has started. A zarr array's
+values are checked at ingest.
 """
 
 from __future__ import annotations

@@ -584,6 +584,8 @@ INPUT = [
             c,
             "a,b,y\n" + "".join(f"{i},{i % 7},z\n" for i in range(50)),
             input={"label_column": "y"},
+            # a run that evaluates needs 2 classes (one that does not takes any labels)
+            evaluate={"enabled": True},
         ),
         ("has 1 class(es)", "drop input.label_column"),
     ),
