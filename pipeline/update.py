@@ -369,8 +369,8 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
         missing = [c for c in base["columns"] if c not in ing.columns]
         extra = [c for c in ing.columns if c not in base["columns"]]
         raise UpdateError(
-            f"the batch's feature columns differ from the base run's ({len(ing.columns)} "
-            f"against {len(base['columns'])}): "
+            f"the batch's feature columns ({len(ing.columns)} against the base run's "
+            f"{len(base['columns'])}) differ: "
             + "; ".join(
                 p
                 for p in (
