@@ -553,7 +553,7 @@ INPUT = [
         "input",
         "text in a numeric column, past dask's dtype sample",
         _late_text,
-        ("column(s) ['b'] hold text where numbers are expected", "'oops'", "clean the file"),
+        ("column 'b' holds text where numbers are expected", "'oops' in row", "clean the file"),
     ),
     Case(
         "in-text-columns",
