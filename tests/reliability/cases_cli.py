@@ -50,7 +50,10 @@ CASES = [
         "input",
         "`kpca validate`: the label column is not in the file",
         _validate_label,
-        ("input.label_column 'label' is not a column of", "available (4 columns): ['a', 'b', 'c', 'd']"),
+        (
+            "input.label_column 'label' is not a column of",
+            "available (4 columns): ['a', 'b', 'c', 'd']",
+        ),
     ),
     Case(
         "cli-validate-complete-run",
