@@ -18,8 +18,10 @@ Exit status by the error taxonomy (pipeline/errors.py): errors in the input, the
 config or the artifacts print one line naming the problem and the fix and exit with 2
 (nothing is published); a failure of the environment (I/O, network, lost workers) prints
 one line and exits with 1 (re-running resumes); an unexpected exception is a bug: its
-traceback is kept and the status is 70 (EX_SOFTWARE). Ctrl-C stops a run within a few
-seconds with status 130 (re-running resumes from the finished stages).
+traceback is kept and the status is 70 (EX_SOFTWARE). Ctrl-C (SIGINT) stops a run within a
+few seconds with status 130, SIGTERM (a scheduler, Kubernetes, systemd) likewise with 143:
+one line, every process the command started (the local Dask workers, a temporary Prefect
+server) stopped, and re-running resumes from the finished stages.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ EXIT_USAGE = 2  # the user can fix it: config, input, artifacts, output location
 EXIT_FAILED = 1  # the environment failed (I/O, network, workers): re-run to resume
 EXIT_BUG = 70  # an unexpected exception (sysexits.h EX_SOFTWARE): report it
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): re-running resumes
+EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM), handled as Ctrl-C
 
 
 # ------------------------------------------------------------------- commands
@@ -113,13 +116,14 @@ def _run_config(cfg, args: argparse.Namespace) -> Any:
 
         from .runtime import check_prefect_api
 
-        if check_prefect_api() == "ephemeral":  # checked before anything is written
-            # the temporary server lives for this command only: no telemetry from it
-            os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        mode = check_prefect_api()  # checked before anything is written
+        _say(args, _prefect_line(mode))
         # refuse a locked output, or a complete run without overwrite, now, not after
         # starting a Prefect server (writing nothing: the flow may still refuse the run,
         # e.g. workers that cannot see it)
         check_begin(cfg)
+    else:
+        _say(args, "starting the stages without Prefect")
     fresh = _new_local_folder(cfg.output.path)
     try:
         with handle_interrupts(lambda: _interrupt_line(args)), show_progress(args.progress):
@@ -128,6 +132,36 @@ def _run_config(cfg, args: argparse.Namespace) -> Any:
         if fresh is not None:
             _discard_fresh_output(fresh, exc)
         raise
+
+
+def _say(args: argparse.Namespace, what: str) -> None:
+    """One progress line on stderr (``kpca <command>: ...``), unless -q."""
+    if not args.quiet:
+        print(f"kpca {args.command}: {what}", file=sys.stderr, flush=True)
+
+
+def _prefect_line(mode: str) -> str:
+    """What a flow run waits for first: a temporary API server (10-60 s) or the server."""
+    if mode == "ephemeral":
+        return (
+            "starting a temporary Prefect API server for this run (PREFECT_API_URL is not "
+            "set; 10-60 s; --no-prefect runs without it)"
+        )
+    from prefect.settings import get_current_settings
+
+    return f"recording the run at the Prefect API {get_current_settings().api.url}"
+
+
+#: the first line of the commands that start a cluster or Prefect, before anything else
+_START_LINES = {
+    "demo": lambda a: (
+        f"writing the built-in digits data to {Path(a.output).resolve()}-data/, then the run "
+        f"to {Path(a.output).resolve()}/"
+    ),
+    "run": lambda a: f"checking {a.config}, its input and its output",
+    "update": lambda a: f"checking {a.run} and {a.new_data}",
+    "transform": lambda a: f"embedding {a.input} with {a.model} -> {a.output}",
+}
 
 
 def _new_local_folder(path: str) -> Path | None:
@@ -178,8 +212,22 @@ def _load_run_config(args: argparse.Namespace, *, absolute: bool = True):
         cfg.output.path = args.output
     if args.overwrite:
         cfg.output.overwrite = True
+    _cluster_overrides(cfg, args)
     # relative paths against this folder, once: the manifest records where things are
     return with_absolute_paths(cfg) if absolute else cfg
+
+
+def _cluster_overrides(cfg, args: argparse.Namespace) -> None:
+    """--cluster and --worker-timeout over the config's cluster section."""
+    from pipeline.config import ClusterConfig
+
+    update = {}
+    if getattr(args, "cluster", None):
+        update["address"] = args.cluster
+    if getattr(args, "worker_timeout", None) is not None:
+        update["worker_timeout"] = args.worker_timeout
+    if update:
+        cfg.cluster = ClusterConfig.model_validate({**cfg.cluster.model_dump(), **update})
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -244,10 +292,11 @@ def _storage_options(args: argparse.Namespace, flag: str = "storage_options") ->
 
 
 def cmd_transform(args: argparse.Namespace) -> int:
-    from pipeline.config import ChunkConfig, InputConfig, absolute_path
+    from pipeline.config import InputConfig, absolute_path
     from pipeline.progress import show_progress
-    from pipeline.transform import transform_to_store
 
+    if args.preimage != "auto" and not args.inverse:
+        raise UserError("--preimage applies to --inverse only.")
     options = _storage_options(args)
     input_options = (
         _storage_options(args, "input_storage_options")
@@ -264,20 +313,43 @@ def cmd_transform(args: argparse.Namespace) -> int:
         label_column=args.label_column,
         storage_options=input_options if "://" in args.input else {},
     )
+    with _transform_cluster(args), show_progress(args.progress):
+        return _transform(args, inp, options)
+
+
+def _transform_cluster(args: argparse.Namespace):
+    """``--cluster``: the scheduler to transform on (with the worker watch); without it
+    the rows are embedded by threads in this process (nothing to probe)."""
+    import contextlib
+
+    if not args.cluster:
+        return contextlib.nullcontext()
+    from pipeline.cluster import dask_client
+    from pipeline.config import ClusterConfig
+
+    kw = {"address": args.cluster}
+    if args.worker_timeout is not None:
+        kw["worker_timeout"] = args.worker_timeout
+    return dask_client(ClusterConfig(**kw))
+
+
+def _transform(args: argparse.Namespace, inp, options: dict) -> int:
+    from pipeline.config import ChunkConfig
+    from pipeline.transform import transform_to_store
+
     if args.inverse:
         from pipeline.denoise import denoise_to_store
 
-        with show_progress(args.progress):
-            res = denoise_to_store(
-                args.model,
-                inp,
-                args.output,
-                chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
-                method=None if args.preimage == "auto" else args.preimage,
-                overwrite=args.overwrite,
-                storage_options=options,
-                ignore_extra=args.ignore_extra,
-            )
+        res = denoise_to_store(
+            args.model,
+            inp,
+            args.output,
+            chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+            method=None if args.preimage == "auto" else args.preimage,
+            overwrite=args.overwrite,
+            storage_options=options,
+            ignore_extra=args.ignore_extra,
+        )
         late = res["fixed_point_not_converged"]
         print(
             f"kpca: denoised {res['rows']} rows ({res['n_features']} features) -> "
@@ -289,18 +361,15 @@ def cmd_transform(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    if args.preimage != "auto":
-        raise UserError("--preimage applies to --inverse only.")
-    with show_progress(args.progress):
-        res = transform_to_store(
-            args.model,
-            inp,
-            args.output,
-            chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
-            overwrite=args.overwrite,
-            storage_options=options,
-            ignore_extra=args.ignore_extra,
-        )
+    res = transform_to_store(
+        args.model,
+        inp,
+        args.output,
+        chunks=ChunkConfig(target_chunk_mb=args.chunk_mb),
+        overwrite=args.overwrite,
+        storage_options=options,
+        ignore_extra=args.ignore_extra,
+    )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
         f"{res['output']} ({res['seconds']:.1f} s)"
@@ -463,6 +532,11 @@ def cmd_update(args: argparse.Namespace) -> int:
         no_ids=args.no_ids,
         ignore_extra=args.ignore_extra,
     )
+    _cluster_overrides(cfg, args)
+    if args.prefect:
+        from .runtime import check_prefect_api
+
+        _say(args, _prefect_line(check_prefect_api()))
     fresh = _new_local_folder(cfg.output.path)
     try:
         with show_progress(args.progress):
@@ -590,7 +664,32 @@ def _progress_flags(sp: argparse.ArgumentParser) -> None:
         default=None,
         help="show progress bars (default: when stderr is a terminal)",
     )
-    sp.add_argument("--no-progress", dest="progress", action="store_false")
+    sp.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bars"
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return v
+
+
+def _cluster_flags(sp: argparse.ArgumentParser, address: str | None) -> None:
+    """--worker-timeout (and, with ``address``, --cluster)."""
+    if address:
+        sp.add_argument("--cluster", metavar="ADDRESS", help=address)
+    sp.add_argument(
+        "--worker-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop with one line naming a Dask worker that has not answered for this "
+        "long (cluster.worker_timeout; default 120; docs/cluster.md)",
+    )
 
 
 def _prefect_flags(sp: argparse.ArgumentParser) -> None:
@@ -614,11 +713,20 @@ def _subcommand(sub, name: str, func, **kw) -> argparse.ArgumentParser:
 
 # one function per subcommand: each one's arguments in one place
 def _add_demo(sub) -> None:
-    d = _subcommand(sub, "demo", cmd_demo, help="run the whole job on a built-in dataset")
+    d = _subcommand(
+        sub,
+        "demo",
+        cmd_demo,
+        help="run the whole job on a built-in dataset",
+        description="Writes scikit-learn's digits (1797 labelled 8x8 images) as Parquet to "
+        "OUTPUT-data/ next to the run's folder, then runs the whole job on it into OUTPUT "
+        "(replacing an earlier demo run there).",
+    )
     d.add_argument(
         "--output",
         default="kpca-demo-output",
-        help="artifact folder (default: ./kpca-demo-output)",
+        help="artifact folder (default: ./kpca-demo-output); the demo's input data is "
+        "written to OUTPUT-data/ beside it",
     )
     _progress_flags(d)
     _prefect_flags(d)
@@ -634,6 +742,7 @@ def _add_run(sub) -> None:
         help="replace a complete run there "
         "(with the flow: only the stages whose inputs changed run again)",
     )
+    _cluster_flags(r, None)
     _progress_flags(r)
     _prefect_flags(r)
 
@@ -665,7 +774,10 @@ def _add_transform(sub) -> None:
     t.add_argument("input", help="NPY, CSV, Parquet or zarr input (path or URL)")
     t.add_argument("output", help="output zarr folder, or a path ending in .parquet")
     t.add_argument(
-        "--format", default="auto", choices=["auto", "npy", "csv", "parquet", "zarr"]
+        "--format",
+        default="auto",
+        choices=["auto", "npy", "csv", "parquet", "zarr"],
+        help="the input's format (default: auto, from the file name's extension)",
     )
     t.add_argument(
         "--columns",
@@ -680,8 +792,19 @@ def _add_transform(sub) -> None:
         help="embed with the model's features even when the table has other columns "
         "(by default refused when the run took every column as a feature)",
     )
-    t.add_argument("--chunk-mb", type=float, default=64.0)
-    t.add_argument("--overwrite", action="store_true")
+    t.add_argument(
+        "--chunk-mb",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="target size of the input's row chunks in MB (default: 64); smaller uses "
+        "less memory per task",
+    )
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output (by default an existing output is refused)",
+    )
     t.add_argument(
         "--inverse",
         action="store_true",
@@ -701,12 +824,19 @@ def _add_transform(sub) -> None:
         metavar="JSON|FILE",
         help="fsspec options of the input URL when they differ from --storage-options",
     )
+    _cluster_flags(
+        t,
+        "Dask scheduler to transform on (tcp://host:8786); default: threads in this "
+        "process. Its workers must see the model, input and output (probed first)",
+    )
     _progress_flags(t)
 
 
 def _add_info(sub) -> None:
     i = _subcommand(sub, "info", cmd_info, help="verify a run folder and summarise it")
-    i.add_argument("artifact_dir")
+    i.add_argument(
+        "artifact_dir", help="a run folder (from `kpca run`, `demo` or `update`): path or URL"
+    )
     i.add_argument("--json", action="store_true", help="print the manifest")
     i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
     _storage_flags(i, "the run folder")
@@ -749,6 +879,11 @@ def _add_update(sub) -> None:
         metavar="JSON|FILE",
         help="fsspec options of NEW_DATA's URL (default: the base run's input options)",
     )
+    _cluster_flags(
+        up,
+        "Dask scheduler to run on (default: the base run's cluster.address; empty there "
+        "starts a local cluster)",
+    )
     _progress_flags(up)
     _prefect_flags(up)
 
@@ -757,7 +892,11 @@ def _add_unlock(sub) -> None:
     u = _subcommand(
         sub, "unlock", cmd_unlock, help="break the lock a dead run left on an output folder"
     )
-    u.add_argument("output_dir")
+    u.add_argument(
+        "output_dir",
+        help="the output folder (path or URL) whose lock a run that died left behind; "
+        "refused while the run holding it is alive on this host",
+    )
     _storage_flags(u, "the output folder")
 
 
@@ -814,16 +953,37 @@ def start_runtime(args: argparse.Namespace) -> None:
         logging.getLogger(noisy).setLevel(
             logging.DEBUG if args.verbose >= 2 else logging.WARNING
         )
+    if args.verbose == 0:
+        # what is routine here, logged as a warning by distributed: a shuffle starting and
+        # ending in the in-process scheduler of a local cluster (ingest)...
+        logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+        # ...and graphs above 10 MiB (the model's rows travel to the workers once, not in
+        # every graph: kpca_dask.estimator; what is left is the data's own size). -v shows
+        # both.
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        # ...and a local cluster's dashboard on another port than 8787 (another cluster on
+        # this machine has it): the stage log names the dashboard's address it got
+        warnings.filterwarnings(
+            "ignore", message="Port .* is already in use", category=UserWarning
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _setup_logging(args)
     args.t0 = time.perf_counter()
+    if args.command in _START_LINES:  # within a second or two: the imports come later
+        _say(args, _START_LINES[args.command](args))
+    from .runtime import handle_interrupts
+
     try:
-        if args.command not in ("run", "demo", "validate"):  # those start it themselves
-            start_runtime(args)
-        return args.func(args)
+        # SIGTERM like Ctrl-C, from the first line on (a flow installs its own meanwhile)
+        with handle_interrupts(lambda: _interrupt_line(args)):
+            if args.command not in ("run", "demo", "validate"):  # those start it themselves
+                start_runtime(args)
+            return args.func(args)
     except KeyboardInterrupt:
         return _interrupted(args)
     except Exception as exc:  # noqa: BLE001 - classified by the taxonomy, bugs re-shown
@@ -835,15 +995,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupt_line(args: argparse.Namespace) -> str:
+    import signal
+
+    from .runtime import interrupt_signal
+
     kept = " (finished stages are kept)" if args.command in ("run", "demo") else ""
+    how = "stopped by SIGTERM" if interrupt_signal() == signal.SIGTERM else "interrupted"
     return (
-        f"kpca {args.command}: interrupted after {time.perf_counter() - args.t0:.0f} s{kept}; "
+        f"kpca {args.command}: {how} after {time.perf_counter() - args.t0:.0f} s{kept}; "
         "re-run the same command to resume."
     )
 
 
 def _interrupted(args: argparse.Namespace) -> int:
-    from .runtime import report_interrupt
+    from .runtime import interrupt_status, report_interrupt, stop_children
 
     if os.environ.get("KPCA_DEBUG_INTERRUPT"):
         from .runtime import _INTERRUPT
@@ -852,7 +1017,10 @@ def _interrupted(args: argparse.Namespace) -> int:
         print(f"unwound in {time.monotonic() - at if at else -1:.2f} s", file=sys.stderr)
 
     report_interrupt(_interrupt_line(args))
-    return EXIT_INTERRUPTED
+    # what the unwinding did not stop (a temporary Prefect server, cluster workers) goes
+    # now: nothing the command started outlives it
+    stop_children(timeout=1.0)
+    return interrupt_status()
 
 
 def _user_message(exc: BaseException) -> str:

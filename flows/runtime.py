@@ -1,5 +1,6 @@
 """What the flows need around them: a reachable Prefect API, the library logs in the run log,
-one console line per error, the flow run's address, and a Ctrl-C that stops within seconds."""
+one console line per error, the flow run's address, and a Ctrl-C (or SIGTERM) that stops
+within seconds, leaving no process behind."""
 
 from __future__ import annotations
 
@@ -22,8 +23,11 @@ __all__ = [
     "check_prefect_api",
     "handle_interrupts",
     "interrupted",
+    "interrupt_signal",
+    "interrupt_status",
     "quiet_prefect",
     "report_interrupt",
+    "stop_children",
     "forward_library_logs",
     "LIBRARY_LOGGERS",
     "dashboard_line",
@@ -109,6 +113,10 @@ def quiet_prefect() -> None:
     # fresh PREFECT_HOME migrates its database before answering, which on a
     # loaded machine takes longer than Prefect's 20 s default; wait longer.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # The temporary API server a command starts lives for that command only: no usage
+    # telemetry from it (Prefect's documented switch; offline it logged "Failed to send
+    # telemetry" as an ERROR on every run). Set it to true in the environment to keep it.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     import prefect.main  # noqa: F401  (configures Prefect's loggers; filtered after)
 
     for handler in logging.getLogger().handlers:
@@ -137,17 +145,30 @@ def announce_flow_run(stream=None) -> str | None:
     return line
 
 
-# ------------------------------------------------------------------------- Ctrl-C
-#: seconds between Ctrl-C and the process's end, whatever is still shutting down
-#: (KPCA_INTERRUPT_GRACE overrides it)
+# ------------------------------------------------------------------ Ctrl-C, SIGTERM
+#: seconds between Ctrl-C (or SIGTERM) and the process's end, whatever is still shutting
+#: down (KPCA_INTERRUPT_GRACE overrides it)
 INTERRUPT_GRACE = 2.5
 
-_INTERRUPT: dict[str, Any] = {"at": None, "reported": False}
+#: the signals a run stops on: Ctrl-C, and what schedulers, Kubernetes and systemd send
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_INTERRUPT: dict[str, Any] = {"at": None, "reported": False, "signum": None}
 
 
 def interrupted() -> bool:
-    """Whether Ctrl-C (SIGINT) was received during :func:`handle_interrupts`."""
+    """Whether SIGINT or SIGTERM was received during :func:`handle_interrupts`."""
     return _INTERRUPT["at"] is not None
+
+
+def interrupt_signal() -> int | None:
+    """The signal that stopped the command (``signal.SIGINT``/``SIGTERM``), or None."""
+    return _INTERRUPT["signum"]
+
+
+def interrupt_status() -> int:
+    """The exit status of a stopped command: 128 + the signal (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + int(_INTERRUPT["signum"] or signal.SIGINT)
 
 
 _REPORT_LOCK = threading.Lock()
@@ -161,15 +182,23 @@ def report_interrupt(line: str) -> None:
             _INTERRUPT["reported"] = True
 
 
-def _kill_children() -> None:
+def stop_children(timeout: float = 0.0) -> None:
     """End this process's own child processes (local Dask workers, the ephemeral Prefect
-    server), by pid: they would otherwise outlive a process ended with ``os._exit``."""
+    server and its workers), by pid: they would otherwise outlive this process (re-parented
+    to init). With ``timeout``, ask them first (SIGTERM) and wait that long before
+    killing the rest."""
     try:
         import psutil
 
         children = psutil.Process().children(recursive=True)
     except Exception:  # noqa: BLE001
         return
+    if timeout > 0:
+        for child in children:
+            with contextlib.suppress(Exception):
+                child.terminate()
+        with contextlib.suppress(Exception):
+            _, children = psutil.wait_procs(children, timeout=timeout)
     for child in children:
         with contextlib.suppress(Exception):
             child.kill()
@@ -179,14 +208,19 @@ def _kill_children() -> None:
 def handle_interrupts(
     message: Callable[[], str] | None = None, grace: float | None = None
 ) -> Iterator[None]:
-    """Ctrl-C stops the run within ``grace`` seconds, with status 130.
+    """Ctrl-C or SIGTERM stops the run within ``grace`` seconds, with status 130 / 143.
 
-    The first SIGINT raises KeyboardInterrupt in the main thread as usual,
-    so the stage in progress, the run lock and the publishing transaction unwind; a
-    watchdog ends the process (status 130, its children by pid) if that -- or a
-    Prefect engine reporting the crash, a cluster closing, the ephemeral server
-    stopping -- takes longer than ``grace``. A second Ctrl-C ends it at once. Finished
+    The first signal raises KeyboardInterrupt in the main thread (SIGTERM as SIGINT
+    does), so the stage in progress, the run lock and the publishing transaction unwind;
+    a watchdog ends the process (status 128 + signal, its children by pid) if that -- or
+    a Prefect engine reporting the crash, a cluster closing, the ephemeral server
+    stopping -- takes longer than ``grace``. A second signal ends it at once. Finished
     stages are on disk, so running the same command again resumes.
+
+    A flow run in this process installs Prefect's own SIGTERM handler while it runs
+    (it raises ``TerminationSignal``, reports the crash, puts the previous handler back
+    and sends SIGTERM again), so a SIGTERM during a flow reaches this handler too, after
+    Prefect recorded the run as crashed.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -198,9 +232,9 @@ def handle_interrupts(
         report_interrupt(
             message() if message else "kpca: interrupted; re-run the same command to resume."
         )
-        _kill_children()
+        stop_children()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(interrupt_status())
 
     def watchdog() -> None:
         while time.monotonic() < _INTERRUPT["at"] + grace:
@@ -208,21 +242,23 @@ def handle_interrupts(
         stop_now()
 
     def on_signal(signum, frame):
-        if _INTERRUPT["at"] is not None:  # a second Ctrl-C: no more waiting
+        if _INTERRUPT["at"] is not None:  # a second signal: no more waiting
             stop_now()
         _INTERRUPT["at"] = time.monotonic()
+        _INTERRUPT["signum"] = signum
         # what unwinds now (a client losing its futures, a cluster closing, Prefect
         # recording a crash) would log its own errors: the CLI's one line says it all
         logging.disable(logging.CRITICAL)
         threading.Thread(target=watchdog, name="kpca-interrupt", daemon=True).start()
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGINT, on_signal)
+    old = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
         if _INTERRUPT["at"] is None:  # after an interrupt, keep it until the process ends
-            signal.signal(signal.SIGINT, old)
+            for signum, handler in old.items():
+                signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

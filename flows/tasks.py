@@ -59,7 +59,8 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     try:
         state.result()
     except BaseException as exc:  # noqa: BLE001 - we classify, not handle
-        return is_transient(exc)
+        # a worker that stopped answering would be waited for again: not retried
+        return is_transient(exc) and getattr(exc, "retry", True)
     return False
 
 

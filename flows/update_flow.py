@@ -22,6 +22,7 @@ from pipeline.export import verify_run
 from pipeline.layout import run_layout
 from pipeline.run import run_lock, run_stages, stage_begin
 from pipeline.update import UPDATE_REGISTRY, run_update, update_config
+from pipeline.visibility import check_visibility
 
 from . import tasks
 from .caching import result_storage, with_result_storage
@@ -73,6 +74,7 @@ def kpca_update(config: PipelineConfig) -> dict[str, Any]:
     out = run_layout(cfg).out
     with forward_library_logs(), run_lock(cfg), dask_client(cfg.cluster) as client:
         log.info(dashboard_line(client))
+        check_visibility(cfg, client)  # the batch, base run, output and work, or refuse
         stage_begin(cfg)
         run_stages(UPDATE_REGISTRY, call, timings=timings, t_run=t_run)
         manifest = verify_run(out)

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import kernels
 from .exceptions import (
+    AsymmetricKernelWarning,
     DroppedComponentsWarning,
     InvalidInputError,
     InvalidParameterError,
     KpcaError,
     ModelFormatError,
+    PrecisionWarning,
     UnsafeRemovalError,
 )
 
@@ -57,6 +59,8 @@ __all__ = [
     "ConvergenceWarning",
     "DroppedComponentsWarning",
     "PreimageConvergenceWarning",
+    "PrecisionWarning",
+    "AsymmetricKernelWarning",
 ]
 
 __version__ = "0.1.0"

@@ -69,7 +69,7 @@ def fit_preimage(est: Any, Xb: da.Array, n: int) -> None:
     est.X_transformed_fit_ = np.ascontiguousarray(emb, dtype=np.float64)
     with blas_threads_for_driver():  # one BLAS thread for the driver's dense algebra
         est.dual_coef_ = fit_learned_preimage(
-            est.kernel_, est.X_transformed_fit_, rows, float(est.alpha)
+            embedding_kernel(est), est.X_transformed_fit_, rows, float(est.alpha)
         )
     est.preimage_indices_ = idx
     est.preimage_ = resolve_preimage(est.kernel, est.preimage)
@@ -77,6 +77,13 @@ def fit_preimage(est: Any, Xb: da.Array, n: int) -> None:
         est.preimage_mean_, est.preimage_components_ = linear_preimage_basis(
             model.expansion(est)
         )
+
+
+def embedding_kernel(est: Any) -> Any:
+    """The learned pre-image's kernel: the model's kernel and gamma on the embedding space
+    (scikit-learn's), without the input-space centre of a distance-based kernel (the
+    embeddings have their own dimension and are centred already)."""
+    return est.kernel_.with_center(None)
 
 
 def preimage_constants(est: Any, method: str) -> tuple[dict[str, Any], str]:
@@ -89,7 +96,9 @@ def preimage_constants(est: Any, method: str) -> tuple[dict[str, Any], str]:
             consts.update(mean=est.preimage_mean_, components=est.preimage_components_)
         else:
             consts.update(
-                kernel=est.kernel_, embedding=est.X_transformed_fit_, dual_coef=est.dual_coef_
+                kernel=embedding_kernel(est),
+                embedding=est.X_transformed_fit_,
+                dual_coef=est.dual_coef_,
             )
         if method == "fixed_point":
             exp = model_of(est).expansion(est)

@@ -21,7 +21,12 @@ import numpy as np
 
 from . import plan as _plan
 from .centering import CentredKernel
-from .exceptions import ConvergenceWarning, InvalidInputError, InvalidParameterError
+from .exceptions import (
+    AsymmetricKernelWarning,
+    ConvergenceWarning,
+    InvalidInputError,
+    InvalidParameterError,
+)
 from .gram import BlockKernelMatrix, PrecomputedKernelMatrix
 from .plan import FitPlan
 from .solvers import EigResult, dense_eigh, randomized_eigh
@@ -137,13 +142,33 @@ def _precomputed_matrix(Kd: da.Array, plan: FitPlan) -> PrecomputedKernelMatrix:
             "recompute it from finite data."
         )
     if not K.symmetric:
-        logger.info(
-            "the precomputed kernel matrix is not symmetric (max |K - K^T| = %.3g "
-            "of max |K| = %.3g): its symmetric part is used",
+        # symmetric to rounding (a kernel computed by GEMMs in its dtype): used silently
+        ftype = Kd.dtype if np.issubdtype(Kd.dtype, np.floating) else np.float64
+        level = ASYMMETRY_RTOL * float(np.finfo(ftype).eps) * top
+        (logger.info if asym <= level else _warn_asymmetric)(
+            "the precomputed kernel matrix is not symmetric (max |K - K.T| = %.3g of max "
+            "|K| = %.3g): its symmetric part (K + K.T) / 2 is used",
             asym,
             top,
         )
     return K
+
+
+#: A precomputed K whose asymmetry is at most this many units in the last place of its
+#: largest entry (its dtype's) is symmetric to rounding: symmetrised without a warning.
+ASYMMETRY_RTOL = 64
+
+
+def _warn_asymmetric(msg: str, asym: float, top: float) -> None:
+    """scikit-learn's convention for inputs that must be symmetric
+    (``sklearn.utils.validation.check_symmetric``): average with the transpose, warn."""
+    warnings.warn(
+        (msg % (asym, top))
+        + " (scikit-learn's KernelPCA reads one triangle or the whole product depending on "
+        "its solver); pass (K + K.T) / 2 to silence this, or fix how K is computed.",
+        AsymmetricKernelWarning,
+        stacklevel=6,
+    )
 
 
 def _solve_dense(K: Any, n_components: int | None) -> tuple[EigResult, np.ndarray, float]:

@@ -72,6 +72,7 @@ def state_of(est: Any) -> ModelState:
     }
     arrays.update(model.arrays(est))
     arrays.update(_preimage_arrays(est))
+    arrays["kernel_center"] = getattr(est.kernel_, "center", None)  # distance kernels
     return ModelState(
         kind=model.kind,
         params=params,
@@ -142,6 +143,7 @@ def restore(est: Any, state: ModelState) -> Any:
         if k in FITTED_SCALARS:
             setattr(est, k, v)
     arrays = state.arrays
+    _restore_kernel_center(est, arrays, where)
     est.eigenvalues_ = arrays["eigenvalues"]
     STRATEGIES[state.kind].restore(est, arrays, where)
     est.explained_variance_ratio_ = arrays.get("explained_variance_ratio")
@@ -151,6 +153,21 @@ def restore(est: Any, state: ModelState) -> Any:
     _restore_preprocess(est, state.extra, where)
     est._coef_cache = None
     return est
+
+
+def _restore_kernel_center(est: Any, arrays: dict[str, np.ndarray], where: Any) -> None:
+    """The centre of a distance-based kernel (models saved before it was kept have none:
+    they evaluate on uncentred rows, the same kernel to rounding)."""
+    c = arrays.get("kernel_center")
+    if c is None:
+        return
+    d = est.n_features_in_
+    if not est.kernel_.translation_invariant or c.shape != (d,) or not np.isfinite(c).all():
+        raise ModelFormatError(
+            f"{where}: kernel_center must be {d} finite numbers of a distance-based kernel "
+            f"(got shape {c.shape} for kernel {est.kernel_.name!r})."
+        )
+    est.kernel_ = est.kernel_.with_center(c)
 
 
 def _preimage_arrays(est: Any) -> dict[str, np.ndarray]:

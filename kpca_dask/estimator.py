@@ -38,6 +38,7 @@ from .exceptions import (
 )
 from .persistence import load_state, save_state
 from .plan import FitPlan
+from .precision import centre_kernel, check_centred_scale, is_distance_kernel
 from .preimage import warn_not_converged
 from .preprocess import Scaler
 from .projection import project_block
@@ -47,6 +48,35 @@ from .threads import blas_threads_for_dask
 __all__ = ["KernelPCA", "load"]
 
 logger = logging.getLogger("kpca_dask")
+
+
+#: model arrays (training rows + coefficients) at least this large go to a distributed
+#: cluster's workers once, instead of inside every transform graph: every graph would
+#: otherwise ship them through the scheduler again (distributed warns from 10 MiB)
+SCATTER_BYTES = 1 << 20
+_SCATTERED: dict[tuple[int, str], list] = {}  # (client, model token) -> futures, newest last
+_SCATTERED_KEEP = 4
+
+
+def _on_cluster(token: str, *arrays: np.ndarray) -> list | None:
+    """Futures of ``arrays`` on every worker of the current distributed client (scattered
+    once per model and client, again if a worker that held them is gone), or None: no
+    distributed client, or arrays small enough to travel in the graph."""
+    if sum(a.nbytes for a in arrays) < SCATTER_BYTES:
+        return None
+    from .gram import _scheduler_kind
+
+    kind, client = _scheduler_kind()
+    if kind != "distributed":
+        return None
+    key = (id(client), token)
+    futures = _SCATTERED.pop(key, None)
+    if futures is None or any(f.status != "finished" for f in futures):
+        futures = client.scatter(list(arrays), broadcast=True, hash=False)
+    _SCATTERED[key] = futures
+    while len(_SCATTERED) > _SCATTERED_KEEP:  # released: the workers drop them
+        _SCATTERED.pop(next(iter(_SCATTERED)))
+    return futures
 
 
 class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -82,8 +112,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         "precomputed": ``fit`` takes the n x n kernel matrix (numpy, dask,
         zarr or scipy.sparse; read in square blocks, never copied whole; a
         matrix that is not exactly symmetric is used through its symmetric
-        part) and ``transform`` the ``n_new x n`` kernel between new and
-        training rows (docs/sklearn.md).
+        part, with an AsymmetricKernelWarning beyond rounding) and
+        ``transform`` the ``n_new x n`` kernel between new and training rows
+        (docs/sklearn.md). rbf and laplacian are evaluated on rows minus the
+        training mean (``kernel_.center``; exact far from the origin,
+        docs/solvers.md "Kernel evaluation").
     gamma : float, "scale" or None, default=None
         Kernel coefficient of rbf, laplacian, poly and sigmoid. None means
         ``1 / n_features``; "scale" is the median heuristic on a sample of at
@@ -581,8 +614,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         plan = _plan.make_plan(
             params, n, d, exact_inputs=kernel_blocks is not None or centring is not None
         )
-        if not plan.precomputed:  # a precomputed K is checked by its own first read (inspect)
-            V.check_finite(Xd, names=names)
+        stats = None  # a precomputed K is checked by its own first read (inspect)
+        if not plan.precomputed:  # one pass: NaN/inf, and the distance kernels' centre
+            stats = V.check_finite(
+                Xd, names=names, column_stats=is_distance_kernel(self.kernel)
+            )
         if v0 is not None:  # before any work on X: a wrong v0 costs nothing
             v0 = V.check_start_vectors(v0, n, plan.solver)
         self.preprocess_ = scaler = _pre.for_fit(
@@ -605,6 +641,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             Xb = Xb.persist()
 
         plan = _plan.resolve_kernel(plan, params, Xb)
+        plan = centre_kernel(plan, stats, scaler)
         self.gamma_ = plan.gamma
         self.kernel_ = plan.kernel
         self.eigen_solver_ = plan.solver
@@ -634,6 +671,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             v0=v0,
         )
         self._apply_solution(sol, n)
+        check_centred_scale(self)  # rounding of an offset in feature space vs tol
         if self.fit_inverse_transform:
             fit_preimage(self, Xb, n)
         self.fit_seconds_ = time.perf_counter() - t0
@@ -778,6 +816,9 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         name = f"kpca-{what}-" + tokenize(token, Xr.name)
         train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
         dsk: dict[Any, Any] = {train_key: self.X_fit_, coef_key: A_aug}
+        on_cluster = _on_cluster(token, self.X_fit_, A_aug)
+        if on_cluster is not None:  # the rows are on the workers: the graph names them
+            dsk[train_key], dsk[coef_key] = on_cluster
         out_dtype = self._out_dtype(Xd.dtype) if what == "transform" else np.dtype(np.float64)
         for b in range(len(Xr.chunks[0])):
             dsk[(name, b, 0)] = model.block_task(

@@ -20,6 +20,8 @@ __all__ = [
     "KpcaWarning",
     "ConvergenceWarning",  # noqa: F822 (built on first use by __getattr__)
     "DroppedComponentsWarning",
+    "PrecisionWarning",
+    "AsymmetricKernelWarning",
     "UnverifiedAttributesWarning",
     "PreimageConvergenceWarning",  # noqa: F822 (built on first use by __getattr__)
 ]
@@ -118,6 +120,16 @@ class UnverifiedAttributesWarning(KpcaWarning):
 
 class DroppedComponentsWarning(KpcaWarning):
     """Components with non-positive eigenvalues were removed from the result."""
+
+
+class AsymmetricKernelWarning(KpcaWarning):
+    """A precomputed kernel matrix is not symmetric beyond rounding: its symmetric part
+    ``(K + K.T) / 2`` is used."""
+
+
+class PrecisionWarning(KpcaWarning):
+    """The data's own precision, or the kernel's evaluation in the compute dtype, cannot
+    support the accuracy the fit certifies (the message names the cause and the fix)."""
 
 
 class InvalidInputTypeError(InvalidInputError, TypeError):

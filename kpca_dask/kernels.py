@@ -19,12 +19,20 @@ The rbf kernel shows the trick: with
 removes the tiny positive values that rounding leaves where the squared
 distance is (nearly) zero.
 
+Distance-based kernels (rbf, laplacian: ``translation_invariant``) are evaluated
+on rows centred by a fixed vector, the training mean (``with_center``): the kernel
+is the same function, but the expanded squared distance above then cancels only
+within the data's spread, not its offset (rows far from the origin: sensor
+readings, timestamps, prices). The centre is subtracted in float64, before any
+conversion to a float32 compute dtype. The bound is in docs/solvers.md.
+
 Names, parameters and defaults follow ``sklearn.metrics.pairwise`` so results
 compare one to one with scikit-learn's ``KernelPCA``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -70,6 +78,37 @@ class Kernel:
     #: (exact arithmetic); recorded in solver_info_ (the randomized solver's
     #: Rayleigh-Ritz finish serves both cases).
     psd: bool = True
+    #: True for kernels of ``x - y`` only (rbf, laplacian): evaluated on centred rows.
+    translation_invariant: bool = False
+    #: The vector subtracted from every row before evaluation (float64, or None).
+    #: Not a parameter: ``to_dict`` and equality ignore it (the kernel function is the
+    #: same); the model saves it as an array and dask tokens include it.
+    center: np.ndarray | None = None
+
+    def with_center(self, center: Any) -> Kernel:
+        """A copy evaluated on rows minus ``center`` (translation-invariant kernels;
+        ``self`` for the others). ``None`` removes the centre (e.g. to evaluate the
+        kernel on another space, as the learned pre-image does on embeddings)."""
+        if not self.translation_invariant:
+            return self
+        if center is None and self.center is None:
+            return self
+        new = copy.copy(self)
+        new.center = None if center is None else _center_vector(center)
+        return new
+
+    def _centred(self, X: np.ndarray) -> np.ndarray:
+        """``X - center`` in float64 (``X`` itself, as float64, without a centre)."""
+        X = np.asarray(X, dtype=np.float64)
+        c = self.center
+        if c is None:
+            return X
+        if X.shape[-1] != c.shape[0]:
+            raise InvalidParameterError(
+                f"the {self.name} kernel is centred on {c.shape[0]} features but got rows "
+                f"of {X.shape[-1]}."
+            )
+        return X - c
 
     def params(self) -> dict[str, Any]:
         """JSON-serialisable parameters (without the name)."""
@@ -118,7 +157,16 @@ class Kernel:
         return hash(repr(self))
 
     def __dask_tokenize__(self) -> Any:
-        return (type(self).__name__, repr(self.to_dict()))
+        c = self.center
+        return (type(self).__name__, repr(self.to_dict()), None if c is None else c.tobytes())
+
+
+def _center_vector(center: Any) -> np.ndarray:
+    c = np.array(center, dtype=np.float64, copy=True).reshape(-1)
+    if not np.all(np.isfinite(c)):
+        raise InvalidParameterError("a kernel centre must be finite.")
+    c.setflags(write=False)
+    return c
 
 
 def _matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -233,6 +281,7 @@ class RBFKernel(Kernel):
     """
 
     name = "rbf"
+    translation_invariant = True
 
     def __init__(self, gamma: float):
         self.gamma = float(gamma)
@@ -241,7 +290,7 @@ class RBFKernel(Kernel):
         return {"gamma": self.gamma}
 
     def prepare(self, X, dtype, side="left"):
-        X = np.asarray(X, dtype=np.float64)
+        X = self._centred(X)
         n, d = X.shape
         aug = np.empty((n, d + 2), dtype=np.float64)
         np.multiply(X, math.sqrt(2.0 * self.gamma), out=aug[:, :d])
@@ -287,6 +336,7 @@ class LaplacianKernel(Kernel):
     """``k(x, y) = exp(-gamma |x - y|_1)`` (L1 distances by scipy's ``cdist``)."""
 
     name = "laplacian"
+    translation_invariant = True
 
     def __init__(self, gamma: float):
         self.gamma = float(gamma)
@@ -295,8 +345,9 @@ class LaplacianKernel(Kernel):
         return {"gamma": self.gamma}
 
     def prepare(self, X, dtype, side="left"):
-        # cdist works in float64; the result is cast to the requested dtype.
-        return np.ascontiguousarray(X, dtype=np.float64)
+        # cdist works in float64 (differences: no cancellation beyond the spread; the
+        # centre only keeps both distance kernels alike); the result is cast to dtype.
+        return np.ascontiguousarray(self._centred(X))
 
     def evaluate(self, A, B, out=None):
         from scipy.spatial.distance import cdist

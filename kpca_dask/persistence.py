@@ -22,6 +22,10 @@ Layout of a saved model (``attrs["model_kind"]`` says which)::
       preimage_indices      (s,) int64, those rows in the training data
       preimage_mean         (d,) linear kernel only: exact pre-image mean + z @ components
       preimage_components   (k, d) linear kernel only
+    distance-based kernels (rbf, laplacian), optional:
+      kernel_center         (d,) float64, the training mean the kernel evaluates rows
+                            minus (kpca_dask.precision); models without it evaluate on
+                            uncentred rows
 
 The attributes record the format name, a schema version, the estimator's
 parameters, the kernel (named kernels only: a callable cannot be stored
@@ -223,7 +227,14 @@ def _write_group(
         row_bytes = max(1, arr.itemsize * int(np.prod(arr.shape[1:])))
         rows = max(1, min(arr.shape[0], (32 << 20) // row_bytes))
         chunks = (rows,) + arr.shape[1:]
-        z = root.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=chunks)
+        # every chunk stored, also one of zeros: a missing chunk is then always damage
+        z = root.create_array(
+            name,
+            shape=arr.shape,
+            dtype=arr.dtype,
+            chunks=chunks,
+            config={"write_empty_chunks": True},
+        )
         # a chunk at a time: zarr encodes the chunks of one write concurrently
         for a in range(0, max(1, arr.shape[0]), rows):
             z[a : a + rows] = arr[a : a + rows]

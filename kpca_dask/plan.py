@@ -406,6 +406,7 @@ def resolve_gamma(
     S = np.asarray(rows[idx].compute(), dtype=np.float64)
     iu = np.triu_indices(m, 1)
     if name == "rbf":
+        S = S - S.mean(axis=0)  # distances are translation invariant: no cancellation
         sq = np.einsum("ij,ij->i", S, S)
         stat = np.maximum(sq[:, None] + sq[None, :] - 2 * S @ S.T, 0)[iu]
         med, factor = np.median(stat), 2.0

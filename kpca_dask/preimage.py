@@ -261,9 +261,14 @@ def fixed_point_preimage(
         Iterations made per row.
     """
     z = np.asarray(z, dtype=np.float64)
-    x = np.array(x0, dtype=np.float64, copy=True)
-    r = x.shape[0]
     centre, s = exp.scale() if scale is None else scale
+    # rbf is translation invariant: iterate on points and rows minus the points' mean, so
+    # the expanded squared distances cancel within the data's spread, not its offset
+    centre = np.asarray(centre, dtype=np.float64)
+    x0 = np.asarray(x0, dtype=np.float64)
+    exp = Expansion(exp.points - centre, exp.b, exp.B)
+    x = x0 - centre
+    r = x.shape[0]
     pts_sq = np.einsum("ij,ij->i", exp.points, exp.points)
     status = np.full(r, STATUS_MAX_ITER, dtype=np.int8)
     n_iter = np.zeros(r, dtype=np.int32)
@@ -278,7 +283,7 @@ def fixed_point_preimage(
         with np.errstate(divide="ignore", invalid="ignore"):
             new = num / np.where(ok, den, 1.0)[:, None]
         ok &= np.isfinite(new).all(axis=1)
-        ok &= np.linalg.norm(new - centre, axis=1) <= DIVERGENCE_FACTOR * s
+        ok &= np.linalg.norm(new, axis=1) <= DIVERGENCE_FACTOR * s
         step = np.linalg.norm(new - xa, axis=1)
         done = ok & (step <= tol * s)
         n_iter[active] += 1
@@ -286,6 +291,7 @@ def fixed_point_preimage(
         status[active[~ok]] = STATUS_DIVERGED
         status[active[done]] = STATUS_CONVERGED
         active = active[ok & ~done]
+    x += centre
     failed = status != STATUS_CONVERGED
     x[failed] = x0[failed]
     return x, status, n_iter

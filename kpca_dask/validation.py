@@ -259,13 +259,59 @@ def column_label(j: int, names: Any = None) -> str:
     return str(j)
 
 
-def check_finite(Xd: da.Array, what: str = "X", names: Any = None) -> None:
+def _block_stats(x: np.ndarray, ref: np.ndarray, block_info: Any = None) -> np.ndarray:
+    """Column sums of ``x - ref`` (float64), minima and maxima of one block: a 1 x 3 x d
+    array (NaN propagates into them; they are only read when X is finite). ``ref`` is
+    the whole reference row; the block's columns are sliced from it."""
+    x = np.asarray(x)
+    if block_info is not None and 0 in block_info:
+        c0, c1 = block_info[0]["array-location"][1]
+        ref = ref[c0:c1]
+    if x.shape[0] == 0:
+        out = np.zeros((1, 3, x.shape[1]))
+        out[0, 1], out[0, 2] = np.inf, -np.inf
+        return out
+    sums = (np.asarray(x, dtype=np.float64) - ref).sum(axis=0)
+    return np.stack([sums, x.min(axis=0), x.max(axis=0)]).astype(np.float64)[None]
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    """Per-column statistics of the training rows, from the finiteness pass."""
+
+    mean: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    dtype: np.dtype
+
+
+def check_finite(
+    Xd: da.Array, what: str = "X", names: Any = None, *, column_stats: bool = False
+) -> ColumnStats | None:
     """One pass over the values: refuse NaN/inf, naming the first rows and the column
-    involved (``names``: the column names, when known)."""
-    per_block = Xd.map_blocks(
-        _block_nonfinite, chunks=((1,) * len(Xd.chunks[0]), Xd.chunks[1]), dtype=np.int64
-    )
-    (counts2d,) = dask.compute(per_block)
+    involved (``names``: the column names, when known).
+
+    ``column_stats=True``: also return the column means (summed in float64), minima and
+    maxima, from the same pass (each block is read once for both): the centre of the
+    distance-based kernels and what their precision check needs."""
+    one_row = ((1,) * len(Xd.chunks[0]), Xd.chunks[1])
+    per_block = Xd.map_blocks(_block_nonfinite, chunks=one_row, dtype=np.int64)
+    if column_stats:
+        # sums of x minus the first row: their rounding is relative to the spread, not
+        # the offset, so the mean differs between chunkings far below the grid the
+        # kernel centre is rounded to (kpca_dask.precision)
+        ref = np.asarray(Xd[:1].compute(), dtype=np.float64).reshape(-1)
+        ref = np.where(np.isfinite(ref), ref, 0.0) if ref.size else np.zeros(Xd.shape[1])
+        stats = Xd.map_blocks(
+            _block_stats,
+            ref=ref,
+            chunks=((1,) * len(Xd.chunks[0]), (3,), Xd.chunks[1]),
+            new_axis=1,
+            dtype=np.float64,
+        )
+        counts2d, stats3d = dask.compute(per_block, stats)
+    else:
+        (counts2d,) = dask.compute(per_block)
     counts = counts2d.sum(axis=1)
     total = int(counts.sum())
     if total:
@@ -279,6 +325,15 @@ def check_finite(Xd: da.Array, what: str = "X", names: Any = None) -> None:
             f"{offsets[b]}-{offsets[b + 1] - 1}){col}{more}. Remove or impute them before "
             "fitting (the pipeline's ingest can drop such rows with nonfinite='drop')."
         )
+    if column_stats:
+        st = np.asarray(stats3d, dtype=np.float64)
+        return ColumnStats(
+            mean=ref + st[:, 0].sum(axis=0) / max(1, int(Xd.shape[0])),
+            min=st[:, 1].min(axis=0),
+            max=st[:, 2].max(axis=0),
+            dtype=np.dtype(Xd.dtype),
+        )
+    return None
 
 
 def check_n_components(n_components: int, n_samples: int) -> None:

@@ -95,8 +95,13 @@ def release_worker_memory() -> None:
         client = default_client()
     except (ImportError, ValueError):
         return
+    from .liveness import current_timeout, run_on_workers
+
     try:
-        client.run(_malloc_trim)
+        # bounded: a worker that stopped answering is named by the worker watch instead
+        _, silent = run_on_workers(client, _malloc_trim, timeout=current_timeout())
+        if silent:
+            logger.debug("malloc_trim: no answer from %s", ", ".join(silent))
     except Exception as exc:  # never fail a run over housekeeping
         logger.debug("malloc_trim on the workers failed: %s", exc)
 
@@ -204,13 +209,18 @@ class PauseWatchdog(threading.Thread):
 
 @contextlib.contextmanager
 def _watched(client, cfg: ClusterConfig) -> Iterator[object]:
-    """Yield ``client`` with a :class:`PauseWatchdog` (unless ``paused_timeout`` is null)."""
+    """Yield ``client`` with a :class:`PauseWatchdog` (unless ``paused_timeout`` is null)
+    and a :class:`pipeline.liveness.WorkerWatch` (``worker_timeout``)."""
+    from .liveness import watching
+
     dog = None
     if cfg.paused_timeout is not None:
         dog = PauseWatchdog(client, cfg.paused_timeout)
         dog.start()
     try:
-        yield client
+        # workers that stop answering, and pauses, named in one line (pipeline/liveness.py)
+        with watching(client, cfg.worker_timeout):
+            yield client
     except BaseException as exc:
         if dog is not None and dog.tripped:
             raise ClusterError(dog.tripped) from exc

@@ -474,6 +474,15 @@ class ClusterConfig(_Model):
         "memory limit for this many seconds with work pending (a paused worker whose memory "
         "never drops would wait forever); null waits forever.",
     )
+    worker_timeout: float | None = Field(
+        120.0,
+        gt=0,
+        description="Seconds a Dask worker may go without answering (no heartbeat to the "
+        "scheduler, no reply to the visibility probe) before the run stops with one line "
+        "naming it (exit 1); a stopped or cut-off worker would otherwise hang the run for "
+        "ever. Well above the workers' heartbeat interval (0.5-5 s); null waits forever. "
+        "See docs/cluster.md.",
+    )
 
     @field_validator("memory_limit")
     @classmethod

@@ -33,6 +33,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from .completeness import DENSE
 from .config import DenoiseConfig
 from .errors import UserError
 from .progress import compute
@@ -144,7 +145,11 @@ def _write(g, name: str, arr: da.Array, chunk_rows: int):
     if name in g:
         del g[name]
     return g.create_array(
-        name, shape=arr.shape, dtype=arr.dtype, chunks=(chunk_rows,) + tuple(arr.shape[1:])
+        name,
+        shape=arr.shape,
+        dtype=arr.dtype,
+        chunks=(chunk_rows,) + tuple(arr.shape[1:]),
+        config=DENSE,
     )
 
 
@@ -260,6 +265,24 @@ def denoise_to_store(
     Writes a zarr group at ``output`` with ``denoised`` (n x d) and ``ids``/``labels``
     when the input has them; the model comes from a verified run or a model folder.
     """
+    from .liveness import activity
+
+    with activity("denoise"):  # named if a worker stops answering (pipeline/liveness.py)
+        return _denoise_to_store(
+            model_path,
+            input_cfg,
+            output,
+            chunks=chunks,
+            method=method,
+            overwrite=overwrite,
+            storage_options=storage_options,
+            ignore_extra=ignore_extra,
+        )
+
+
+def _denoise_to_store(
+    model_path, input_cfg, output, *, chunks, method, overwrite, storage_options, ignore_extra
+) -> dict[str, Any]:
     from .transform import open_transform
 
     t0 = time.perf_counter()
@@ -294,7 +317,9 @@ def denoise_to_store(
         for name, arr in (("ids", src.ids), ("labels", src.labels)):
             if arr is not None:
                 dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-                za = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows,))
+                za = g.create_array(
+                    name, shape=arr.shape, dtype=dtype, chunks=(rows,), config=DENSE
+                )
                 stores.append(da.store(arr, za, lock=False, compute=False))
         *_, st = compute(*stores, status, label="denoise")
         counts_box.append(np.bincount(np.asarray(st, dtype=np.int64), minlength=3))

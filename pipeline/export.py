@@ -18,8 +18,9 @@ import numpy as np
 
 from kpca_dask.persistence import read_model_group
 
+from .completeness import DENSE, check_complete
 from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
-from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST
+from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST, MODEL
 from .store import Location, array_checksum, atomic_write_json, read_json
 
 __all__ = [
@@ -124,7 +125,9 @@ def write_spectrum(out: Location, model: Any) -> None:
         arr = np.asarray(arr, dtype=np.float64)
         if name in s:
             del s[name]
-        s.create_array(name, shape=arr.shape, dtype="f8", chunks=arr.shape)[...] = arr
+        s.create_array(name, shape=arr.shape, dtype="f8", chunks=arr.shape, config=DENSE)[
+            ...
+        ] = arr
 
 
 def _file_sha256(loc: Location, path: str) -> str:
@@ -160,8 +163,11 @@ def write_manifest(
     arrays: tuple[str, ...] = (),
     extra: dict | None = None,
 ) -> dict:
-    """Checksum the published arrays (CHECKSUMMED plus ``arrays``, e.g. the denoised rows)
-    and write the manifest (last, atomically)."""
+    """Check that the published arrays (CHECKSUMMED plus ``arrays``, e.g. the denoised
+    rows, and the model) hold every chunk (:func:`pipeline.completeness.check_complete`),
+    checksum them and write the manifest (last, atomically)."""
+    # nothing is marked complete with chunks missing (it would read as zeros)
+    check_complete(out, CHECKSUMMED + tuple(arrays) + (MODEL,))
     g = out.open_group("r")
     checksums = {}
     for name in CHECKSUMMED + tuple(arrays):

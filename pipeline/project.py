@@ -13,6 +13,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from .completeness import DENSE
 from .parquet import component_names, write_parquet
 from .progress import compute
 from .store import Location
@@ -47,7 +48,9 @@ def write_embedding(
     g = out.open_group("a")
     if name in g:
         del g[name]
-    z = g.create_array(name, shape=emb.shape, dtype=emb.dtype, chunks=(rows[0], emb.shape[1]))
+    z = g.create_array(
+        name, shape=emb.shape, dtype=emb.dtype, chunks=(rows[0], emb.shape[1]), config=DENSE
+    )
     z.attrs["columns"] = component_names(emb.shape[1])
     compute(da.store(emb, z, lock=False, compute=False), label="embedding")
     secs = time.perf_counter() - t0

@@ -21,6 +21,7 @@ from .config import PipelineConfig, with_absolute_paths
 from .export import RunError, begin_run, check_not_complete
 from .ingest import _check_exists
 from .layout import run_layout
+from .liveness import activity
 from .lock import RunLock, check_unlocked
 from .publish import (
     check_not_overlapping,
@@ -166,7 +167,8 @@ def run_stages(
             timings["total"] = time.perf_counter() - t_run
             args["timings"] = dict(timings)
         t = time.perf_counter()
-        results[stage.result] = call(stage, args)
+        with activity(f"stage {stage.name!r}"):  # named if a worker stops answering
+            results[stage.result] = call(stage, args)
         timings[stage.name] = time.perf_counter() - t
     return results
 

@@ -15,6 +15,7 @@ from kpca_dask.exceptions import (
     ConstantKernelError,
     ConvergenceWarning,
     DroppedComponentsWarning,
+    PrecisionWarning,
 )
 from kpca_dask.plan import NYSTROEM_BLOCK_ROWS, auto_block_rows, resolve_solver
 
@@ -271,13 +272,16 @@ def solve(
         # an uncertified solve is logged and then judged by check_fit (max_residual)
         warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
         warnings.simplefilter("always", ConvergenceWarning)
+        warnings.simplefilter("always", PrecisionWarning)
         try:
             est.fit(X_train, **fit_kw)
         except ConstantKernelError as e:
             raise SolveError(CONSTANT_KERNEL) from e
     del X_train  # rows kept in the workers' memory are released with it
     for w in caught:
-        if issubclass(w.category, ConvergenceWarning):
+        # an uncertified solve, or a precision the data/kernel cannot support: the log's
+        # warning line (the run goes on; check_fit judges the residuals)
+        if issubclass(w.category, (ConvergenceWarning, PrecisionWarning)):
             logger.warning("solve: %s", w.message)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -42,8 +42,10 @@ import dask.array as da
 import numpy as np
 
 from kpca_dask.plan import auto_block_rows
+from kpca_dask.precision import centred_for_rows
 
 from .cluster import release_worker_memory
+from .completeness import DENSE
 from .config import ConfigError, PipelineConfig
 from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
@@ -392,7 +394,7 @@ def _store_array(g, name: str, arr: da.Array, rows) -> None:
         del g[name]
     arr = arr.rechunk({0: rows})
     dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-    z = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows[0],))
+    z = g.create_array(name, shape=arr.shape, dtype=dtype, chunks=(rows[0],), config=DENSE)
     da.store(arr, z, lock=False)
 
 
@@ -517,7 +519,8 @@ def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResul
         store = run_layout(cfg).kernel
         ks = build_kernel_store(
             X_train,
-            plan.kernel,
+            # distance kernels on rows minus their mean: exact far from the origin
+            centred_for_rows(plan.kernel, X_train),
             cfg.solver.dtype,
             store,
             input_fingerprint=_kernel_input(res.fingerprint, split),

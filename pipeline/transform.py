@@ -23,15 +23,18 @@ import numpy as np
 
 import kpca_dask
 
+from .completeness import DENSE, check_complete
 from .config import ChunkConfig, InputConfig
 from .export import verify_run
 from .features import FeatureError
 from .features import match as match_features
+from .liveness import activity
 from .parquet import component_names, write_parquet
 from .progress import compute
 from .publish import OutputLock, check_transform_output, publish_beside
 from .readers import InputError, SourceData, read_input, table_columns
 from .store import Location
+from .visibility import check_locations, transform_targets
 
 __all__ = [
     "embed_rows",
@@ -138,7 +141,8 @@ def open_transform(
 ) -> tuple[Location, Any, SourceData]:
     """What a transform (or a denoise) of ``input_cfg`` with a saved model starts from:
     the checked output location (refused before anything is read, see
-    :func:`pipeline.publish.check_transform_output`), the model, and the input's rows
+    :func:`pipeline.publish.check_transform_output`; then the visibility probe of the
+    model, input and output on the Dask workers), the model, and the input's rows
     with their columns matched to the model's features by name."""
     out = check_transform_output(
         output,
@@ -147,6 +151,9 @@ def open_transform(
         overwrite=overwrite,
         storage_options=storage_options,
     )
+    # every worker sees the model, the input and the output, before the model is read
+    # (verified on the workers) or anything written (pipeline/visibility.py)
+    check_locations(transform_targets(model_path, input_cfg, out, storage_options))
     model = load_model(model_path, storage_options)
     src = read_model_input(model, input_cfg, chunks, ignore_extra=ignore_extra)
     return out, model, src
@@ -177,6 +184,15 @@ def transform_to_store(
     publish.
     """
     t0 = time.perf_counter()
+    with activity("transform"):
+        return _transform_to_store(
+            model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra, t0
+        )
+
+
+def _transform_to_store(
+    model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra, t0
+) -> dict:
     out, model, src = open_transform(
         model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra
     )
@@ -197,6 +213,7 @@ def transform_to_store(
             shape=emb.shape,
             dtype=emb.dtype,
             chunks=(src.X.chunks[0][0], emb.shape[1]),
+            config=DENSE,
         )
         z.attrs["columns"] = component_names(emb.shape[1])
         stores = [da.store(emb, z, lock=False, compute=False)]
@@ -204,7 +221,11 @@ def transform_to_store(
             if arr is not None:
                 dtype = str if arr.dtype.kind in "OUT" else arr.dtype
                 za = g.create_array(
-                    name, shape=arr.shape, dtype=dtype, chunks=(src.X.chunks[0][0],)
+                    name,
+                    shape=arr.shape,
+                    dtype=dtype,
+                    chunks=(src.X.chunks[0][0],),
+                    config=DENSE,
                 )
                 stores.append(da.store(arr, za, lock=False, compute=False))
         compute(*stores, label="transform")
@@ -358,7 +379,8 @@ def verify_transform_output(
     parquet: bool,
     array: str = "embedding",
 ) -> None:
-    """Raise RunError unless ``target`` is a complete transform output of ``n_rows`` rows."""
+    """Raise RunError unless ``target`` is a complete transform output of ``n_rows`` rows
+    (zarr: with every chunk of every array in the store, :func:`check_complete`)."""
     from .errors import RunError
 
     if parquet:
@@ -382,3 +404,5 @@ def verify_transform_output(
             f"the new output at {target} is incomplete ({rows} of {n_rows} rows); "
             "nothing was published, the previous output is unchanged."
         )
+    if not parquet:  # every chunk of every array there, or it would read as zeros
+        check_complete(target)

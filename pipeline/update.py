@@ -40,6 +40,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from .completeness import DENSE
 from .config import (
     ConfigError,
     PipelineConfig,
@@ -708,7 +709,9 @@ def stage_project(
     g = out.open_group("a")
     if EMBEDDING in g:
         del g[EMBEDDING]
-    z = g.create_array(EMBEDDING, shape=emb.shape, dtype=emb.dtype, chunks=(rows, emb.shape[1]))
+    z = g.create_array(
+        EMBEDDING, shape=emb.shape, dtype=emb.dtype, chunks=(rows, emb.shape[1]), config=DENSE
+    )
     z.attrs["columns"] = component_names(emb.shape[1])
     z.attrs["rows_by_this_model"] = [0 if reembed else int(old.shape[0]), int(emb.shape[0])]
     compute(da.store(emb, z, lock=False, compute=False), label="embedding")

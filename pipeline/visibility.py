@@ -10,8 +10,17 @@ stage reads zeros (issue 14). So before the first stage a run probes each locati
   the same; a worker that finds nothing, or something else, cannot see it;
 - the output and the work folder (written): the client writes a probe file there and
   every worker reads it back; then every worker writes one and the client reads them.
-  The probe files (``.kpca-probe-<token>.*``) and any folder the probe created are
-  removed afterwards, on the workers' side as well as the client's.
+  The probe files (``.kpca-probe-<time>-<random>.*``: unique per probe) and any folder
+  the probe created are removed afterwards in any case (refusal, timeout, error), on the
+  workers' side as well as the client's; those a killed client left are removed by the
+  next probe of that folder once they are an hour old.
+- a read-only model or base run (``kpca transform``, ``kpca update``): as the input.
+
+Every command that writes probes before writing anything: ``kpca run``, ``kpca update``,
+``kpca transform`` (and ``--inverse``) and their Prefect flows (:func:`run_targets`,
+:func:`transform_targets`). Each worker is asked separately, with the run's
+``cluster.worker_timeout``: a worker that does not answer is named in one line
+(:class:`pipeline.liveness.WorkerTimeoutError`, exit 1) instead of a hang.
 
 A failure is refused with one line (:class:`VisibilityError`, a UserError: exit 2) that
 names each location, the workers that cannot see it and the fix, before anything is
@@ -40,8 +49,10 @@ __all__ = [
     "check_locations",
     "check_visibility",
     "missing_folders",
+    "remove_stale_probes",
     "remove_created",
     "run_targets",
+    "transform_targets",
 ]
 
 logger = logging.getLogger("pipeline")
@@ -54,6 +65,9 @@ HEAD_BYTES = 1 << 16
 MAX_ENTRIES = 200
 #: how many worker addresses a message names before "and N more"
 SHOWN_WORKERS = 4
+#: probe files older than this (seconds; from the time in their name) were left by a
+#: client that was killed mid-probe: the next probe of that folder removes them
+STALE_AFTER = 3600
 
 
 class VisibilityError(UserError, RuntimeError):
@@ -80,10 +94,52 @@ def run_targets(cfg) -> list[ProbeTarget]:
     from .layout import run_layout
 
     lay = run_layout(cfg)
-    return [
-        ProbeTarget("input", cfg.input.path, dict(cfg.input.storage_options), False),
+    targets = [ProbeTarget("input", cfg.input.path, dict(cfg.input.storage_options), False)]
+    update = getattr(cfg, "update", None)
+    if update is not None and update.base:  # kpca update: the base run is read too
+        base = Location.at(update.base, update.base_storage_options)
+        targets.append(ProbeTarget("base run", base.url, dict(base.storage_options), False))
+        targets += _lineage_targets(base)
+    return targets + [
         ProbeTarget("output", lay.out.url, dict(lay.out.storage_options), True),
         ProbeTarget("work folder", lay.work.url, dict(lay.work.storage_options), True),
+    ]
+
+
+def _lineage_targets(base: Location) -> list[ProbeTarget]:
+    """The ingest stores of an update's lineage outside the base run (earlier runs' rows,
+    read by the workers for a refit and the drift reference), from the base's manifest;
+    none when it cannot be read (the update's base stage then says why)."""
+    from .layout import MANIFEST
+    from .store import read_json
+
+    try:
+        rows = (read_json(base.child(MANIFEST)).get("update") or {}).get("rows") or []
+    except Exception:  # noqa: BLE001 - not this check's to report
+        return []
+    found: dict[str, ProbeTarget] = {}
+    for r in rows:
+        url = str(r.get("store") or "")
+        if url and not _inside(url, base.url) and url not in found:
+            loc = Location.at(url, r.get("storage_options") or {})
+            found[url] = ProbeTarget("", loc.url, dict(loc.storage_options), False)
+    many = len(found) > 1  # roles name the targets: each its own
+    return [
+        ProbeTarget(f"lineage store{f' {i}' if many else ''}", t.url, t.storage_options, False)
+        for i, t in enumerate(found.values(), 1)
+    ]
+
+
+def transform_targets(
+    model: str, input_cfg, output: Location, storage_options: dict | None = None
+) -> list[ProbeTarget]:
+    """The locations of ``kpca transform`` (and ``--inverse``): the model (or its run
+    folder) and the input, read; the output, written."""
+    m = Location.at(model, storage_options)
+    return [
+        ProbeTarget("model", m.url, dict(m.storage_options), False),
+        ProbeTarget("input", input_cfg.path, dict(input_cfg.storage_options), False),
+        ProbeTarget("output", output.url, dict(output.storage_options), True),
     ]
 
 
@@ -149,6 +205,45 @@ def _write_text(loc: Location, text: str) -> None:
     else:
         with loc.fs.open(loc.fs_path, "w") as f:
             f.write(text)
+
+
+def new_token() -> str:
+    """A probe's unique name part: ``<unix time>-<random>`` (the time lets a later probe
+    recognise the files of a client killed mid-probe as stale)."""
+    return f"{int(time.time())}-{uuid.uuid4().hex[:12]}"
+
+
+def _token_time(name: str) -> float | None:
+    rest = name[len(PROBE_PREFIX) :]
+    head = rest.split("-", 1)[0]
+    return float(head) if head.isdigit() and "-" in rest else None
+
+
+def remove_stale_probes(loc: Location, older_than: float = STALE_AFTER) -> int:
+    """Remove the probe files in ``loc`` that a killed probe left (older than
+    ``older_than`` s, or of the old unnamed format); returns how many."""
+    n = 0
+    try:
+        if loc.is_local:
+            names = [q.name for q in loc.local_path.glob(f"{PROBE_PREFIX}*")]
+        else:
+            names = [
+                key.rstrip("/").rsplit("/", 1)[-1]
+                for key in loc.fs.glob(f"{loc.fs_path.rstrip('/')}/{PROBE_PREFIX}*")
+            ]
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    now = time.time()
+    for name in names:
+        t = _token_time(name)
+        if t is None or now - t > older_than:
+            try:
+                n += bool(_remove_probe_file(loc, loc.child(name)))
+            except Exception as exc:  # noqa: BLE001 - housekeeping
+                logger.debug("stale probe file %s/%s: %s", loc, name, exc)
+    if n:
+        logger.info("visibility probe: removed %d stale probe file(s) in %s", n, loc)
+    return n
 
 
 def _is_probe_file(p: Any) -> bool:
@@ -278,58 +373,82 @@ _WHY = {
 }
 
 
-def check_locations(targets: list[ProbeTarget], client=None) -> dict[str, Any] | None:
+def check_locations(
+    targets: list[ProbeTarget], client=None, timeout: float | None = -1.0
+) -> dict[str, Any] | None:
     """Probe ``targets`` on every worker of ``client`` (default: the current distributed
-    client); raise :class:`VisibilityError` (one line) when a worker cannot see one.
+    client); raise :class:`VisibilityError` (one line) when a worker cannot see one, and
+    :class:`pipeline.liveness.WorkerTimeoutError` (one line naming it) when a worker does
+    not answer within ``timeout`` s (default: the run's ``cluster.worker_timeout``;
+    None: wait for ever).
 
-    Returns what was probed (``workers``, ``targets``, ``ms``), or None without a
-    distributed client (nothing to probe: dask runs in this process).
+    Every probe file has a unique name (``.kpca-probe-<time>-<random>.<who>``) and is
+    removed in any case (refusal, timeout, error); stale ones a killed probe left are
+    removed first. Returns what was probed (``workers``, ``targets``, ``ms``), or None
+    without a distributed client (nothing to probe: dask runs in this process).
     """
+    from .liveness import (
+        WorkerTimeoutError,
+        activity,
+        current_timeout,
+        run_on_workers,
+        silent_message,
+    )
+
     client = client if client is not None else _default_client()
     if client is None:
         logger.info(
             "visibility probe: no Dask cluster (this process computes): nothing to probe"
         )
         return None
+    if timeout == -1.0:
+        timeout = current_timeout()
     t0 = time.perf_counter()
-    token = uuid.uuid4().hex[:16]
+    token = new_token()
     created: list[Location] = []
     client_files: list[tuple[Location, Location]] = []
     failures: dict[str, dict[str, list[str]]] = {}  # role -> why -> workers
     errors: dict[str, str] = {}
-    try:
-        mine: dict[str, str] = {}
-        for t in targets:
-            loc = t.loc
-            if t.write:
-                created += _created_folders(loc)
-                f = _probe_file(loc, token, "client")
-                _write_text(f, token)
-                client_files.append((loc, f))
-            else:
-                mine[t.role] = signature(loc)
-        looks = client.run(worker_look, targets, token, on_error="return")
-        total = len(looks)
-        for addr, seen in sorted(looks.items()):
-            if isinstance(seen, BaseException):
-                for t in targets:
-                    failures.setdefault(t.role, {}).setdefault("error", []).append(addr)
-                errors.setdefault("probe", _short(seen))
-                continue
-            for t, s in zip(targets, seen):
-                why = s.get("problem")
-                if why is None and not t.write and s["signature"] != mine[t.role]:
-                    why = "missing" if s["signature"] == "missing" else "different"
-                if why is None and t.write:
-                    text = _read_text(_probe_file(t.loc, token, s["wrote"]))
-                    if text != f"{token}:{s['wrote']}":
-                        why = "client-missing" if text is None else "client-different"
-                if why == "error":
-                    errors.setdefault(t.role, s["error"])
-                if why is not None:
-                    failures.setdefault(t.role, {}).setdefault(why, []).append(addr)
-    finally:
-        _clean(client, targets, token, client_files, created)
+    answered: list[str] = []
+    total = 0
+    with activity("visibility probe"):
+        try:
+            mine: dict[str, str] = {}
+            for t in targets:
+                loc = t.loc
+                if t.write:
+                    created += _created_folders(loc)
+                    remove_stale_probes(loc)
+                    f = _probe_file(loc, token, "client")
+                    client_files.append((loc, f))  # before writing: cleaned in any case
+                    _write_text(f, token)
+                else:
+                    mine[t.role] = signature(loc)
+            looks, silent = run_on_workers(client, worker_look, targets, token, timeout=timeout)
+            if silent:
+                raise WorkerTimeoutError(silent_message(silent, "visibility probe", timeout))
+            answered = sorted(looks)
+            total = len(looks)
+            for addr, seen in sorted(looks.items()):
+                if isinstance(seen, BaseException):
+                    for t in targets:
+                        failures.setdefault(t.role, {}).setdefault("error", []).append(addr)
+                    errors.setdefault("probe", _short(seen))
+                    continue
+                for t, s in zip(targets, seen):
+                    why = s.get("problem")
+                    if why is None and not t.write and s["signature"] != mine[t.role]:
+                        why = "missing" if s["signature"] == "missing" else "different"
+                    if why is None and t.write:
+                        text = _read_text(_probe_file(t.loc, token, s["wrote"]))
+                        if text != f"{token}:{s['wrote']}":
+                            why = "client-missing" if text is None else "client-different"
+                    if why == "error":
+                        errors.setdefault(t.role, s["error"])
+                    if why is not None:
+                        failures.setdefault(t.role, {}).setdefault(why, []).append(addr)
+        finally:
+            _clean(client, targets, token, client_files, created, answered)
     ms = 1e3 * (time.perf_counter() - t0)
     if failures:
         raise VisibilityError(_message(targets, failures, errors, total))
@@ -342,11 +461,21 @@ def check_locations(targets: list[ProbeTarget], client=None) -> dict[str, Any] |
     return {"workers": total, "targets": [t.role for t in targets], "ms": ms}
 
 
-def _clean(client, targets, token, client_files, created) -> None:
-    try:
-        client.run(worker_clean, targets, token, on_error="return")
-    except Exception as exc:  # noqa: BLE001 - housekeeping
-        logger.debug("probe clean-up on the workers: %s", exc)
+def _clean(client, targets, token, client_files, created, answered) -> None:
+    """Remove every probe file of ``token``: the workers that answered remove their own
+    (bounded wait), then this machine removes its own and whatever of the token it sees
+    (an object store, a shared disk: also a silent worker's), then the folders it made."""
+    from .liveness import CLEANUP_TIMEOUT, run_on_workers
+
+    if answered and any(t.write for t in targets):
+        try:
+            _, silent = run_on_workers(
+                client, worker_clean, targets, token, timeout=CLEANUP_TIMEOUT, workers=answered
+            )
+            if silent:
+                logger.debug("probe clean-up: no answer from %s", ", ".join(silent))
+        except Exception as exc:  # noqa: BLE001 - housekeeping
+            logger.debug("probe clean-up on the workers: %s", exc)
     for loc, f in client_files:
         try:
             _remove_probe_file(loc, f)
@@ -396,6 +525,7 @@ def _message(targets, failures, errors, total) -> str:
 
 
 def check_visibility(cfg, client=None) -> dict[str, Any] | None:
-    """Probe the run's input, output and work folder on every worker (see
-    :func:`check_locations`); refuses with one line when a worker cannot see one."""
+    """Probe the run's input (and an update's base run), output and work folder on every
+    worker (see :func:`check_locations`); refuses with one line when a worker cannot see
+    one."""
     return check_locations(run_targets(cfg), client)

@@ -15,8 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,14 +78,14 @@ def test_python_block_runs(start, code, tmp_path):
 
 
 def _example_input(folder: Path) -> None:
-    """The data deploy/examples/run.yaml names (data/features.parquet, label and id)."""
+    """What deploy/examples/run.yaml reads as shipped: the table `kpca demo` writes
+    (kpca-demo-output-data/digits.parquet beside kpca-demo-output/), written by the
+    function the demo calls."""
+    from pipeline.demo_data import write_demo_dataset
+
     (folder / "deploy" / "examples").mkdir(parents=True)
     shutil.copy(ROOT / "deploy" / "examples" / "run.yaml", folder / "deploy" / "examples")
-    (folder / "data").mkdir()
-    X = np.random.default_rng(0).standard_normal((100, 4))
-    pd.DataFrame(X, columns=list("abcd")).assign(
-        id=np.arange(100), label=np.arange(100) % 3
-    ).to_parquet(folder / "data" / "features.parquet")
+    write_demo_dataset(folder / "kpca-demo-output-data")
 
 
 def _reason(cmd: str) -> str | None:
@@ -130,7 +128,9 @@ def test_bash_command(line, cmd, tmp_path):
     )
     assert res.returncode == 0, f"README.md line {line}: `{cmd}`:\n{res.stderr[-2000:]}"
     if cmd.startswith("kpca validate"):
-        assert res.stdout.startswith("kpca validate: ok: data/features.parquet (parquet)")
+        assert res.stdout.startswith(
+            "kpca validate: ok: kpca-demo-output-data/digits.parquet (parquet)"
+        )
         assert sorted(tmp_path.rglob("*")) == before  # the output probe left nothing
 
 

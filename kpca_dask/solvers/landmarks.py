@@ -143,6 +143,8 @@ def kmeanspp_landmarks(S: np.ndarray, m: int, rng: np.random.Generator) -> np.nd
     fewer than ``m`` distinct rows exist, every distinct row is returned.
     """
     s = S.shape[0]
+    S = np.asarray(S, dtype=np.float64)
+    S = S - S.mean(axis=0)  # translation invariant: no cancellation at large offsets
     sq = np.einsum("ij,ij->i", S, S)
     chosen = [int(rng.integers(s))]
     d2 = np.maximum(sq - 2.0 * S @ S[chosen[0]] + sq[chosen[0]], 0.0)
@@ -329,6 +331,11 @@ def select_landmarks(
     S = gather_rows(X, sidx)
     info: dict[str, Any] = {"method": method, "sample_size": s}
     col_means = None
+    if kernel.translation_invariant:
+        # the same kernel centred on the sample's own mean: that centre depends on the
+        # seed alone, so the chaotic pivoting sees the same bits whatever the chunking
+        # (the fit's centre, summed per row block, differs in its last bits)
+        kernel = kernel.with_center(np.asarray(S, dtype=np.float64).mean(axis=0))
     # One BLAS thread on the driver: see kpca_dask.threads.blas_threads_for_driver.
     with threadpool_limits(limits=1, user_api="blas"):
         if method == "kmeans++":

@@ -1,7 +1,9 @@
 """``kpca run`` in Prefect mode (the default) keeps the plain mode's contract: a dead
 PREFECT_API_URL is a user error (one line, exit 2, nothing written), and Ctrl-C -- a real
 SIGINT to a real process, mid-solve -- ends the run within 5 s with exit 130 and one line;
-running the same command again resumes from the finished stages."""
+running the same command again resumes from the finished stages. SIGTERM (what a
+scheduler, Kubernetes or systemd sends) does the same with exit 143, and no process the
+command started (the temporary Prefect server, the Dask workers) outlives it."""
 
 from __future__ import annotations
 
@@ -70,6 +72,8 @@ def test_an_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path):
     )
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines[0] == f"kpca run: checking {cfg}, its input and its output", lines
+    lines = lines[1:]  # the first line says what it does; then one for the error
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith(f"kpca run: error: the Prefect API at PREFECT_API_URL={url} ")
     assert "not reachable" in lines[0] and "--no-prefect" in lines[0]
@@ -114,6 +118,73 @@ def test_ctrl_c_mid_solve_exits_130_within_5_s_and_the_run_resumes(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "run complete" in res.stdout
     # the ingest that finished before Ctrl-C is not done again: its task is a cache hit
+    prefect_line = next(ln for ln in res.stdout.splitlines() if "stages cached" in ln)
+    ran = prefect_line.split("ran ", 1)[1] if "ran " in prefect_line else ""
+    assert "ingest" not in ran and "solve" in ran, prefect_line
+
+
+def _alive(procs) -> list[str]:
+    import psutil
+
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
+        except psutil.Error:  # gone, or a zombie meanwhile: not running
+            pass
+    return alive
+
+
+def test_sigterm_mid_solve_exits_143_stops_every_child_and_the_run_resumes(tmp_path):
+    """A real Prefect-mode run (ephemeral API server, local Dask cluster) gets SIGTERM
+    mid-solve: exit 143, one line, and every process it had started -- recorded by pid from
+    the process tree just before the signal: the Prefect API server (uvicorn), the Dask
+    worker processes -- is gone; the same command then resumes (ingest is a cache hit)."""
+    import psutil
+
+    cfg = _config(tmp_path, n=4000)
+    env = _env(tmp_path)
+    args = [sys.executable, "-m", "flows.cli", "run", str(cfg), "--no-progress"]
+    err_file = tmp_path / "stderr.txt"
+    with open(err_file, "w") as err:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            t_end = time.monotonic() + 240
+            while "randomized solver: pass 1," not in err_file.read_text():
+                assert proc.poll() is None, err_file.read_text()
+                assert time.monotonic() < t_end, err_file.read_text()
+                time.sleep(0.05)
+            started = psutil.Process(proc.pid).children(recursive=True)
+            cmdlines = [" ".join(p.cmdline()) for p in started]
+            t0 = time.monotonic()
+            os.kill(proc.pid, signal.SIGTERM)
+            rc = proc.wait(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = err_file.read_text()
+    # the command had started the API server and at least one Dask worker process
+    assert any("uvicorn" in c for c in cmdlines), cmdlines
+    assert any("multiprocessing" in c for c in cmdlines), cmdlines
+    deadline = time.monotonic() + 10  # the kernel reaps a killed process's children
+    while _alive(started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(started) == [], _alive(started)
+    after = text.split("randomized solver: pass 1,", 1)[1].splitlines()[1:]
+    after = [ln for ln in after if ln.strip() and "randomized solver: pass" not in ln]
+    assert rc == 143, text
+    assert took < 30.0, took  # Prefect records the crash first, then our handler's grace
+    assert len(after) == 1, "\n".join(after)
+    assert after[0].startswith("kpca run: stopped by SIGTERM after "), after[0]
+    assert after[0].endswith("(finished stages are kept); re-run the same command to resume.")
+    assert "Traceback" not in text
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+    res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
     prefect_line = next(ln for ln in res.stdout.splitlines() if "stages cached" in ln)
     ran = prefect_line.split("ran ", 1)[1] if "ran " in prefect_line else ""
     assert "ingest" not in ran and "solve" in ran, prefect_line

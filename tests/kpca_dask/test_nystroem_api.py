@@ -195,6 +195,7 @@ def test_saved_model_holds_landmarks_not_data(model, tmp_path):
         "offset",
         "landmark_means",
         "mean_weights",
+        "kernel_center",  # (d,): the rbf kernel's centre (issue 29)
     }
     for _, arr in root.arrays():
         assert 600 not in arr.shape

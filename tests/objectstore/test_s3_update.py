@@ -82,6 +82,6 @@ def test_kpca_update_without_the_endpoint_is_one_line(s3, tmp_path):
     _, bucket = s3
     res = _kpca("update", f"s3://{bucket}/runs/none", str(tmp_path / "b.npy"), "--no-prefect")
     assert res.returncode in (1, 2), res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kpca update")]
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kpca update: error")]
     assert len(lines) == 1, res.stderr[-2000:]
     assert "Traceback" not in res.stderr

@@ -1081,7 +1081,7 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
 
     Exit status of `kpca`: 0 success; 2 a problem named in one line (bad input,
     config, artifact, cluster, lock, disk full); 1 an unexpected failure (with a
-    traceback: a bug, please report it); 130 interrupted.
+    traceback: a bug, please report it); 130 interrupted (Ctrl-C), 143 stopped by SIGTERM.
 
     ## Disk full
 
