@@ -10,7 +10,7 @@
     kpca --version
 
 Global flags (-v/--verbose, -q/--quiet) go before or after the subcommand. ``kpca run``
-first checks the config, the input (a sample of rows) and the output
+first checks the config, the input (every row, streaming) and the output
 (pipeline/validate.py), and only then starts Prefect and Dask: a wrong path, column or
 type is one line per problem, in about a second, and leaves nothing behind.
 
@@ -210,8 +210,8 @@ def _rmdir(folder: Path) -> None:
         pass
 
 
-def _load_run_config(args: argparse.Namespace):
-    from pipeline.config import load_config
+def _load_run_config(args: argparse.Namespace, *, absolute: bool = True):
+    from pipeline.config import load_config, with_absolute_paths
 
     cfg = load_config(args.config)
     if args.output:
@@ -221,7 +221,8 @@ def _load_run_config(args: argparse.Namespace):
     _cluster_overrides(cfg, args)
     if getattr(args, "keep_versions", None) is not None:
         cfg.output.keep_versions = args.keep_versions
-    return cfg
+    # relative paths against this folder, once: the manifest records where things are
+    return with_absolute_paths(cfg) if absolute else cfg
 
 
 def _cluster_overrides(cfg, args: argparse.Namespace) -> None:
@@ -247,7 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.validate import validate
 
-    cfg = _load_run_config(args)
+    cfg = _load_run_config(args, absolute=False)  # (its summary names paths as given)
     v = validate(cfg)
     for f in v.notes:
         print(f"kpca validate: note: {f.message}", file=sys.stderr)
@@ -350,7 +351,7 @@ def _storage_options(args: argparse.Namespace, flag: str = "storage_options") ->
 
 
 def cmd_transform(args: argparse.Namespace) -> int:
-    from pipeline.config import InputConfig
+    from pipeline.config import InputConfig, absolute_path
     from pipeline.progress import show_progress
 
     if args.preimage != "auto" and not args.inverse:
@@ -361,6 +362,8 @@ def cmd_transform(args: argparse.Namespace) -> int:
         if args.input_storage_options is not None
         else options
     )
+    # recorded in the output's attributes: absolute, whatever folder this ran in
+    args.model, args.input = absolute_path(args.model), absolute_path(args.input)
     inp = InputConfig(
         path=args.input,
         format=args.format,
@@ -509,6 +512,13 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"update     v{upd['version']} from {upd['base']}: {upd['action']} of "
             f"{upd['batch_rows']} rows ({upd['n_rows']} in all); {upd['reason']}"
         )
+        for name, c in (upd.get("changes") or {}).items():
+            print(
+                f"           {name} {'CHANGED' if c['changed'] else 'kept'} "
+                f"({c['base']} -> {c['new']}): {c['why']}"
+            )
+        for f in upd.get("findings") or []:
+            print(f"finding    {f['check']}: {f['message']}")
     ks = m.get("kernel_store") or {}
     if ks:
         print(
@@ -591,6 +601,9 @@ def cmd_update(args: argparse.Namespace) -> int:
             if args.input_storage_options
             else None
         ),
+        unlabelled=args.unlabelled,
+        no_ids=args.no_ids,
+        ignore_extra=args.ignore_extra,
     )
     if args.keep_versions is not None:
         cfg.output.keep_versions = args.keep_versions
@@ -599,13 +612,24 @@ def cmd_update(args: argparse.Namespace) -> int:
         from .runtime import check_prefect_api
 
         _say(args, _prefect_line(check_prefect_api()))
-    with show_progress(args.progress):
-        summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    fresh = _new_local_folder(cfg.output.path)
+    try:
+        with show_progress(args.progress):
+            summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
+    except Exception as exc:
+        if fresh is not None:  # a refused or failed update leaves no half-written version
+            _discard_fresh_output(fresh, exc)
+        raise
     upd = summary.manifest["update"]
     print(
         f"kpca: update v{upd['version']} -> {cfg.output.path}: {upd['action']} of "
         f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
     )
+    for name, c in (upd.get("changes") or {}).items():
+        state = "changed" if c["changed"] else "kept"
+        print(f"  {name:<13} {state} ({c['base']} -> {c['new']}): {c['why']}")
+    for f in upd.get("findings") or []:
+        print(f"  finding       {f['check']}: {f['message']}")
     print(f"  drift report  {summary.out_version or cfg.output.path}/{upd['report']}")
     print(f"  inspect       kpca info {cfg.output.path}")
     return 0
@@ -816,8 +840,10 @@ def _add_validate(sub) -> None:
         cmd_validate,
         help="check a config, its input and its output before running it",
         description="The checks `kpca run` makes before it starts Prefect or Dask: the "
-        "input exists and is readable, the columns and label are there, the types and "
-        "the NaN policy hold on a sample of rows, the output is writable (nothing is "
+        "input exists and is readable, the columns and label are there, every row is "
+        "read once (NaN/inf, text in numeric columns, missing labels, missing or "
+        "repeated ids: the first of each with its row and column), the output is "
+        "writable (nothing is "
         "left behind), and whether a complete run is already there. One line per "
         "problem; exit status 2 when there is one.",
     )
@@ -966,6 +992,21 @@ def _add_update(sub) -> None:
     )
     up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
     _keep_flag(up)
+    up.add_argument(
+        "--unlabelled",
+        action="store_true",
+        help="accept a batch without the base run's label column (its rows get no label)",
+    )
+    up.add_argument(
+        "--no-ids",
+        action="store_true",
+        help="accept a batch without the base run's id column (the new run has no ids)",
+    )
+    up.add_argument(
+        "--ignore-extra",
+        action="store_true",
+        help="add the batch with the base model's features even when it has other columns",
+    )
     _storage_flags(up, "the base run and the new run (default for the new run: the base's)")
     up.add_argument(
         "--input-storage-options",

@@ -33,7 +33,7 @@ from prefect import flow, get_run_logger
 
 from pipeline import stages
 from pipeline.cluster import dask_client
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, with_absolute_paths
 from pipeline.export import verify_run
 from pipeline.layout import run_layout
 from pipeline.run import (
@@ -79,7 +79,7 @@ def begin(cfg: PipelineConfig) -> str:
 )
 def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Run every stage of the pipeline ``config`` describes; returns the run summary."""
-    cfg = config
+    cfg = with_absolute_paths(config)  # relative paths: against this process's folder
     log = get_run_logger()
     announce_flow_run()  # the run's address in the Prefect UI, when a server records it
     t_run = time.perf_counter()

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from pipeline.cluster import dask_client
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, with_absolute_paths
 from pipeline.export import verify_run
 from pipeline.layout import run_layout
 from pipeline.run import run_lock, run_stages, stage_begin
@@ -57,7 +57,7 @@ def kpca_update(config: PipelineConfig) -> dict[str, Any]:
     """Run the update ``config`` describes (``update.base`` set: see update_config)."""
     from prefect.artifacts import create_markdown_artifact
 
-    cfg = config
+    cfg = with_absolute_paths(config)  # relative paths: against this process's folder
     log = get_run_logger()
     t_run = time.perf_counter()
     storage = result_storage(cfg)

@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import UserError
+from .formats import column_hint
 
 logger = logging.getLogger("pipeline")
 
@@ -240,19 +241,22 @@ def match(
     id_column: str | None = None,
     label_column: str | None = None,
     ignore_extra: bool = False,
+    what: str = "transform",
 ) -> Match:
     """Map a new table's columns (``available``) onto the model's features block.
 
     ``id_column``/``label_column``: given by the user (else the run's, when the table
     has them). FeatureError names a missing feature, or a column the model does not know
     unless the run listed its features (``selection == "columns"``) or ``ignore_extra``.
+    ``what``: the command (``transform``, ``update``) named in the messages; the same
+    rules and words for both.
     """
     names = list(block["names"])
     run_id, run_label = block.get("id_column"), block.get("label_column")
-    for what, col in (("--id-column", id_column), ("--label-column", label_column)):
+    for flag, col in (("--id-column", id_column), ("--label-column", label_column)):
         if col is not None and col not in available:
             raise FeatureError(
-                f"{what} {col!r} is not a column of {path}; available: {_names(available, 20)}"
+                f"{flag} {col!r} is not a column of {path}; " + column_hint(col, available)
             )
     if id_column is None and run_id in available:
         id_column = run_id
@@ -278,11 +282,12 @@ def match(
         )
         raise FeatureError(
             f"{path} has column(s) {_names(unknown)} the model was not fitted on (its "
-            f"training table had only {had}); drop them, or pass --ignore-extra to embed "
-            "with the model's features only."
+            f"training table had only {had}); drop them, or pass --ignore-extra to "
+            f"{'embed' if what == 'transform' else 'add the rows'} with the model's features "
+            "only."
         )
     if extra:
         logger.info(
-            "transform: ignoring column(s) %s that are not features of the model", _names(extra)
+            "%s: ignoring column(s) %s that are not features of the model", what, _names(extra)
         )
     return Match(features=names, id_column=id_column, label_column=label_column, ignored=extra)

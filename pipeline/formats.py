@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SUFFIXES", "infer_format"]
+__all__ = ["SUFFIXES", "column_hint", "infer_format"]
 
 #: name endings and the format each one means
 SUFFIXES = (
@@ -34,3 +34,16 @@ def infer_format(path: str, fs: Any = None, fs_path: str | None = None) -> str |
     if any(n.endswith("zarr.json") for n in names):
         return "zarr"
     return None
+
+
+def column_hint(name: str, available: list[str]) -> str:
+    """What to say after "``name`` is not a column": the closest names first (difflib),
+    then every column of the table -- all of them, so the right one is never cut off."""
+    import difflib
+
+    cols = [str(c) for c in available]
+    close = difflib.get_close_matches(str(name), cols, n=3, cutoff=0.5)
+    lowered = [c for c in cols if c.lower() == str(name).lower() and c not in close]
+    close = lowered + close
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"{hint}available ({len(cols)} columns): {cols}"

@@ -203,9 +203,17 @@ def stale_ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location) -> str 
 
 
 def ingest(
-    cfg: InputConfig, chunks: ChunkConfig, store: Location, *, force: bool = False
+    cfg: InputConfig,
+    chunks: ChunkConfig,
+    store: Location,
+    *,
+    force: bool = False,
+    min_classes: int = 2,
 ) -> IngestResult:
     """Validate the input and write it to ``store`` (a zarr group) in row chunks.
+
+    ``min_classes``: classes the label column must hold (2 for a run that evaluates; 1
+    for an update, which does not).
 
     Idempotent: if ``store`` holds a complete ingest of the same source (same
     files, sizes, modification times) and config, it is reused as is.
@@ -235,7 +243,7 @@ def ingest(
                 )
         except Exception as exc:  # unreadable or partial store: rebuild it
             logger.info("ingest: not reusing %s (%s: %s)", store, type(exc).__name__, exc)
-    src = read_input(cfg, chunks)
+    src = read_input(cfg, chunks, min_classes=min_classes)
     X = src.X
     n, d = (int(s) for s in X.shape)
     if n == 0 or d == 0:

@@ -38,9 +38,10 @@ def _frame(emb, ids, labels, split, classes, offset, cols):
     if labels is not None:
         codes = np.asarray(labels, dtype=np.int64)
         if classes:  # class names, as text (same dtype whether or not the part is empty)
-            df.insert(
-                1, "label", pd.Series(np.asarray(classes, dtype=object)[codes], dtype="str")
-            )
+            # code -1: a row without a label (an unlabelled update batch): a null label
+            names = np.asarray(classes, dtype=object)[np.maximum(codes, 0)]
+            names[codes < 0] = None
+            df.insert(1, "label", pd.Series(names, dtype="str"))
         else:
             df.insert(1, "label", codes)
     if split is not None:

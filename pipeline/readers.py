@@ -24,7 +24,7 @@ from .config import ChunkConfig, InputConfig
 from .errors import UserError
 from .features import FeatureError, Selection
 from .features import select as select_features
-from .formats import infer_format
+from .formats import column_hint, infer_format
 from .store import Location
 
 logger = logging.getLogger("pipeline")
@@ -91,8 +91,13 @@ def rows_per_chunk(n_features: int, target_mb: float) -> int:
     return max(1, int(target_mb * 1e6 // (max(1, n_features) * 8)))
 
 
-def read_input(cfg: InputConfig, chunks: ChunkConfig | None = None) -> SourceData:
-    """Lazy feature matrix (+ labels, ids) from the configured source."""
+def read_input(
+    cfg: InputConfig, chunks: ChunkConfig | None = None, *, min_classes: int = 2
+) -> SourceData:
+    """Lazy feature matrix (+ labels, ids) from the configured source.
+
+    ``min_classes``: the label column must hold at least this many classes (2 where the
+    run evaluates; an update or a transform carries whatever labels a batch has)."""
     chunks = chunks or ChunkConfig()
     loc = check_exists(cfg)
     fmt = detect_format(cfg)
@@ -100,7 +105,7 @@ def read_input(cfg: InputConfig, chunks: ChunkConfig | None = None) -> SourceDat
         return _read_npy(cfg, loc, chunks)
     if fmt == "zarr":
         return _read_zarr(cfg, loc, chunks)
-    return _read_table(cfg, fmt, chunks)
+    return _read_table(cfg, fmt, chunks, min_classes=min_classes)
 
 
 def _read_npy(cfg, loc, chunks) -> SourceData:
@@ -368,19 +373,47 @@ def _check_matrix_dtype(dtype, path) -> None:
         )
 
 
-def _open_table(cfg: InputConfig, fmt: str):
-    """The source as a lazy dask DataFrame (nothing read but the schema and a sample)."""
+def _csv_id_dtype(cfg: InputConfig) -> str:
+    """The dtype a CSV file's id column is read with: ``int64`` when every id is written
+    as a canonical integer, else ``str`` (pipeline/scan.py's rule; one streaming pass over
+    that column). Never float: a float64 holds integers exactly only up to 2**53."""
+    from .scan import csv_id_type
+
+    loc = Location(cfg.path, cfg.storage_options)
+    try:
+        kind, missing = csv_id_type(cfg.path, loc.fs, loc.fs_path, cfg.id_column)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors: reported as the file's
+        raise InputError(explain_table_error(cfg.path, exc)) from exc
+    if missing is not None:
+        raise InputError(
+            f"id column {cfg.id_column!r} of {cfg.path} has no value in row {missing}; "
+            "every row needs an id (fill it, or drop input.id_column)."
+        )
+    return "int64" if kind == "int64" else "str"
+
+
+def _open_table(cfg: InputConfig, fmt: str, *, read_ids: bool = False):
+    """The source as a lazy dask DataFrame (nothing read but the schema and a sample;
+    with ``read_ids``, a CSV file's id column once, to choose its exact dtype)."""
     import dask.dataframe as dd
 
     opts = dict(cfg.storage_options)
     try:
         if fmt == "csv":
+            # ids as the file writes them: int64 or text, never float64 (assume_missing
+            # reads every integer column as float, which rounds ids above 2**53)
+            dtype = {}
+            if read_ids and cfg.id_column is not None:
+                dtype[cfg.id_column] = _csv_id_dtype(cfg)
+            elif cfg.id_column is not None:
+                dtype[cfg.id_column] = "str"
             df = dd.read_csv(
                 cfg.path,
                 storage_options=opts or None,
                 blocksize="64MB",
                 assume_missing=True,
                 sample_rows=1000,
+                dtype=dtype or None,
             )
         else:
             df = dd.read_parquet(cfg.path, storage_options=opts or None)
@@ -409,15 +442,20 @@ def table_columns(cfg: InputConfig) -> tuple[list[str], dict[str, str]] | None:
     return [str(c) for c in df.columns], {str(c): str(t) for c, t in df.dtypes.items()}
 
 
-def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
-    df = _open_table(cfg, fmt)
-    available = list(df.columns)
+def _read_table(
+    cfg: InputConfig, fmt: str, chunks: ChunkConfig, *, min_classes: int = 2
+) -> SourceData:
+    df = _open_table(cfg.model_copy(update={"id_column": None}), fmt)
+    available = [str(c) for c in df.columns]
     for what, col in (("label_column", cfg.label_column), ("id_column", cfg.id_column)):
         if col is not None and col not in available:
             raise InputError(
-                f"input.{what} {col!r} is not a column of {cfg.path}; available: "
-                f"{available[:20]}"
+                f"input.{what} {col!r} is not a column of {cfg.path}; "
+                + column_hint(col, available)
             )
+    if fmt == "csv" and cfg.id_column is not None:
+        df = _open_table(cfg, fmt, read_ids=True)
+    available = list(df.columns)
     try:  # the policy for bool, text, categorical and datetime columns: pipeline/features.py
         selection = select_features(
             cfg.path,
@@ -442,10 +480,10 @@ def _read_table(cfg: InputConfig, fmt: str, chunks: ChunkConfig) -> SourceData:
         raise InputError(explain_table_error(cfg.path, exc)) from exc
     labels = classes = ids = None
     if cfg.label_column:
-        labels, classes = _encode_labels(df[cfg.label_column], cfg)
+        labels, classes = _encode_labels(df[cfg.label_column], cfg, min_classes)
     if cfg.id_column:
         ids = df[cfg.id_column].to_dask_array(lengths=list(X.chunks[0]))
-        if ids.dtype == object:
+        if ids.dtype.kind not in "iuf":  # text (object or a pandas string dtype)
             ids = ids.astype(str)
     rows = rows_per_chunk(len(features), chunks.target_chunk_mb)
     X = X.rechunk({0: rows, 1: -1})
@@ -508,13 +546,13 @@ def explain_table_error(path: str, exc: Exception, fmt: str = "csv") -> str:
     )
 
 
-def _encode_labels(col, cfg: InputConfig) -> tuple[da.Array, list[str]]:
+def _encode_labels(col, cfg: InputConfig, min_classes: int = 2) -> tuple[da.Array, list[str]]:
     try:
         uniques = col.dropna().unique().compute()
     except Exception as exc:
         raise InputError(explain_table_error(cfg.path, exc)) from exc
     classes = sorted(map(str, uniques.tolist()))
-    if len(classes) < 2:
+    if len(classes) < min_classes:
         raise InputError(
             f"label column {cfg.label_column!r} has {len(classes)} class(es); "
             "evaluation needs at least 2 (or drop input.label_column)."

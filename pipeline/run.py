@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import stages
-from .config import PipelineConfig
+from .config import PipelineConfig, with_absolute_paths
 from .export import RunError, begin_run, check_not_complete
 from .ingest import _check_exists
 from .layout import WRITING, run_layout
@@ -259,6 +259,7 @@ def run_stages(
 def run_pipeline(cfg: PipelineConfig, registry: Registry | None = None) -> RunSummary:
     """Every stage in order, on the current Dask scheduler/client, holding the output's lock."""
     registry = stages.REGISTRY if registry is None else registry
+    cfg = with_absolute_paths(cfg)  # a manifest never records a path relative to a cwd
     check_output(cfg)  # the output is ours to write and the input exists, then:
     check_visibility(cfg)  # every worker sees the input, output and work folder
     with run_lock(cfg) as txn:

@@ -52,7 +52,7 @@ from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
 from .evaluate import make_split
 from .export import file_checksums, write_manifest, write_spectrum
-from .ingest import IngestResult, ingest, stale_ingest
+from .ingest import IngestResult, InputError, ingest, stale_ingest
 from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
 from .layout import (
     EMBEDDING,
@@ -368,6 +368,11 @@ _VERSION_IN_PATH = re.compile(r"/versions/[^/]+(?=/|$)")
 # --------------------------------------------------------------------- helpers
 def evaluation_wanted(cfg: Any, ing: IngestResult) -> bool:
     enabled = cfg.evaluate.enabled
+    if enabled and ing.has_labels and len(ing.classes or []) < 2:
+        raise InputError(
+            f"label column {ing.label_column!r} has {len(ing.classes or [])} class(es); "
+            "evaluation needs at least 2 (or drop input.label_column)."
+        )
     if enabled == "auto":
         return ing.has_labels
     if enabled and not ing.has_labels:
@@ -433,7 +438,9 @@ def _same(a: Any, b: Any) -> bool:
 # ---------------------------------------------------------------------- stages
 def stage_ingest(cfg: Any) -> IngestResult:
     """Input -> ``work/ingest.zarr`` (reused when source and config are unchanged)."""
-    return ingest(cfg.input, cfg.chunks, run_layout(cfg).ingest)
+    # any number of classes: evaluation, which needs 2, checks that (evaluation_wanted);
+    # an update or a run without evaluation carries whatever labels the rows have
+    return ingest(cfg.input, cfg.chunks, run_layout(cfg).ingest, min_classes=1)
 
 
 def _fresh_ingest(cfg: Any, inputs: dict, res: dict) -> str | None:

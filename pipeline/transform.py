@@ -385,6 +385,7 @@ def read_model_input(
     against the model's feature count. A label column reused from the run that the new
     rows cannot be read with (one class only) is left out, with a note."""
     cfg = model_input(model, input_cfg, ignore_extra=ignore_extra)
+    check_rows(cfg)
     try:
         src = read_input(cfg, chunks)
     except InputError as exc:
@@ -401,6 +402,22 @@ def read_model_input(
             "(input.columns) as in training."
         )
     return src
+
+
+def check_rows(cfg: InputConfig) -> None:
+    """Every row of the rows to embed read once before the embedding starts
+    (pipeline/validate.py): NaN/inf and text in a feature column, a missing id, with the
+    row and column; ValidationError. Labels may be missing (a transform carries them,
+    it does not need them); a repeated id is logged, not refused."""
+    from .validate import ValidationError, validate_input
+
+    v = validate_input(cfg.model_copy(update={"label_column": None}))
+    for f in v.errors:
+        if f.check == "duplicate_id":
+            logger.warning("transform: %s", f.message)
+    errors = [f for f in v.errors if f.check != "duplicate_id"]
+    if errors:
+        raise ValidationError(errors)
 
 
 def _parent_and_name(loc: Location) -> tuple[Location, str]:

@@ -41,7 +41,13 @@ import dask.array as da
 import numpy as np
 
 from .completeness import DENSE
-from .config import ConfigError, PipelineConfig, check_storage_options, load_config
+from .config import (
+    ConfigError,
+    PipelineConfig,
+    absolute_path,
+    check_storage_options,
+    load_config,
+)
 from .errors import UserError
 from .export import open_run, write_manifest, write_spectrum
 from .ingest import IngestResult, load_ingested
@@ -123,10 +129,19 @@ def update_config(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     input_storage_options: dict[str, Any] | None = None,
+    unlabelled: bool = False,
+    no_ids: bool = False,
+    ignore_extra: bool = False,
 ) -> PipelineConfig:
     """The update run's config: the base run's (from its verified manifest) with the batch
     as input, the new run as output and ``update.base`` set. Refuses an output that
     overlaps the base run.
+
+    Local paths are made absolute here (the manifest and lineage never depend on the
+    folder a command ran in). The batch's columns are matched to the base run's features
+    by name, in any order (pipeline/features.py: ``match``, as ``kpca transform`` does):
+    the new run reads the base's features in the base's order. A batch without the base's
+    label (id) column is refused unless ``unlabelled`` (``no_ids``).
 
     ``storage_options``: fsspec options of the base run and of the new run when they are
     object-store URLs (default: the base run's own ``output.storage_options``);
@@ -134,6 +149,7 @@ def update_config(
     opts = check_storage_options(dict(storage_options or {}), "--storage-options")
     if input_storage_options is not None:
         check_storage_options(input_storage_options, "--input-storage-options")
+    base, new_data = absolute_path(base), absolute_path(new_data)
     loc = Location.at(base, opts)
     newest = latest_run(loc)
     if newest is not None:
@@ -142,7 +158,7 @@ def update_config(
     manifest = published.manifest
     data = dict(manifest["config"])
     version = _version(manifest) + 1
-    out = output or default_output(loc, version)
+    out = absolute_path(output or default_output(loc, version))
     data["input"] = {**data["input"], "path": new_data, "format": "auto"}
     if input_storage_options is not None:
         data["input"]["storage_options"] = dict(input_storage_options)
@@ -156,6 +172,7 @@ def update_config(
     upd["base_storage_options"] = dict(loc.storage_options)
     if policy is not None:
         upd["policy"] = policy
+    upd["unlabelled"], upd["no_ids"] = bool(unlabelled), bool(no_ids)
     data["update"] = upd
     # an update reports drift instead of evaluating; denoising belongs to full runs
     data["evaluate"] = {**data.get("evaluate", {}), "enabled": False}
@@ -168,7 +185,61 @@ def update_config(
             f"the update's output {out} overlaps the base run {base}; a published run is "
             "never modified: choose another --output."
         )
+    cfg = _match_batch(cfg, manifest, ignore_extra=ignore_extra)
+    check_batch(cfg)
     return cfg
+
+
+def check_batch(cfg: PipelineConfig) -> None:
+    """Every row of the batch read once before anything starts (pipeline/validate.py:
+    NaN/inf, text in a feature column, missing labels, missing or repeated ids, each with
+    its row and column); ValidationError listing the problems."""
+    from .validate import validate_input
+
+    validate_input(cfg.input).raise_for_errors()
+
+
+def _match_batch(cfg: PipelineConfig, manifest: dict, *, ignore_extra: bool) -> PipelineConfig:
+    """``cfg`` with the batch's columns matched to the base run's by name: the base's
+    features in its order, its id and label columns when the batch has them (refused,
+    naming them, when it has not and the user did not say so)."""
+    from .features import match
+    from .readers import table_columns
+
+    inp = manifest.get("input") or {}
+    block = inp.get("features")
+    if not block or block.get("selection") == "positions":
+        return cfg  # an NPY/zarr base: columns by position, the width is checked later
+    cols = table_columns(cfg.input)
+    if cols is None:
+        return cfg  # an NPY/zarr batch: by position (the drift stage checks the width)
+    available, _ = cols
+    base_label = block.get("label_column") or inp.get("label_column")
+    base_id = block.get("id_column") or inp.get("id_column")
+    m = match(
+        {**block, "label_column": base_label, "id_column": base_id},
+        cfg.input.path,
+        available,
+        ignore_extra=ignore_extra,
+        what="update",
+    )
+    for col, found, flag, word in (
+        (base_label, m.label_column, cfg.update.unlabelled, "--unlabelled"),
+        (base_id, m.id_column, cfg.update.no_ids, "--no-ids"),
+    ):
+        if col is not None and found is None and not flag:
+            kind = "label" if word == "--unlabelled" else "id"
+            raise UpdateError(
+                f"the batch {cfg.input.path} has no {kind} column {col!r} (the base run's); "
+                f"add it, or pass {word} to add its rows without "
+                f"{'labels' if kind == 'label' else 'ids'}."
+            )
+    new = cfg.model_copy(deep=True)
+    new.input.columns = list(m.features)
+    new.input.exclude_columns = None
+    new.input.label_column = m.label_column
+    new.input.id_column = m.id_column
+    return new
 
 
 # ---------------------------------------------------------------- the lineage
@@ -189,7 +260,7 @@ def _lineage(base: Location, manifest: dict) -> list[dict[str, Any]]:
         split = "split" in g
         lineage = [
             entry_record(
-                Location.at(inp["path"], base.storage_options),
+                Location.at(absolute_path(inp["path"]), base.storage_options),
                 n_rows=int(inp["n_rows"]),
                 fingerprint=inp.get("fingerprint"),
                 split_run=base if split else None,
@@ -270,6 +341,8 @@ def stage_base(cfg: Any) -> dict[str, Any]:
         "lineage": lineage,
         "n_rows": int(sum(e["n_rows"] for e in lineage)),
         "columns": list(m["input"].get("columns") or []),
+        # the base's features block: the new run's features are the base's (by name)
+        "features": m["input"].get("features"),
     }
 
 
@@ -293,9 +366,23 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
 
     pol = cfg.update
     if base["columns"] and list(ing.columns) != base["columns"]:
+        # by name: update_config selected the base's features in the base's order, so
+        # this differs only for a batch without names (NPY/zarr) or of another width
+        missing = [c for c in base["columns"] if c not in ing.columns]
+        extra = [c for c in ing.columns if c not in base["columns"]]
         raise UpdateError(
-            f"the batch's feature columns {list(ing.columns)[:8]} differ from the base run's "
-            f"{base['columns'][:8]}; pass data with the same columns in the same order."
+            f"the batch's feature columns ({len(ing.columns)} against the base run's "
+            f"{len(base['columns'])}) differ: "
+            + "; ".join(
+                p
+                for p in (
+                    f"missing {missing}" if missing else "",
+                    f"not in the base run {extra}" if extra else "",
+                )
+                if p
+            )
+            + "; pass a table with the base run's feature columns (any order: they are "
+            "matched by name)."
         )
     model = _load_base_model(base)
     seed = cfg.solver.random_state
@@ -308,12 +395,15 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
     ref = _reference_rows(
         base["lineage"], lm, pol.reference_rows, seed, getattr(model, "preprocess_", None)
     )
-    if ref.shape[0] < 2 or new.shape[0] < 2:
+    if ref.shape[0] < 2:
         raise UpdateError(
-            f"too few rows for a drift report ({ref.shape[0]} training, {new.shape[0]} new); "
-            "a batch needs at least 2 rows."
+            f"too few training rows for a drift report ({ref.shape[0]}); re-run the full "
+            "pipeline (kpca run) instead."
         )
-    report = drift_report(model, ref, new, pol)
+    report = (
+        drift_report(model, ref, new, pol) if new.shape[0] >= 2 else _one_row_report(ref, new)
+    )
+    report["findings"] = _findings(cfg, ing, base)
     updatable: bool | str = True
     if not nys:
         updatable = (
@@ -325,22 +415,111 @@ def stage_drift(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> dict[str, 
         except Exception:  # noqa: BLE001 - the reason is in decide's line
             updatable = False
     action, why = decide(report, pol, updatable)
+    if action == "refresh_landmarks" and not nys and pol.policy == "auto":
+        # an exact model has no landmarks to refresh: refit it with its own solver
+        action = "refit"
+        why += (
+            f"; the base model is exact ({model.eigen_solver_}), without landmarks: refit "
+            "with its solver (set update.policy: refresh_landmarks to make it Nyström)"
+        )
     report.update(action=action, reason=why, policy=pol.policy, base=base["path"])
     out = run_layout(cfg).out
     atomic_write_json(out.child(UPDATE, DRIFT_REPORT), report)
-    nov = report["checks"]["novelty"]
+    nov = report["checks"].get("novelty")
     logger.info(
-        "update: drift %s (novelty KS p=%.2g, median x%.2f; captured %.2f -> %.2f): %s, "
-        "because %s",
+        "update: drift %s (%s): %s, because %s",
         "FLAGGED " + ",".join(report["flagged"]) if report["drifted"] else "none",
-        nov["p_value"],
-        nov["median_ratio"],
-        report["checks"]["captured_variance"]["training"],
-        report["checks"]["captured_variance"]["batch"],
+        (
+            f"novelty KS p={nov['p_value']:.2g}, median x{nov['median_ratio']:.2f}; captured "
+            f"{report['checks']['captured_variance']['training']:.2f} -> "
+            f"{report['checks']['captured_variance']['batch']:.2f}"
+        )
+        if nov
+        else report.get("note", "not assessed"),
         action,
         why,
     )
+    for f in report["findings"]:
+        logger.warning("update: finding %s: %s", f["check"], f["message"])
     return report
+
+
+def _one_row_report(ref: np.ndarray, new: np.ndarray) -> dict[str, Any]:
+    """The drift report of a one-row batch: no distribution to compare, nothing flagged."""
+    return {
+        "rows": {"batch": int(new.shape[0]), "reference": int(ref.shape[0])},
+        "checks": {},
+        "flagged": [],
+        "drifted": False,
+        "note": f"{new.shape[0]} row: too few for the drift checks (they compare "
+        "distributions); not assessed",
+    }
+
+
+def _findings(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the batch brings that the drift checks do not measure: classes the base run
+    has not seen, rows without labels or ids, ids the base run has already. Reported
+    (drift.json, the manifest, the log); the rows are kept (docs/update.md)."""
+    out: list[dict[str, Any]] = []
+    bg = _base_location(base).open_group("r")
+    base_classes = list(bg["labels"].attrs.get("classes") or []) if "labels" in bg else None
+    if base_classes is not None and ing.classes is not None:
+        new = [c for c in ing.classes if c not in base_classes]
+        if new:
+            src = load_ingested(ing)
+            codes = np.asarray(src.labels.compute()) if src.labels is not None else []
+            idx = [ing.classes.index(c) for c in new]
+            n = int(np.isin(codes, idx).sum())
+            out.append(
+                {
+                    "check": "new_classes",
+                    "classes": new,
+                    "rows": n,
+                    "message": f"the batch has {n} rows of {len(new)} class(es) the base "
+                    f"run has not seen: {new}; they are kept, labelled (classes now "
+                    f"{base_classes + new})",
+                }
+            )
+    if base_classes is not None and ing.label_column is None:
+        out.append(
+            {
+                "check": "unlabelled_batch",
+                "rows": int(ing.n_rows),
+                "message": f"the batch has no label column ({int(ing.n_rows)} rows without "
+                "labels, update.unlabelled); the base rows keep theirs",
+            }
+        )
+    if "ids" in bg and ing.id_column is None:
+        out.append(
+            {
+                "check": "no_ids",
+                "rows": int(ing.n_rows),
+                "message": "the batch has no id column (update.no_ids): the new run has no "
+                "ids array; its first rows are the base run's, in order",
+            }
+        )
+    if "ids" in bg and ing.id_column is not None:
+        src = load_ingested(ing)
+        new_ids = np.asarray(src.ids.compute())
+        old_ids = np.asarray(bg["ids"][...])
+        if new_ids.dtype.kind in "OUT" or old_ids.dtype.kind in "OUT":
+            new_ids, old_ids = new_ids.astype(str), old_ids.astype(str)
+        seen = np.isin(new_ids, old_ids)
+        if seen.any():
+            first = int(np.flatnonzero(seen)[0])
+            examples = [v.item() if hasattr(v, "item") else v for v in new_ids[seen][:5]]
+            out.append(
+                {
+                    "check": "duplicate_ids",
+                    "rows": int(seen.sum()),
+                    "examples": examples,
+                    "first_batch_row": first,
+                    "message": f"{int(seen.sum())} ids of the batch are already in the base "
+                    f"run (first: {examples[0]!r}, batch row {first}); both rows are kept "
+                    "(a re-sent id is a new observation): deduplicate the batch to avoid it",
+                }
+            )
+    return out
 
 
 def stage_update(
@@ -378,27 +557,96 @@ def stage_update(
             model.n_components_,
         )
     else:
-        fit_cfg = cfg.model_copy(deep=True)
-        if action == "refresh_landmarks":
-            fit_cfg.solver.eigen_solver = "nystroem"
+        base_model = _load_base_model(base)
+        fit_cfg, why = _fit_config(cfg, base_model, action)
         X = _training_rows(base["lineage"], X_new)
         # (a slice: the drift stage's graph of the lineage alone has the same keys)
         X_old = X[: X.shape[0] - X_new.shape[0]]
         v0 = None if action == "refresh_landmarks" else _warm_start(base, X_old, X_new)
-        features = ing.features  # the table's column names, as the full run records them
+        # the features are the base run's (the batch's columns were matched to them by
+        # name): the new model records the base's block, selection rule included
+        features = base.get("features") or ing.features
         if features is not None and features.get("selection") == "positions":
             features = None
         # the scaling is fitted again on every row (preprocess), as a full run would
         _, info = solve(X, fit_cfg, layout.model, features=features, v0=v0)
         info = {**info, "n_samples_fit": int(X.shape[0])}
+        info["changes"] = _changes(base_model, info, why)
         if info.get("warm_start"):
             logger.info(
                 "update: refit warm-started from the base model's %d eigenvectors: %d passes",
                 info["warm_start"],
                 info["n_passes"],
             )
+    if action == "merge":
+        info["changes"] = _changes(model, info, _KEPT_BY_MERGE)
+    for name, c in info["changes"].items():
+        logger.info(
+            "update: %s %s (%s -> %s): %s",
+            name,
+            "CHANGED" if c["changed"] else "kept",
+            c["base"],
+            c["new"],
+            c["why"],
+        )
     info["action"] = action
     return SolveResult(model=layout.model, info=info)
+
+
+_KEPT_BY_MERGE = {
+    "gamma": "a merge keeps the base model's kernel (its statistics are sums under it)",
+    "solver": "a merge keeps the base model's landmarks and solver",
+}
+
+#: the solvers a config can name (an ARPACK model is refitted with solver "auto")
+_CONFIG_SOLVERS = ("dense", "randomized", "nystroem")
+
+
+def _fit_config(cfg: Any, base_model: Any, action: str) -> tuple[Any, dict[str, str]]:
+    """The refit's config: the base model's kernel parameters (``update.kernel_params:
+    keep``; gamma resolved once, at the first fit) and its solver, unless the policy
+    changes them (``refresh_landmarks``: a Nyström fit; ``kernel_params: resolve``);
+    and why each is what it is."""
+    fit_cfg = cfg.model_copy(deep=True)
+    why: dict[str, str] = {}
+    gamma = getattr(base_model, "gamma_", None)
+    if cfg.update.kernel_params == "keep" and gamma is not None:
+        fit_cfg.kernel.gamma = float(gamma)
+        why["gamma"] = "update.kernel_params is 'keep': the base model's gamma"
+    else:
+        why["gamma"] = (
+            f"update.kernel_params is 'resolve': kernel.gamma={cfg.kernel.gamma!r} resolved "
+            "again on every row"
+        )
+    solver = str(getattr(base_model, "eigen_solver_", "") or "")
+    if action == "refresh_landmarks":
+        fit_cfg.solver.eigen_solver = "nystroem"
+        why["solver"] = (
+            "update.policy/on_drift chose refresh_landmarks: a Nyström fit with new landmarks"
+        )
+    elif solver in _CONFIG_SOLVERS:
+        fit_cfg.solver.eigen_solver = solver
+        why["solver"] = "a refit keeps the base model's solver"
+    else:
+        why["solver"] = f"the base model's solver {solver!r} is chosen by solver.eigen_solver"
+    return fit_cfg, why
+
+
+def _changes(base_model: Any, info: dict[str, Any], why: dict[str, str]) -> dict[str, Any]:
+    """Which of the base model's kernel parameter and solver the new model changed."""
+    g0 = getattr(base_model, "gamma_", None)
+    s0 = getattr(base_model, "eigen_solver_", None)
+    g1, s1 = info.get("gamma"), info.get("solver")
+    same_gamma = g0 == g1 or (g0 is not None and g1 is not None and np.isclose(g0, g1, 0, 0))
+    return {
+        "gamma": {
+            "base": None if g0 is None else float(g0),
+            "new": None if g1 is None else float(g1),
+            "changed": not same_gamma,
+            "why": why["gamma"],
+        },
+        "solver": {"base": s0, "new": s1, "changed": s0 != s1, "why": why["solver"]},
+    }
 
 
 def _warm_start(base: dict[str, Any], X_old: da.Array, X_new: da.Array) -> Any:
@@ -503,27 +751,37 @@ def stage_project(
 
 
 def _row_arrays(bg: Any, src: Any, n_new: int) -> dict[str, Any]:
-    """split / labels / ids of the union: the base's then the batch's (split: the batch is
-    training data; labels only when both have them with the same classes)."""
+    """split / labels / ids of the union: the base's then the batch's.
+
+    split: the batch is training data. labels: every row that has one keeps it -- the
+    classes are the base's, then the batch's new ones appended (so the base's codes stay
+    valid); a row without a label (an unlabelled batch, or an unlabelled base) has code
+    -1. ids: the base's then the batch's, int64 when both are, else text; none when
+    either side has none (``update.no_ids``)."""
     out: dict[str, Any] = {}
+    n_old = int(bg[EMBEDDING].shape[0])
     if "split" in bg:
         out["split"] = da.concatenate(
             [da.from_zarr(bg["split"]), da.ones(n_new, dtype=bg["split"].dtype, chunks=n_new)]
         )
-    if "labels" in bg and src.labels is not None:
-        classes = list(bg["labels"].attrs.get("classes") or [])
-        if list(src.classes or []) == classes:
-            out["labels"] = da.concatenate(
-                [da.from_zarr(bg["labels"]), src.labels.astype(bg["labels"].dtype)]
+    old_classes = list(bg["labels"].attrs.get("classes") or []) if "labels" in bg else None
+    if old_classes is not None or src.labels is not None:
+        classes = list(old_classes or [])
+        classes += [c for c in (src.classes or []) if c not in classes]
+        old = (
+            da.from_zarr(bg["labels"]).astype(np.int64)
+            if old_classes is not None
+            else da.full(n_old, -1, dtype=np.int64, chunks=max(1, n_old))
+        )
+        if src.labels is not None:
+            lookup = np.array([classes.index(c) for c in src.classes or []], dtype=np.int64)
+            new = src.labels.astype(np.int64).map_blocks(
+                lambda c, t=lookup: np.where(c >= 0, t[np.maximum(c, 0)], -1), dtype=np.int64
             )
-            out["classes"] = classes
         else:
-            logger.warning(
-                "update: the batch's classes %s differ from the base run's %s; the labels "
-                "are not carried into the new run",
-                src.classes,
-                classes,
-            )
+            new = da.full(n_new, -1, dtype=np.int64, chunks=max(1, n_new))
+        out["labels"] = da.concatenate([old, new])
+        out["classes"] = classes
     if "ids" in bg and src.ids is not None:
         old_ids = da.from_zarr(bg["ids"])
         if old_ids.dtype.kind in "OUT" or src.ids.dtype.kind in "OUT":
@@ -563,8 +821,12 @@ def stage_export(
         "n_rows": int(projected.rows),
         "rows": lineage,
         "report": f"{UPDATE}/{DRIFT_REPORT}",
+        "changes": solved.info.get("changes") or {},
+        "findings": drift.get("findings") or [],
     }
     ing_d = {k: v for k, v in ing.to_dict().items() if k != "storage_options"}
+    if base.get("features"):  # the new run's features are the base's, matched by name
+        ing_d["features"] = base["features"]
     return write_manifest(
         run_layout(cfg).out,
         config=cfg.to_json_dict(),
@@ -575,7 +837,15 @@ def stage_export(
     )
 
 
-_FIT_FIELDS = ("kernel", "solver", "chunks.block_rows", "kernel_store", "denoise", "preprocess")
+_FIT_FIELDS = (
+    "kernel",
+    "solver",
+    "chunks.block_rows",
+    "kernel_store",
+    "denoise",
+    "preprocess",
+    "update.kernel_params",
+)
 
 UPDATE_REGISTRY = Registry(
     [

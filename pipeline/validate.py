@@ -1,16 +1,19 @@
 """The checks before anything starts: ``kpca validate CONFIG``, and the first thing ``kpca run``
 does, before a Prefect API or a Dask cluster is started.
 
-:func:`validate` reads only what it must -- the input's header and a small sample of rows
-(a few CSV lines, the first Parquet batch, an NPY header and first rows, a zarr array's
-metadata) -- and probes the output for writing, removing only what the probe created. It
-returns a list of :class:`Finding` (one line each, naming the problem and the fix); errors
-stop a run before anything is written.
+:func:`validate` reads the input's header and a small sample of rows (a few CSV lines,
+the first Parquet batch, an NPY header and first rows, a zarr array's metadata) for the
+cheap checks, then every row of a CSV, Parquet or NPY input once, streaming
+(pipeline/scan.py: row count, NaN/inf, text in numeric columns, missing labels, missing
+or repeated ids, each with the exact row and column of its first occurrence); and it
+probes the output for writing, removing only what the probe created. It returns a list of
+:class:`Finding` (one line each, naming the problem and the fix); errors stop a run
+before anything is written.
 
-This module imports neither dask, distributed, zarr nor Prefect (a test checks it): it
-runs in the time it takes to read a few kilobytes, so a wrong path or column is reported
-in about a second, not after a cluster has started. The full checks still run where they
-always did (the ingest stage sees every row); these are the cheap, early ones.
+This module imports neither dask, distributed, zarr nor Prefect (a test checks it): a
+wrong path or column is reported in about a second, bad data after one streaming pass
+(cost in docs/config.md, "input"), never after a cluster has started. A zarr array's
+values are checked at ingest.
 """
 
 from __future__ import annotations
@@ -23,9 +26,16 @@ from typing import Any, Literal
 
 from .config import PipelineConfig
 from .errors import UserError
-from .formats import infer_format
+from .formats import column_hint, infer_format
 
-__all__ = ["SAMPLE_ROWS", "Finding", "ValidationError", "Validation", "validate"]
+__all__ = [
+    "SAMPLE_ROWS",
+    "Finding",
+    "ValidationError",
+    "Validation",
+    "validate",
+    "validate_input",
+]
 
 #: rows of a table (or NPY file) read to check types and the NaN policy
 SAMPLE_ROWS = 200
@@ -62,6 +72,12 @@ class Validation:
     features: list[str] = field(default_factory=list)
     shape: tuple[int, ...] | None = None  # NPY/zarr: the whole array's; tables: the sample's
     sample_rows: int = 0
+    #: the full pass (pipeline/scan.py): whether to make it, and what it found
+    full: bool = True
+    rows: int | None = None
+    scan_seconds: float = 0.0
+    id_type: str | None = None
+    droppable_rows: int = 0
 
     @property
     def errors(self) -> list[Finding]:
@@ -83,6 +99,15 @@ class Validation:
         what = f"{len(self.features)} feature columns" if self.features else "features"
         if self.shape is not None and self.format in ("npy", "zarr"):
             what = f"{self.shape[0]} rows x {self.shape[1]} features"
+        if self.rows is not None:
+            what = (
+                f"{self.rows} rows x {len(self.features)} feature columns, every row read in "
+                f"{self.scan_seconds:.1f} s"
+            )
+            if self.id_type:
+                what += f", ids {self.id_type} and unique"
+            if self.droppable_rows:
+                what += f", {self.droppable_rows} rows with NaN/inf to drop"
         elif self.sample_rows:
             what += f" (checked on the first {self.sample_rows} rows)"
         return f"{cfg.input.path} ({self.format}): {what}; output {cfg.output.path} writable"
@@ -282,6 +307,8 @@ def _check_npy(cfg, v: Validation, fs, fs_path: str) -> None:
     sample = np.frombuffer(buf, dtype=dtype).reshape(rows, int(shape[1]))
     v.sample_rows = rows
     _check_sample_finite(cfg, v, sample, v.features)
+    if not v.errors and v.full:
+        _scan(cfg, v, fs, fs_path, "npy", v.features)
 
 
 def _check_zarr(cfg, v: Validation, fs, fs_path: str) -> None:
@@ -409,7 +436,7 @@ def _check_table(cfg, v: Validation, fs, fs_path: str, fmt: str) -> None:
             )
         )
         return
-    shown = available[:20]
+    shown = available
     for check, what, col in (
         ("label", "label_column", inp.label_column),
         ("id", "id_column", inp.id_column),
@@ -418,7 +445,8 @@ def _check_table(cfg, v: Validation, fs, fs_path: str, fmt: str) -> None:
             v.findings.append(
                 Finding(
                     check,
-                    f"input.{what} {col!r} is not a column of {inp.path}; available: {shown}",
+                    f"input.{what} {col!r} is not a column of {inp.path}; "
+                    + column_hint(col, available),
                 )
             )
     # input.exclude_columns are not features (pipeline/features.py: the same rule at ingest)
@@ -508,6 +536,40 @@ def _check_table(cfg, v: Validation, fs, fs_path: str, fmt: str) -> None:
         )
         return
     _check_sample_finite(cfg, v, sample, features)
+    if not v.errors and v.full:
+        _scan(cfg, v, fs, fs_path, fmt, features, dtypes)
+
+
+def _scan(cfg, v: Validation, fs, fs_path: str, fmt: str, features, dtypes=None) -> None:
+    """The full pass (pipeline/scan.py): every row read; the first problem of each kind
+    with its exact row and column."""
+    from .scan import scan
+
+    inp = cfg.input
+    labels = {inp.label_column, inp.id_column} - {None}
+    res = scan(
+        inp.path,
+        fmt,
+        fs,
+        fs_path,
+        features=[c for c in features if c not in labels],
+        dtypes=dtypes,
+        id_column=inp.id_column,
+        label_column=inp.label_column,
+        nonfinite=inp.nonfinite,
+    )
+    v.rows, v.scan_seconds, v.id_type = res.rows, res.seconds, res.id_type
+    v.droppable_rows = res.droppable_rows
+    for p in res.problems:
+        v.findings.append(Finding(p.check, p.message))
+    if res.rows == 0 and fmt != "npy" and not res.problems:
+        v.findings.append(
+            Finding(
+                "types",
+                f"{inp.path} is empty: it has a header but no data rows; point input.path "
+                "at a file with data.",
+            )
+        )
 
 
 def _check_sample_finite(cfg, v: Validation, sample, features: list[str]) -> None:
@@ -688,13 +750,17 @@ def _probe_writable(raw: str, fs, out: str, local: bool) -> None:
 
 
 # ------------------------------------------------------------------------ entry point
-def validate(cfg: PipelineConfig, *, probe_output: bool = True) -> Validation:
+def validate(
+    cfg: PipelineConfig, *, probe_output: bool = True, full: bool = True
+) -> Validation:
     """Every pre-start check of ``cfg``; a :class:`Validation` listing what was found.
 
-    Reads the input's header and first rows and probes the output for writing (leaving
-    nothing behind); starts no cluster and imports no Prefect.
+    Reads the input's header and first rows, then (``full``) every row in one streaming
+    pass (pipeline/scan.py: row count, NaN/inf, text in numeric columns, missing labels,
+    missing or repeated ids, each with its exact row and column), and probes the output
+    for writing (leaving nothing behind); starts no cluster and imports no Prefect.
     """
-    v = Validation()
+    v = Validation(full=full)
     for name, check in (
         ("input", lambda: _check_input(cfg, v)),
         ("output", lambda: _check_output(cfg, v, probe=probe_output)),
@@ -704,4 +770,17 @@ def validate(cfg: PipelineConfig, *, probe_output: bool = True) -> Validation:
         except _Stop as stop:
             v.findings.append(Finding(name, str(stop)))
     _check_evaluate(cfg, v)
+    return v
+
+
+def validate_input(inp: Any, *, full: bool = True) -> Validation:
+    """The input checks alone (``inp``: an InputConfig), for a batch of ``kpca update``
+    or the rows of ``kpca transform``: header, sample and (``full``) every row."""
+    from types import SimpleNamespace
+
+    v = Validation(full=full)
+    try:
+        _check_input(SimpleNamespace(input=inp), v)
+    except _Stop as stop:
+        v.findings.append(Finding("input", str(stop)))
     return v

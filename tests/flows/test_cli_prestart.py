@@ -283,16 +283,28 @@ def test_global_flags_before_or_after_the_subcommand():
 
 
 def test_a_run_refused_by_ingest_leaves_no_folder_it_created(tmp_path):
-    """A NaN after the rows the checks sample is found by ingest (a real run, plain mode):
-    one line, exit 2, and the output folder the run created is gone again (a user error:
-    nothing in it would be resumed). A folder that was there before is left in place."""
+    """A NaN the pre-start checks do not read (a zarr array's values: its metadata only)
+    is found by ingest (a real run, plain mode): one line, exit 2, and the output folder
+    the run created is gone again (a user error: nothing in it would be resumed). A folder
+    that was there before is left in place. The same NaN in an NPY file is found before
+    anything starts (the full pass reads every row), with its row and column."""
+    import zarr
+
     from pipeline.validate import SAMPLE_ROWS
 
     X = np.random.default_rng(0).standard_normal((SAMPLE_ROWS + 100, 3))
     X[SAMPLE_ROWS + 50, 1] = np.nan
     np.save(tmp_path / "x.npy", X)
+    npy = _base(tmp_path / "x.npy", tmp_path / "out", cluster={"address": "tcp://127.0.0.1:9"})
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(npy))
+    res = _cli("run", str(tmp_path / "n.yaml"), "--no-prefect", "--no-progress")
+    assert res.returncode == 2, res.stderr
+    assert f"(first: row {SAMPLE_ROWS + 50}, column 'x1')" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
+
+    zarr.save_array(str(tmp_path / "x.zarr"), X)
     cfg = _base(
-        tmp_path / "x.npy",
+        tmp_path / "x.zarr",
         tmp_path / "out",
         solver={"eigen_solver": "dense"},
         cluster={"n_workers": 1, "dashboard_address": None},

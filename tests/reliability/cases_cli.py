@@ -41,16 +41,19 @@ CASES = [
     Case(
         "cli-nan-after-sample",
         "input",
-        "NaN after the rows the pre-start checks sample (found by ingest)",
+        "NaN after the rows the pre-start checks sample (found by the full pass)",
         _nan_after_sample,
-        ("contains NaN or infinity (1 value; the first in rows", "set input.nonfinite: drop"),
+        ("contains NaN or infinity in column 'x1' (first: row", "set input.nonfinite: drop"),
     ),
     Case(
         "cli-validate-label",
         "input",
         "`kpca validate`: the label column is not in the file",
         _validate_label,
-        ("input.label_column 'label' is not a column of", "available: ['a', 'b', 'c', 'd']"),
+        (
+            "input.label_column 'label' is not a column of",
+            "available (4 columns): ['a', 'b', 'c', 'd']",
+        ),
     ),
     Case(
         "cli-validate-complete-run",

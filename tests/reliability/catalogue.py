@@ -555,7 +555,7 @@ INPUT = [
         "input",
         "text in a numeric column, past dask's dtype sample",
         _late_text,
-        ("column(s) ['b'] hold text where numbers are expected", "'oops'", "clean the file"),
+        ("column 'b' holds text where numbers are expected", "'oops' in row", "clean the file"),
     ),
     Case(
         "in-text-columns",
@@ -586,6 +586,8 @@ INPUT = [
             c,
             "a,b,y\n" + "".join(f"{i},{i % 7},z\n" for i in range(50)),
             input={"label_column": "y"},
+            # a run that evaluates needs 2 classes (one that does not takes any labels)
+            evaluate={"enabled": True},
         ),
         ("has 1 class(es)", "drop input.label_column"),
     ),
