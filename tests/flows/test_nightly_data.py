@@ -20,6 +20,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.versions import open_output
+
 from ..reliability.helpers import env
 
 BIG = 2**53  # float64 holds every integer only up to here
@@ -125,7 +127,7 @@ def test_csv_ids_above_2_53_are_kept_exactly(tmp_path, dask_cluster):
         out = tmp_path / f"{data.stem}-emb.parquet"
         r = kpca("transform", tmp_path / "run", data, out, "--no-progress", cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
-        got = pd.read_parquet(out)
+        got = pd.read_parquet(str(open_output(out).data.local_path))
         assert got["id"].tolist() == want["id"].tolist(), data
 
 
@@ -427,5 +429,6 @@ def test_transform_creates_missing_parents_with_absolute_records(series, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     import zarr
 
-    attrs = dict(zarr.open_group(str(tmp_path / "x" / "y" / "t.zarr"), mode="r").attrs)
+    pub = open_output(tmp_path / "x" / "y" / "t.zarr")
+    attrs = dict(zarr.open_group(str(pub.data.local_path), mode="r").attrs)
     assert attrs["model"] == str(home / "runs" / "v1") and attrs["input"] == str(data)
