@@ -273,7 +273,8 @@ from flows.transform_flow import kpca_transform
 work, address = sys.argv[1], sys.argv[2]
 res = kpca_transform(model=f"{work}/run", input={"path": f"{work}/batch.parquet", "id_column": "id"},
                      output=f"{work}/batch-embedding.zarr", cluster={"address": address})
-emb = zarr.open_group(res["output"], mode="r")["embedding"]
+from pipeline.versions import open_output
+emb = open_output(res["output"]).data.open_group("r")["embedding"]  # the published version
 assert emb.shape == (200, 8), emb.shape
 print(f"transform: {res['rows']} rows -> {res['components']} components at {res['output']}")
 EOF

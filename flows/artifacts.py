@@ -75,8 +75,8 @@ def _kernel_text(kernel: dict[str, Any] | None) -> str:
 
 
 def _links(out: Location, manifest: dict[str, Any]) -> list[tuple[str, str]]:
-    lay = RunLayout(out)
-    links = [("output folder", out), (MANIFEST, lay.manifest), (f"{MODEL}/", lay.model)]
+    lay = RunLayout(out)  # the output root; its published version holds the arrays
+    links = [("output folder", out), (MANIFEST, lay.pointer), (f"{MODEL}/", lay.model)]
     if manifest["config"]["output"].get("parquet"):
         links.append((PARQUET, lay.parquet))
     if lay.report.child(REPORT_MD).exists():
@@ -164,7 +164,8 @@ def publish_run_artifacts(
         create_table_artifact,
     )
 
-    rows = spectrum_rows(out)
+    published = RunLayout(out).out  # the version the pointer names
+    rows = spectrum_rows(published)
     ids = {
         ARTIFACT_KEYS["summary"]: create_markdown_artifact(
             run_summary_markdown(out, manifest, rows, states, timings, cluster),
@@ -186,7 +187,7 @@ def publish_run_artifacts(
     if evaluation:
         from pipeline.report import artifact_summary
 
-        report = out.child("report")
+        report = published.child("report")
         summary = artifact_summary(evaluation, report_dir=location_link(report))
         ids[ARTIFACT_KEYS["evaluation"]] = create_markdown_artifact(
             summary["markdown"],

@@ -78,8 +78,12 @@ def _print_summary(summary, out: str) -> None:
             f"  prefect    {len(states) - len(ran)} of {len(states)} stages cached; "
             + (f"ran {', '.join(ran)}" if ran else "nothing recomputed")
         )
+    version = getattr(summary, "version", None)
+    if version:
+        print(f"  version    {version} (published; read it with pipeline.open_run({out!r}))")
+    where = summary.out_version if version else out
     print(
-        f"  artifacts  {out}/manifest.json, model/, embedding, spectrum/"
+        f"  artifacts  {out}/manifest.json; {where}/: model/, embedding, spectrum/"
         + (f", {den['array']}" if den else "")
         + (", embedding.parquet" if m["config"]["output"]["parquet"] else "")
         + (", report/report.md" if "report/report.md" in m.get("file_checksums", {}) else "")
@@ -152,7 +156,9 @@ def _discard_fresh_output(folder: Path, exc: Exception) -> None:
     if not names:
         _rmdir(folder)
         return
-    if not is_user_error(exc) or MANIFEST in names or not names <= RUN_NAMES:
+    from kpca_dask.removal import MARKER_FILE
+
+    if not is_user_error(exc) or MANIFEST in names or not names <= RUN_NAMES | {MARKER_FILE}:
         return
     from kpca_dask.removal import remove_owned
 
@@ -178,6 +184,8 @@ def _load_run_config(args: argparse.Namespace):
         cfg.output.path = args.output
     if args.overwrite:
         cfg.output.overwrite = True
+    if getattr(args, "keep_versions", None) is not None:
+        cfg.output.keep_versions = args.keep_versions
     return cfg
 
 
@@ -274,6 +282,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 storage_options=options,
                 ignore_extra=args.ignore_extra,
+                keep_versions=args.keep_versions,
             )
         late = res["fixed_point_not_converged"]
         print(
@@ -297,22 +306,27 @@ def cmd_transform(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             storage_options=options,
             ignore_extra=args.ignore_extra,
+            keep_versions=args.keep_versions,
         )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "
-        f"{res['output']} ({res['seconds']:.1f} s)"
+        f"{res['output']} (version {res['version']}, {res['seconds']:.1f} s)"
     )
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from pipeline.export import verify_run
+    from pipeline.export import open_run
     from pipeline.store import Location
 
-    out = Location.at(args.artifact_dir, _storage_options(args))
-    m = verify_run(out, check_arrays=not args.no_verify)
+    run = open_run(
+        Location.at(args.artifact_dir, _storage_options(args)),
+        version=args.version,
+        check_arrays=not args.no_verify,
+    )
+    m, out = run.manifest, run.location
     if args.json:
-        print(json.dumps(m, indent=2))
+        print(json.dumps(m if run.pointer is None or args.version else run.pointer, indent=2))
         return 0
     g = out.open_group("r")
     ev = np.asarray(g["spectrum/eigenvalues"][...])
@@ -321,6 +335,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     inp, model = m["input"], m["model"]
     skipped = " (skipped)" if args.no_verify else ""
     print(f"run        {args.artifact_dir}  [{m['status']}, verified{skipped}]")
+    if run.version is not None:
+        published = run.pointer.get("version")
+        kept = len(run.history)
+        print(
+            f"version    {run.version}"
+            + (" (published)" if run.version == published else f" (published: {published})")
+            + f"; {kept} version{'s' if kept != 1 else ''} kept"
+        )
     print(
         f"created    {m['created']} with kpca-dask {m['packages'].get('kpca-dask', '?')}, "
         f"dask {m['packages'].get('dask', '?')}, zarr {m['packages'].get('zarr', '?')}"
@@ -450,6 +472,8 @@ def cmd_update(args: argparse.Namespace) -> int:
             else None
         ),
     )
+    if args.keep_versions is not None:
+        cfg.output.keep_versions = args.keep_versions
     with show_progress(args.progress):
         summary = run_update_flow_or_plain(cfg, use_prefect=args.prefect)
     upd = summary.manifest["update"]
@@ -457,7 +481,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         f"kpca: update v{upd['version']} -> {cfg.output.path}: {upd['action']} of "
         f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
     )
-    print(f"  drift report  {cfg.output.path}/{upd['report']}")
+    print(f"  drift report  {summary.out_version or cfg.output.path}/{upd['report']}")
     print(f"  inspect       kpca info {cfg.output.path}")
     return 0
 
@@ -600,6 +624,16 @@ def _add_demo(sub) -> None:
     _prefect_flags(d)
 
 
+def _keep_flag(p) -> None:
+    p.add_argument(
+        "--keep-versions",
+        type=int,
+        metavar="N",
+        help="how many published versions of the output to keep, the new one included "
+        "(default: output.keep_versions, 7); older ones are deleted once it is published",
+    )
+
+
 def _add_run(sub) -> None:
     r = _subcommand(sub, "run", cmd_run, help="run the job a YAML config describes")
     r.add_argument("config", help="YAML config (see docs/config.md)")
@@ -610,6 +644,7 @@ def _add_run(sub) -> None:
         help="replace a complete run there "
         "(with the flow: only the stages whose inputs changed run again)",
     )
+    _keep_flag(r)
     _progress_flags(r)
     _prefect_flags(r)
 
@@ -656,6 +691,7 @@ def _add_transform(sub) -> None:
     )
     t.add_argument("--chunk-mb", type=float, default=64.0)
     t.add_argument("--overwrite", action="store_true")
+    _keep_flag(t)
     t.add_argument(
         "--inverse",
         action="store_true",
@@ -683,6 +719,12 @@ def _add_info(sub) -> None:
     i.add_argument("artifact_dir")
     i.add_argument("--json", action="store_true", help="print the manifest")
     i.add_argument("--no-verify", action="store_true", help="skip the array checksums")
+    i.add_argument(
+        "--version",
+        metavar="ID",
+        help="read an earlier published version (one of those `kpca info --json` lists "
+        "under history) instead of the published one",
+    )
     _storage_flags(i, "the run folder")
 
 
@@ -702,6 +744,7 @@ def _add_update(sub) -> None:
         help="override update.policy of the run's config",
     )
     up.add_argument("--overwrite", action="store_true", help="replace a complete run there")
+    _keep_flag(up)
     _storage_flags(up, "the base run and the new run (default for the new run: the base's)")
     up.add_argument(
         "--input-storage-options",

@@ -36,7 +36,14 @@ from pipeline.cluster import dask_client
 from pipeline.config import PipelineConfig
 from pipeline.export import verify_run
 from pipeline.layout import run_layout
-from pipeline.run import RunSummary, run_lock, run_pipeline, run_stages, stage_begin
+from pipeline.run import (
+    RunSummary,
+    run_lock,
+    run_pipeline,
+    run_stages,
+    stage_begin,
+    start_version,
+)
 from pipeline.visibility import check_visibility
 
 from . import tasks
@@ -54,7 +61,8 @@ def begin(cfg: PipelineConfig) -> str:
     actually has to write (``tasks.claim_output``): a fully cached re-run must
     leave the published run in place.
     """
-    if cfg.output.overwrite and run_layout(cfg).manifest.exists():
+    if cfg.output.overwrite and run_layout(cfg).pointer.exists():
+        start_version(cfg)  # a copy of the published run: cached stages keep their artifacts
         return "deferred"
     stage_begin(cfg)
     return "begun"
@@ -76,7 +84,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
     announce_flow_run()  # the run's address in the Prefect UI, when a server records it
     t_run = time.perf_counter()
     registry = stages.REGISTRY
-    out = run_layout(cfg).out
+    out = run_layout(cfg).root
     storage = result_storage(cfg)
     states: dict[str, str] = {}
     timings: dict[str, float] = {}
@@ -88,7 +96,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
         return state.result()  # raises the stage's error when it failed
 
     # the output's run lock first: a second run to the same output is refused at once
-    with forward_library_logs(), run_lock(cfg), dask_client(cfg.cluster) as client:
+    with forward_library_logs(), run_lock(cfg) as txn, dask_client(cfg.cluster) as client:
         cluster = dashboard_line(client)
         log.info(cluster)
         check_visibility(cfg, client)  # every worker sees the run's locations, or refuse
@@ -97,7 +105,8 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
         timings["begin"] = time.perf_counter() - t0
         log.info("output %s (%s); task results cached in %s", out, how, storage)
         results = run_stages(registry, call, timings=timings, t_run=t_run)
-        manifest = verify_run(out)  # what a reader checks: complete, checksums match
+        # what a reader checks (complete, checksums match), on the version to publish
+        manifest = verify_run(run_layout(cfg).out)
     ran = [s for s in registry.names if states[s] != "Cached"]
     log.info(
         "run verified at %s: %s",
@@ -114,6 +123,7 @@ def kpca_pipeline(config: PipelineConfig) -> dict[str, Any]:
         "timings": timings,
         "cluster": cluster,
         "artifacts": artifacts,
+        "version": txn.version,
     }
 
 
@@ -129,7 +139,11 @@ def run_flow(cfg: PipelineConfig) -> FlowRunSummary:
     check_prefect_api()
     res = kpca_pipeline(cfg)
     return FlowRunSummary(
-        out=res["out"], manifest=res["manifest"], timings=res["timings"], states=res["states"]
+        out=res["out"],
+        manifest=res["manifest"],
+        timings=res["timings"],
+        states=res["states"],
+        version=res.get("version"),
     )
 
 

@@ -13,12 +13,11 @@ Every stage task (:func:`stage_task`, built from the stage's declaration):
   ``fingerprint`` adds content checksums to its result for that;
 * retries only transient failures (:func:`is_transient`: I/O and network
   errors, lost Dask workers), never invalid input or configuration;
-* un-publishes the run's manifest before it writes a published artifact
-  (:func:`claim_output`; stages that declare ``publishes``), so a reader
-  never trusts a folder being rewritten, while a re-run that only rebuilds
-  intermediate stores under ``work/`` with the same content (ingest of a
-  touched but unchanged file, a deleted kernel store) or is fully cached
-  leaves the published run in place.
+* withdraws the manifest of the version being written before it writes an artifact
+  there (:func:`claim_output`; stages that declare ``publishes``), while a re-run that
+  only rebuilds intermediate stores under ``work/`` with the same content (ingest of
+  a touched but unchanged file, a deleted kernel store) or is fully cached publishes
+  nothing new and leaves the published run in place.
 """
 
 from __future__ import annotations
@@ -74,13 +73,17 @@ RETRY_OPTIONS: dict[str, Any] = {
 
 # ---------------------------------------------------------------- publishing
 def claim_output(cfg: PipelineConfig) -> None:
-    """Un-publish the run before a stage writes one of its published artifacts.
+    """Withdraw the manifest of the version being written (a copy of the published
+    run's, pipeline/versions.py) before a stage writes one of its artifacts there.
 
     The flow checked ``output.overwrite`` before any task ran (``stage_begin``
     semantics); a task only gets here when it is about to write, so a re-run
-    whose every stage is cached keeps its published manifest.
+    whose every stage is cached publishes nothing new. The published version itself
+    is never touched: only the run's transaction publishes, by replacing the pointer.
     """
     layout = run_layout(cfg)
+    if layout.version is None and layout.out != layout.root:
+        return  # not under the run's transaction: a published version is never written
     if layout.manifest.exists():
         begin_run(layout.out, overwrite=True)
 
@@ -135,8 +138,9 @@ def transform(
     writes nothing outside ``output``, whatever the Prefect server's default result
     storage, so a transform to ``s3://`` needs no result storage at all.
 
-    The output is written beside its final name and swapped in only when complete, so a
-    failed attempt leaves nothing behind and a retry starts clean.
+    The output is written as a new version and published only when complete (one atomic
+    write of its pointer), so a failed attempt publishes nothing and a retry starts
+    clean.
     """
     return jsonable(
         transform_to_store(

@@ -70,16 +70,22 @@ def kpca_update(config: PipelineConfig) -> dict[str, Any]:
         states[stage.name] = state.name
         return state.result()
 
-    out = run_layout(cfg).out
-    with forward_library_logs(), run_lock(cfg), dask_client(cfg.cluster) as client:
+    out = run_layout(cfg).root
+    with forward_library_logs(), run_lock(cfg) as txn, dask_client(cfg.cluster) as client:
         log.info(dashboard_line(client))
         stage_begin(cfg)
         run_stages(UPDATE_REGISTRY, call, timings=timings, t_run=t_run)
-        manifest = verify_run(out)
+        manifest = verify_run(run_layout(cfg).out)  # the version about to be published
     md = _drift_markdown(manifest)
     log.info(md.splitlines()[4].lstrip("* "))
     create_markdown_artifact(md, key="kpca-update", description="drift report and action")
-    return {"out": str(out), "manifest": manifest, "states": states, "timings": timings}
+    return {
+        "out": str(out),
+        "manifest": manifest,
+        "states": states,
+        "timings": timings,
+        "version": txn.version,
+    }
 
 
 @flow(name="kpca-update-from", validate_parameters=True, persist_result=False)
@@ -115,6 +121,7 @@ def run_update_flow_or_plain(cfg: PipelineConfig, *, use_prefect: bool = True) -
             manifest=res["manifest"],
             timings=res["timings"],
             states=res["states"],
+            version=res.get("version"),
         )
     with dask_client(cfg.cluster):
         return run_update(cfg)

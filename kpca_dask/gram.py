@@ -536,7 +536,8 @@ class BlockKernelMatrix:
 
         Each wave is one graph over a few consecutive block rows (about
         ``wave_tasks`` block tasks, default ``max(128, 4 x threads)``); its
-        partial sums are added into the result on the caller. Memory on the
+        partial sums are added into the result (on the workers when the scheduler
+        is distributed: :meth:`_product_on_cluster`). Memory on the
         cluster is then bounded by one wave's block products instead of
         growing as ``(n / r)^2`` (measured: with one graph, dask kept half of
         all 1275 block products of an n = 100k pass alive at once).
@@ -599,28 +600,79 @@ class BlockKernelMatrix:
                     dtype=Zc.dtype,
                 )
             )
-        queued: collections.deque = collections.deque()
+        if kind == "distributed":
+            self._product_on_cluster(client, Zsrc, waves, token, offsets, Y)
+            return Y
         for start, stop in waves:
             dsk, deps, oname = self._pair_graph(Zsrc, range(start, stop), f"{token}-{start}")
             graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
             wave = da.Array(
                 graph, oname, chunks=(self.row_chunks[start:], (Z.shape[1],)), dtype=np.float64
             )
-            if kind != "distributed":
-                (part,) = dask.compute(wave)
-                Y[offsets[start] :] += part
-                continue
-            # Two waves on the cluster at a time: the next one's tasks start while the
-            # last of this one's finish (one wave at a time left a worker idle at every
-            # wave's end: 75 % busy at n = 100 000). Added in wave order: same sums.
-            queued.append((start, client.compute(wave)))
-            if len(queued) > 1:
-                s0, fut = queued.popleft()
-                Y[offsets[s0] :] += fut.result()
-        while queued:
-            s0, fut = queued.popleft()
-            Y[offsets[s0] :] += fut.result()
+            (part,) = dask.compute(wave)
+            Y[offsets[start] :] += part
         return Y
+
+    def _product_on_cluster(self, client, Zsrc, waves, token, offsets, Y) -> None:
+        """The waves of one pass on a distributed cluster, their partial sums added on the
+        workers: wave ``w``'s sum for row block ``j`` is ``acc_{w-1, j} + part_{w, j}``
+        (the same additions in the same order as adding the waves on the caller, so the
+        same bits). A row block is final once a wave starts past it; only final row
+        blocks travel to the caller, each once, so the bytes into the caller per pass
+        are ``n x l x 8`` whatever the number of waves (before: every wave's partial
+        sums of every row block from its first row to ``n``).
+
+        Two waves are on the cluster at a time: the next one's block tasks start while
+        the last of this one's finish. Memory on the workers: one wave's block products
+        plus one accumulator per row block."""
+        from distributed import futures_of, wait
+
+        nb, ncols = self.n_blocks, int(Zsrc.shape[1])
+        # the row blocks each wave makes final: those no later wave adds to (a wave
+        # adds to every row block from its first one on; waves may run backwards)
+        final, bound = [], nb
+        for start, _ in reversed(waves):
+            final.append(range(start, max(start, bound)))
+            bound = min(bound, start)
+        final.reverse()
+        prev: tuple[int, Any] | None = None  # (first row block, persisted accumulator)
+        inflight: collections.deque = collections.deque()
+        for (start, stop), done in zip(waves, final):
+            dsk, deps, oname = self._pair_graph(Zsrc, range(start, stop), f"{token}-{start}")
+            name = oname
+            if prev is not None:
+                pstart, pacc = prev
+                name = f"kpca-kz-acc-{token}-{start}"
+                for j in range(start, nb):
+                    dsk[(name, j - start, 0)] = (
+                        (np.add, (pacc.name, j - pstart, 0), (oname, j - start, 0))
+                        if j >= pstart
+                        else (oname, j - start, 0)
+                    )
+                deps.append(pacc)
+            graph = HighLevelGraph.from_collections(name, dsk, dependencies=deps)
+            acc = client.persist(
+                da.Array(
+                    graph, name, chunks=(self.row_chunks[start:], (ncols,)), dtype=np.float64
+                )
+            )
+            inflight.append((start, done, acc))
+            prev = (start, acc)
+            if len(inflight) > 1:
+                self._gather_final(client, inflight.popleft(), offsets, Y, futures_of, wait)
+        while inflight:
+            self._gather_final(client, inflight.popleft(), offsets, Y, futures_of, wait)
+
+    @staticmethod
+    def _gather_final(client, item, offsets, Y, futures_of, wait) -> None:
+        """Wait for a wave's accumulator and bring the row blocks it made final to the
+        caller."""
+        start, done, acc = item
+        futs = {f.key: f for f in futures_of(acc)}
+        wait(list(futs.values()))
+        if len(done):
+            parts = client.gather([futs[(acc.name, j - start, 0)] for j in done])
+            Y[offsets[done.start] : offsets[done.stop]] = np.concatenate(parts, axis=0)
 
     def diag(self) -> da.Array:
         """Lazy ``k(x_i, x_i)`` for every row (float64)."""

@@ -430,6 +430,13 @@ class OutputConfig(_Model):
     overwrite: bool = Field(
         False, description="Replace a complete run at the same path (otherwise refused)."
     )
+    keep_versions: int = Field(
+        7,
+        ge=1,
+        le=1000,
+        description="How many published versions of the output are kept (the published "
+        "one included); older ones are deleted after a new one is published.",
+    )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         description="fsspec options of the output location (and of its work/ and model/ "

@@ -184,9 +184,9 @@ def stage_denoise(cfg: Any, ing: Any, split: Any, solved: Any) -> dict[str, Any]
         return {"enabled": False}
     t0 = time.perf_counter()
     res, src = ingested(ing)
-    model = kpca_dask.load(solved.model.zarr_source())
+    model = kpca_dask.load(layout.model.zarr_source())  # the version being written's
     mask = read_split(layout, split)
-    den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=str(solved.model))
+    den, status, idx = denoise_rows(model, src.X, dcfg, split=mask, where=str(layout.model))
     X_sel = src.X if idx is None else src.X[idx]
     sq_change = ((den.astype(np.float64) - X_sel.rechunk({0: den.chunks[0]})) ** 2).sum()
     chunk_rows = int(src.X.chunks[0][0])
@@ -252,13 +252,15 @@ def denoise_to_store(
     overwrite: bool = False,
     storage_options: dict | None = None,
     ignore_extra: bool = False,
+    keep_versions: int | None = None,
 ) -> dict[str, Any]:
     """``kpca transform --inverse``: denoised rows of new data with a saved model (zarr).
 
     ``storage_options``: of the model's and the output's URLs (the input has its own).
 
-    Writes a zarr group at ``output`` with ``denoised`` (n x d) and ``ids``/``labels``
-    when the input has them; the model comes from a verified run or a model folder.
+    Publishes a new version of the output ``output`` (pipeline/versions.py) whose zarr
+    group holds ``denoised`` (n x d) and ``ids``/``labels`` when the input has them;
+    the model comes from a verified run or a model folder.
     """
     from .transform import open_transform
 
@@ -268,7 +270,7 @@ def denoise_to_store(
             "denoised rows are written as zarr; give an output path that does "
             "not end in .parquet."
         )
-    from .publish import OutputLock, check_transform_output, publish_beside
+    from .publish import check_transform_output, publish_output
     from .transform import verify_transform_output
 
     out, model, src = open_transform(  # columns by name (pipeline/transform.py)
@@ -286,7 +288,7 @@ def denoise_to_store(
     counts_box: list = []
 
     def write(target: Location) -> None:
-        g = target.open_group("w")
+        g = target.open_group("a")
         rows = int(src.X.chunks[0][0])
         z = _write(g, "denoised", den, rows)
         z.attrs["columns"] = list(src.columns)
@@ -317,7 +319,7 @@ def denoise_to_store(
             array="denoised",
         )
 
-    with OutputLock(out):
+    def recheck() -> None:  # under the lock: another writer may have published meanwhile
         check_transform_output(
             output,
             model_path=model_path,
@@ -325,7 +327,24 @@ def denoise_to_store(
             overwrite=overwrite,
             storage_options=storage_options,
         )
-        publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
+
+    publish_output(
+        output,
+        write=write,
+        verify=verify,
+        recheck=recheck,
+        storage_options=storage_options,
+        keep=keep_versions,
+        record={
+            "kind": "kpca-dask-denoised",
+            "format": "zarr",
+            "data": ".",
+            "rows": int(src.X.shape[0]),
+            "n_features": int(den.shape[1]),
+            "model": model_path,
+            "input": input_cfg.path,
+        },
+    )
     counts = counts_box[-1]
     return {
         "rows": int(src.X.shape[0]),

@@ -21,6 +21,7 @@ from kpca_dask.persistence import read_model_group
 from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
 from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST
 from .store import Location, array_checksum, atomic_write_json, read_json
+from .versions import Published
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -32,6 +33,7 @@ __all__ = [
     "write_spectrum",
     "write_manifest",
     "verify_run",
+    "open_run",
     "file_checksums",
     "CHECKSUMMED",
     "CHECKSUMMED_FILES",
@@ -95,14 +97,11 @@ def check_not_complete(out: Location, *, overwrite: bool) -> str | None:
 
 
 def begin_run(out: Location, *, overwrite: bool) -> None:
-    """Refuse to clobber a complete run unless asked; un-publish before writing."""
+    """Refuse to clobber a complete run unless asked; then withdraw the manifest of the
+    folder about to be written (the unpublished version of a run: pipeline/versions.py)."""
     m = out.child(MANIFEST)
     if m.exists():
-        status = check_not_complete(out, overwrite=overwrite)
-        if status == "complete":
-            from .publish import snapshot_published
-
-            snapshot_published(out)  # kept until the new run is published (pipeline/publish.py)
+        check_not_complete(out, overwrite=overwrite)
         m.remove(root=out)
     if out.exists() and out.is_local and not out.local_path.is_dir():
         raise RunError(
@@ -190,34 +189,44 @@ def write_manifest(
     return manifest
 
 
-def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
+def open_run(
+    path: Location | str,
+    storage_options: dict | None = None,
+    *,
+    version: str | None = None,
+    check_arrays: bool = True,
+) -> Published:
+    """The published run at ``path`` (or its earlier published ``version``), verified:
+    what every reader of a run calls. Returns a :class:`pipeline.versions.Published`
+    whose ``location`` is the folder of that version's arrays, ``model`` its model
+    (``kpca_dask.load(run.model.zarr_source())``) and ``manifest`` its manifest.
+
+    ``path`` is the output folder (local path or URL, read with ``storage_options``);
+    an output written before versions, or a version folder itself, is read in place.
+    Raises RunError (one line) as :func:`verify_run` does."""
+    from .versions import resolve
+
+    pub = resolve(path, version, storage_options)
+    _verify(pub.location, pub.manifest, check_arrays=check_arrays)
+    return pub
+
+
+def verify_run(
+    out: Location | str, *, check_arrays: bool = True, version: str | None = None
+) -> dict:
     """The manifest of a complete, intact run -- or RunError saying what is wrong.
 
     Refused, each with its own message: no folder, no manifest (the run did not
     finish), a manifest that is not valid JSON or lacks required fields
     (incomplete), an unknown schema version, a status other than complete, and
     (``check_arrays``) an array, file or model whose checksum does not match.
+    ``out`` is the output folder: the published version is verified (``version``: an
+    earlier published one).
     """
-    out = out if isinstance(out, Location) else Location(str(out))
-    m = out.child(MANIFEST)
-    if not out.exists():
-        raise RunIncompleteError(f"{out} does not exist; check the path of the run folder.")
-    if not m.exists():
-        raise RunIncompleteError(
-            f"{out} has no manifest.json: the run did not finish (or is still running); "
-            "it is not a result. Re-run the pipeline to complete it."
-        )
-    try:
-        manifest = read_json(m)
-    except Exception as exc:
-        raise RunIncompleteError(
-            f"{m} is not valid JSON ({type(exc).__name__}: {exc}): the manifest is incomplete "
-            "or damaged; the run is not a result. Re-run the pipeline."
-        ) from exc
-    if not isinstance(manifest, dict):
-        raise RunIncompleteError(
-            f"{m} does not hold a JSON object; the run is not a result. Re-run the pipeline."
-        )
+    return open_run(out, version=version, check_arrays=check_arrays).manifest
+
+
+def _verify(out: Location, manifest: dict, *, check_arrays: bool = True) -> None:
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise RunCorruptError(
             f"{out} has manifest schema_version {manifest.get('schema_version')!r}; this "
@@ -274,4 +283,3 @@ def verify_run(out: Location | str, *, check_arrays: bool = True) -> dict:
                 "(its checksums differ from the manifest's); re-run the "
                 "pipeline."
             )
-    return manifest

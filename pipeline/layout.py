@@ -31,7 +31,6 @@ __all__ = [
     "METRICS",
     "MODEL",
     "PARQUET",
-    "PREV",
     "REPORT",
     "REPORT_MD",
     "ROW_ARRAYS",
@@ -39,18 +38,21 @@ __all__ = [
     "SPECTRUM",
     "SPECTRUM_ARRAYS",
     "UPDATE",
+    "VERSIONS",
+    "WRITING",
     "WORK",
     "RunLayout",
     "output_location",
     "run_layout",
 ]
 
-#: written last, atomically: a run is a result only when this says ``complete``
+#: written last, atomically: a run is a result only when this says ``complete``; at an
+#: output's root it is the pointer naming the published version (pipeline/versions.py)
 MANIFEST = "manifest.json"
 #: the run lock, present while a run writes (pipeline/lock.py)
 LOCK = ".kpca-run.lock"
-#: the previous published run, kept while a new one replaces it (pipeline/publish.py)
-PREV = ".kpca-prev"
+#: the folder of an output holding one complete result per writer (pipeline/versions.py)
+VERSIONS = "versions"
 #: the fitted model (``kpca_dask.load(<out>/model)``)
 MODEL = "model"
 #: intermediate stores, kept so that a killed run resumes
@@ -101,6 +103,7 @@ RUN_NAMES = frozenset(
         DENOISED,
         LOCK,
         UPDATE,
+        VERSIONS,
     }
 )
 
@@ -109,15 +112,45 @@ RUN_NAMES = frozenset(
 LEGACY = ("work/centre.zarr",)
 
 
+#: root URLs of the outputs this process is writing, with the version each writes
+#: (set by the writer's transaction, pipeline/run.py)
+WRITING: dict[str, str] = {}
+
+
 @dataclass(frozen=True)
 class RunLayout:
-    """The locations of one run folder (each carries the output's storage options)."""
+    """The locations of one output (each carries the output's storage options).
 
-    out: Location
+    ``root`` is the output folder the user named: the pointer ``manifest.json``, the
+    lock, ``work/`` and ``versions/`` live there. ``out`` is the folder of the run's
+    arrays: the version this process is writing (``version``), else the published
+    version (resolved through the pointer, pipeline/versions.py), else -- nothing
+    published yet -- the root itself.
+    """
+
+    root: Location
+    version: str | None = None
+
+    @property
+    def out(self) -> Location:
+        if self.version is not None:
+            return self.root.child(VERSIONS, self.version)
+        from .store import read_json
+
+        m = self.root.child(MANIFEST)
+        try:
+            if not m.is_local:
+                m.fs.invalidate_cache(m.fs_path)
+            pointer = read_json(m) if m.exists() else None
+        except Exception:  # noqa: BLE001 - unreadable: readers get the error from resolve
+            pointer = None
+        if isinstance(pointer, dict) and isinstance(pointer.get("version"), str):
+            return self.root.child(VERSIONS, pointer["version"])
+        return self.root
 
     @property
     def work(self) -> Location:
-        return self.out.child(WORK)
+        return self.root.child(WORK)
 
     @property
     def ingest(self) -> Location:
@@ -137,15 +170,21 @@ class RunLayout:
 
     @property
     def manifest(self) -> Location:
+        """The manifest of the run's version (the one being written, or the published)."""
         return self.out.child(MANIFEST)
 
     @property
-    def lock(self) -> Location:
-        return self.out.child(LOCK)
+    def pointer(self) -> Location:
+        """The output's pointer: ``<root>/manifest.json``, what readers start from."""
+        return self.root.child(MANIFEST)
 
     @property
-    def prev(self) -> Location:
-        return self.out.child(PREV)
+    def lock(self) -> Location:
+        return self.root.child(LOCK)
+
+    @property
+    def versions(self) -> Location:
+        return self.root.child(VERSIONS)
 
     @property
     def parquet(self) -> Location:
@@ -161,20 +200,24 @@ class RunLayout:
 
     def stores(self) -> dict[str, Location]:
         """The run's stores by name (``out``, ``work``, ``ingest``, ``kernel``, ``model``)."""
+        out = self.out
         return {
-            "out": self.out,
+            "out": out,
             "work": self.work,
             "ingest": self.ingest,
             "kernel": self.kernel,
-            "model": self.model,
+            "model": out.child(MODEL),
         }
 
 
 def run_layout(cfg) -> RunLayout:
     """The layout of the run ``cfg`` describes; reads ``output.path`` and
     ``output.storage_options`` (never the input's: two locations, two sets of options).
-    The work folder is inside the output, so it shares the output's options."""
-    return RunLayout(output_location(cfg.output.path, cfg.output.storage_options))
+    The work folder is inside the output, so it shares the output's options. While this
+    process writes the output (its transaction holds the lock), ``out`` is the version
+    being written."""
+    root = output_location(cfg.output.path, cfg.output.storage_options)
+    return RunLayout(root, WRITING.get(root.url))
 
 
 def output_location(path: str, storage_options: dict | None = None) -> Location:

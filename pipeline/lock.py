@@ -16,9 +16,13 @@ it is refused until someone who knows that run is dead breaks it with
 ``kpca unlock <out>`` (:func:`break_lock`). ``kpca unlock`` refuses to break a
 lock whose holder is provably alive on this host.
 
-Object stores have no atomic create-if-absent through fsspec: there the lock
-is best effort (write, then read back and compare the token); serialise
-scheduled runs with the deployment's ``concurrency_limit: 1`` as well.
+On object stores the lock is created with a conditional write (S3
+``If-None-Match: *``, GCS ``ifGenerationMatch=0``, Azure ``overwrite=False``:
+:func:`create_object`), so of two writers exactly one creates it; the holder
+also re-reads it before publishing (pipeline/versions.py). Breaking a stale
+lock there is a delete (only of the record judged stale) then a conditional
+create; should two writers race through that window, the one whose lock was
+replaced finds out before publishing and publishes nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "lock_status",
     "break_lock",
     "check_unlocked",
+    "create_object",
 ]
 
 logger = logging.getLogger("pipeline")
@@ -197,6 +202,32 @@ def _lock_owned(loc: Location):
     return ours
 
 
+def create_object(loc: Location, data: bytes) -> bool:
+    """Write the object ``loc`` only if it does not exist, atomically where the store can:
+    S3 ``If-None-Match: *`` and GCS ``ifGenerationMatch=0`` (fsspec ``mode="create"``),
+    Azure ``overwrite=False``. Returns False when the object exists already."""
+    fs, path = loc.fs, loc.fs_path
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    try:
+        if {"s3", "s3a", "gs", "gcs"} & set(protocols):
+            fs.pipe_file(path, data, mode="create")
+        elif {"abfs", "az", "abfss"} & set(protocols):
+            fs.pipe_file(path, data, overwrite=False)
+        else:  # no conditional write known for this store: check, then write
+            if fs.exists(path):
+                return False
+            fs.pipe_file(path, data)
+    except FileExistsError:
+        return False
+    except Exception:
+        fs.invalidate_cache(path)
+        if fs.exists(path):  # the store's own "precondition failed" / "already exists"
+            return False
+        raise
+    fs.invalidate_cache(path)
+    return True
+
+
 def _lock_loc(out: Location) -> Location:
     return out.child(LOCK_NAME)
 
@@ -211,6 +242,7 @@ def read_lock(out: Location) -> LockHolder | None:
             with os.fdopen(fd) as f:
                 text = f.read()
         else:
+            loc.fs.invalidate_cache(loc.fs_path)  # written and removed by other processes
             if not loc.exists():
                 return None
             with loc.fs.open(loc.fs_path, "r") as f:
@@ -393,21 +425,32 @@ class RunLock:
 
     # ----------------------------------------------------------------- remote
     def _acquire_remote(self) -> None:
-        status, old = lock_status(self.out)
-        if status in ("held", "foreign"):
-            raise OutputLockedError(_locked_message(self.out, old, foreign=status == "foreign"))
-        if status == "stale":
-            logger.warning(
-                "lock: breaking the stale lock of %s: its holder (%s) is no longer running",
-                self.out,
-                old.describe() if old else "?",
-            )
-        self.holder = LockHolder.me()
-        with self.loc.fs.open(self.loc.fs_path, "w") as f:
-            f.write(json.dumps(asdict(self.holder)))
-        now = read_lock(self.out)
-        if now is None or now.token != self.holder.token:
-            raise OutputLockedError(_locked_message(self.out, now, foreign=True))
+        for _ in range(5):
+            self.holder = LockHolder.me()
+            if create_object(self.loc, json.dumps(asdict(self.holder)).encode()):
+                now = read_lock(self.out)
+                if now is None or now.token != self.holder.token:
+                    raise OutputLockedError(_locked_message(self.out, now, foreign=True))
+                return
+            status, old = lock_status(self.out)
+            if status in ("held", "foreign"):
+                raise OutputLockedError(
+                    _locked_message(self.out, old, foreign=status == "foreign")
+                )
+            if status == "stale":
+                logger.warning(
+                    "lock: breaking the stale lock of %s: its holder (%s) is no longer running",
+                    self.out,
+                    old.describe() if old else "?",
+                )
+                again = read_lock(self.out)
+                if (again.token if again else None) == (old.token if old else None):
+                    self.loc.remove(root=self.out, owned=_lock_owned(self.loc))
+        self.holder = None
+        raise OutputLockedError(
+            f"could not take the lock of {self.out} (it keeps changing); "
+            "another run is starting there."
+        )
 
     def acquire(self) -> RunLock:
         if self.out.exists() and self.out.is_local and not self.out.local_path.is_dir():

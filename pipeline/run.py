@@ -20,14 +20,9 @@ from . import stages
 from .config import PipelineConfig
 from .export import RunError, begin_run, check_not_complete
 from .ingest import _check_exists
-from .layout import run_layout
+from .layout import WRITING, run_layout
 from .lock import RunLock, check_unlocked
-from .publish import (
-    check_not_overlapping,
-    check_output_folder,
-    restore_previous,
-    retire_previous,
-)
+from .publish import OUTPUT_MARK, check_not_overlapping, check_output_folder
 from .stages import Registry, Stage
 from .store import Location
 from .visibility import check_visibility, missing_folders, remove_created
@@ -51,6 +46,13 @@ class RunSummary:
     out: str
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    #: the published version's id (None: an output without versions)
+    version: str | None = None
+
+    @property
+    def out_version(self) -> str:
+        """The folder of the published version's arrays (``<out>/versions/<id>``)."""
+        return f"{self.out.rstrip('/')}/versions/{self.version}" if self.version else self.out
 
 
 def stage_locations(cfg: PipelineConfig) -> dict[str, Location]:
@@ -70,7 +72,7 @@ def check_output(cfg: PipelineConfig) -> None:
             f"output.path {cfg.output.path!r} names no folder of its own (empty or "
             "'.'); set output.path to a new folder, e.g. kpca-output."
         )
-    out = run_layout(cfg).out
+    out = run_layout(cfg).root
     check_not_overlapping(out, [cfg.input.path])
     name = cfg.denoise.output_name
     check_output_folder(out, extra_names=(name, f"{name}_rows"))
@@ -81,7 +83,7 @@ def check_begin(cfg: PipelineConfig) -> None:
     """What :func:`stage_begin` refuses (a locked output, one that is not ours, a missing
     input, a complete run without overwrite), checked without writing anything: a run
     that is refused later (e.g. by the visibility probe) leaves no folder behind."""
-    out = run_layout(cfg).out
+    out = run_layout(cfg).root
     check_unlocked(out)
     check_output(cfg)
     check_not_complete(out, overwrite=cfg.output.overwrite)
@@ -90,44 +92,125 @@ def check_begin(cfg: PipelineConfig) -> None:
 def stage_begin(cfg: PipelineConfig) -> None:
     """Refuse to clobber a complete run (unless overwrite), to write where another run
     holds the lock, into a folder of the user's, or over the input -- and check that the
-    input exists -- before un-publishing the old manifest (kept in ``.kpca-prev`` until
-    the new run is published: pipeline/publish.py)."""
-    out = run_layout(cfg).out
-    check_unlocked(out)
+    input exists -- then start the version this run writes (nothing published changes
+    until the run commits: pipeline/versions.py)."""
+    lay = run_layout(cfg)
+    check_unlocked(lay.root)
     check_output(cfg)
-    begin_run(out, overwrite=cfg.output.overwrite)
+    check_not_complete(lay.root, overwrite=cfg.output.overwrite)
+    begin_run(start_version(cfg), overwrite=True)
 
 
 class RunTransaction(RunLock):
-    """The run lock plus the publishing transaction (pipeline/publish.py).
+    """The run lock plus the publishing transaction (pipeline/versions.py).
 
-    Taking it first refuses an output that is not ours to write (``check_output``); on
-    leaving, a published run retires the previous one kept in ``.kpca-prev``, and a
-    failed or interrupted run puts the previous one back.
+    Taking it first refuses an output that is not ours to write (``check_output``), then
+    removes versions left by writers that died and chooses the new version's id (the
+    folder is created, seeded from the published version so that cached stages keep
+    their artifacts, by :func:`start_version` once the run is past its refusals). While
+    it is held, :func:`pipeline.layout.run_layout` points the stages at that version. On
+    leaving without an error the version is published by one atomic write of the
+    pointer (guarded: refused if another writer published meanwhile); a re-run whose
+    every stage was cached publishes nothing. On an error the new version is removed and
+    nothing is published: the previous result stays byte for byte as it was (a killed
+    run's version is removed by the next run; the run resumes from ``work/``).
     """
 
     def __init__(self, cfg: PipelineConfig):
-        super().__init__(run_layout(cfg).out)
+        super().__init__(run_layout(cfg).root)
         self.cfg = cfg
         self._created: list[Location] = []  # the output folders acquire() creates
+        self.txn = None
+        self.published: dict | None = None
 
     def acquire(self) -> RunTransaction:
+        from .versions import Transaction
+
         check_output(self.cfg)  # before the lock file or any folder is created
         self._created = missing_folders(self.out)
         super().acquire()
+        try:
+            self.txn = Transaction(self.out, self, keep=self.cfg.output.keep_versions)
+            self.txn.begin()
+            WRITING[self.out.url] = self.txn.vid
+            ACTIVE[self.out.url] = self.txn
+        except BaseException:
+            self.release()
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if self.holder is not None:
+            WRITING.pop(self.out.url, None)
+            ACTIVE.pop(self.out.url, None)
+            if self.holder is not None and self.txn is not None and self.txn.started:
                 if exc_type is None:
-                    retire_previous(self.out)
-                else:
-                    restore_previous(self.out)
+                    try:
+                        self._publish()
+                    except BaseException:  # refused (another writer published) or failed
+                        self.txn.discard()
+                        raise
+                else:  # nothing is published; the previous result stays as it was
+                    self.txn.discard()
+                    logger.warning(
+                        "publish: the run failed; nothing was published, %s is as it was",
+                        self.out,
+                    )
         finally:
             self.release()
             if exc_type is not None:  # refused before writing: no empty output folder left
                 remove_created(self._created)
+
+    @property
+    def version(self) -> str | None:
+        """The version published when the transaction ended: this run's, or (nothing
+        changed, or nothing published) the one published before."""
+        if self.published is not None:
+            return self.published["version"]
+        return (self.txn.base or {}).get("version") if self.txn is not None else None
+
+    def _publish(self) -> None:
+        from .export import MANIFEST, read_json
+
+        txn = self.txn
+        m = txn.location.child(MANIFEST)
+        if txn.unchanged():
+            txn.discard()  # every stage cached: the published run stays as it is
+            logger.info("publish: nothing changed; %s stays as published", self.out)
+            return
+        if not m.exists() or read_json(m).get("status") != "complete":
+            return  # stages that publish nothing (a partial registry): nothing to commit
+        self.published = txn.commit()
+
+
+#: the transactions this process holds, by output root URL
+ACTIVE: dict[str, Any] = {}
+
+
+def start_version(cfg: PipelineConfig) -> Location:
+    """Create the version the run ``cfg`` writes (once; under its transaction): seeded
+    from the published version. Returns its location."""
+    lay = run_layout(cfg)
+    txn = ACTIVE.get(lay.root.url)
+    if txn is None:
+        if lay.out != lay.root:  # a published version is never written in place
+            raise RunError(
+                f"{lay.root} holds published versions; write it under the run's lock "
+                "(pipeline.run.run_lock), which starts a new version."
+            )
+        return lay.root  # no transaction, nothing published: stages called on their own
+    _mark_root(lay.root)
+    return txn.start(seed=True)
+
+
+def _mark_root(root: Location) -> None:
+    """Mark the output root as written by kpca-dask (once)."""
+    from kpca_dask.removal import MARKER_FILE
+
+    from .store import mark_folder
+
+    if not root.child(MARKER_FILE).exists():
+        mark_folder(root, OUTPUT_MARK)
 
 
 def run_lock(cfg: PipelineConfig) -> RunLock:
@@ -176,7 +259,7 @@ def run_pipeline(cfg: PipelineConfig, registry: Registry | None = None) -> RunSu
     registry = stages.REGISTRY if registry is None else registry
     check_output(cfg)  # the output is ours to write and the input exists, then:
     check_visibility(cfg)  # every worker sees the input, output and work folder
-    with run_lock(cfg):
+    with run_lock(cfg) as txn:
         timings: dict[str, float] = {}
         t_run = time.perf_counter()
         t = time.perf_counter()
@@ -186,5 +269,8 @@ def run_pipeline(cfg: PipelineConfig, registry: Registry | None = None) -> RunSu
             registry, lambda stage, args: stage(cfg, **args), timings=timings, t_run=t_run
         )
     return RunSummary(
-        out=str(run_layout(cfg).out), manifest=results.get("manifest"), timings=timings
+        out=str(run_layout(cfg).root),
+        manifest=results.get("manifest"),
+        timings=timings,
+        version=txn.version,
     )

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -105,7 +106,7 @@ LAYOUT_FIELDS = ("output.path", "output.storage_options")
 
 #: Config fields that steer a run but never change its artifacts: never in a cache key
 #: (``kpca run --overwrite`` or another cluster address must not re-publish a run).
-RUN_CONTROL = ("output.overwrite", "cluster")
+RUN_CONTROL = ("output.overwrite", "output.keep_versions", "cluster")
 
 #: Run statistics in stage results: they differ between two runs that produce identical
 #: stores, so they never enter a dependant's key.
@@ -347,12 +348,19 @@ class Registry:
 
 
 def identity(result: Any) -> Any:
-    """A stage result without its run statistics (:data:`VOLATILE`)."""
+    """A stage result without its run statistics (:data:`VOLATILE`), and with paths
+    inside an output's versions (``.../versions/<id>/model``) named without the version:
+    the same content written into the next version is the same result."""
     if isinstance(result, dict):
         return {k: identity(v) for k, v in result.items() if k not in VOLATILE}
     if isinstance(result, (list, tuple)):
         return [identity(v) for v in result]
+    if isinstance(result, str) and "/versions/" in result:
+        return _VERSION_IN_PATH.sub("/versions/*", result)
     return result
+
+
+_VERSION_IN_PATH = re.compile(r"/versions/[^/]+(?=/|$)")
 
 
 # --------------------------------------------------------------------- helpers
@@ -615,7 +623,8 @@ def stage_project(
     layout = run_layout(cfg)
     out = layout.out
     _, src = ingested(ing)
-    model = kpca_dask.load(solved.model.zarr_source())
+    # the model of the version being written (a cached result may name an earlier one)
+    model = kpca_dask.load(layout.model.zarr_source())
     mask = read_split(layout, split)
     result = ProjectResult(**write_embedding(model, src.X, out, split=mask))
     write_spectrum(out, model)

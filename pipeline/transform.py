@@ -8,8 +8,10 @@ The model may be given as a run folder (its manifest is verified first: a run
 that is not complete, or whose checksums fail, is refused) or as a model
 folder (``kpca_dask.load`` verifies its own checksums). The input is read with
 the ingest readers (any format, local or fsspec URL) and never loaded whole;
-the output is a zarr group (``embedding`` plus ``ids``/``labels`` when
-present) or, when the output path ends in ``.parquet``, a Parquet dataset.
+the output is a versioned output folder (pipeline/versions.py) whose published
+version is a zarr group (``embedding`` plus ``ids``/``labels`` when present) or,
+when the output path ends in ``.parquet``, holds a Parquet dataset
+``embedding.parquet/``; :func:`pipeline.versions.open_output` finds it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import numpy as np
 import kpca_dask
 
 from .config import ChunkConfig, InputConfig
-from .export import verify_run
+from .export import open_run
 from .features import FeatureError
 from .features import match as match_features
+from .layout import MANIFEST, PARQUET, VERSIONS
 from .parquet import component_names, write_parquet
 from .progress import compute
-from .publish import OutputLock, check_transform_output, publish_beside
+from .publish import check_transform_output, publish_output
 from .readers import InputError, SourceData, read_input, table_columns
 from .store import Location
 
@@ -107,23 +110,32 @@ def _run_folder_of(loc: Location) -> Location | None:
     return parent if kind == "kpca-dask-run" else None
 
 
-def load_model(path: str | Location, storage_options: dict | None = None) -> Any:
-    """A model from a run folder (manifest verified) or a model folder, local or at a
-    URL read with ``storage_options``.
+def _split_version(loc: Location) -> tuple[Location, str] | None:
+    """``(output root, version id)`` when ``loc`` is a version folder
+    (``<root>/versions/<id>``)."""
+    url = str(loc.local_path) if loc.is_local else loc.url.rstrip("/")
+    head, _, vid = url.rpartition("/")
+    head, _, name = head.rpartition("/")
+    if name != VERSIONS or not head or not vid:
+        return None
+    return Location(head, loc.storage_options), vid
 
-    The ``model/`` folder of a run is accepted only if its run verifies: a model
-    left by a run that did not finish (or was tampered with) is refused like the
-    run itself.
+
+def load_model(path: str | Location, storage_options: dict | None = None) -> Any:
+    """A model from a run (its published version, verified) or a model folder, local or
+    at a URL read with ``storage_options``.
+
+    The ``model/`` folder of a run is accepted only if its run verifies and, inside a
+    versioned output, only for a published version: a model left by a run that did not
+    finish (or was tampered with) is refused like the run itself.
     """
     loc = Location.at(path, storage_options)
-    run = (
-        loc
-        if (loc.child("manifest.json").exists() or loc.child("model").exists())
-        else _run_folder_of(loc)
-    )
+    is_run = any(loc.child(name).exists() for name in (MANIFEST, VERSIONS, "model"))
+    run = loc if is_run else _run_folder_of(loc)
     if run is not None:
-        verify_run(run)
-        loc = run.child("model")
+        split = _split_version(run)
+        pub = open_run(run) if split is None else open_run(split[0], version=split[1])
+        loc = pub.model
     return kpca_dask.load(loc.zarr_source())
 
 
@@ -161,6 +173,7 @@ def transform_to_store(
     overwrite: bool = False,
     storage_options: dict | None = None,
     ignore_extra: bool = False,
+    keep_versions: int | None = None,
 ) -> dict:
     """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``.
 
@@ -171,10 +184,11 @@ def transform_to_store(
 
     The output is refused before anything is read when it is ``""``/``.``, the input, a
     run folder or inside the model's run, a link, or an existing path kpca did not write
-    (see :func:`pipeline.publish.check_transform_output`). It is written beside its final
-    name, checked, and swapped in under a lock (``.kpca-lock.<name>``): a failed transform
-    leaves the previous output as it was, and two transforms to one output cannot both
-    publish.
+    (see :func:`pipeline.publish.check_transform_output`). It is written as a new
+    version of the output, checked, and published by one atomic write of
+    ``<output>/manifest.json`` under the output's lock (pipeline/versions.py): a failed
+    transform leaves the previous output as it was, and of two transforms to one output
+    exactly one publishes. Readers open it with :func:`pipeline.versions.open_output`.
     """
     t0 = time.perf_counter()
     out, model, src = open_transform(
@@ -184,14 +198,13 @@ def transform_to_store(
     n = int(src.X.shape[0])
     parquet = output.rstrip("/").endswith(".parquet")
 
-    def write(target: Location) -> None:
+    def write(version: Location) -> None:
         if parquet:
-            parent, name = _parent_and_name(target)
             write_parquet(
-                parent, emb, ids=src.ids, labels=src.labels, classes=src.classes, name=name
+                version, emb, ids=src.ids, labels=src.labels, classes=src.classes, name=PARQUET
             )
             return
-        g = target.open_group("w")
+        g = version.open_group("a")
         z = g.create_array(
             "embedding",
             shape=emb.shape,
@@ -217,13 +230,15 @@ def transform_to_store(
             }
         )
 
-    def verify(target: Location) -> None:
+    def verify(version: Location) -> None:
         verify_transform_output(
-            target, n_rows=n, n_components=int(emb.shape[1]), parquet=parquet
+            version.child(PARQUET) if parquet else version,
+            n_rows=n,
+            n_components=int(emb.shape[1]),
+            parquet=parquet,
         )
 
-    with OutputLock(out):
-        # checked again under the lock: another transform may have published meanwhile
+    def recheck() -> None:  # under the lock: another transform may have published meanwhile
         check_transform_output(
             output,
             model_path=model_path,
@@ -231,10 +246,35 @@ def transform_to_store(
             overwrite=overwrite,
             storage_options=storage_options,
         )
-        publish_beside(out, write, verify, protect=(input_cfg.path, model_path))
+
+    pointer = publish_output(
+        output,
+        write=write,
+        verify=verify,
+        recheck=recheck,
+        storage_options=storage_options,
+        keep=keep_versions,
+        record={
+            "kind": "kpca-dask-transform",
+            "format": "parquet" if parquet else "zarr",
+            "data": PARQUET if parquet else ".",
+            "rows": n,
+            "components": int(emb.shape[1]),
+            "model": model_path,
+            "input": input_cfg.path,
+        },
+    )
     secs = time.perf_counter() - t0
-    logger.info("transform: %d rows -> %s in %.1f s", n, output, secs)
-    return {"rows": n, "components": int(emb.shape[1]), "output": output, "seconds": secs}
+    logger.info(
+        "transform: %d rows -> %s (version %s) in %.1f s", n, output, pointer["version"], secs
+    )
+    return {
+        "rows": n,
+        "components": int(emb.shape[1]),
+        "output": output,
+        "version": pointer["version"],
+        "seconds": secs,
+    }
 
 
 def model_input(

@@ -42,7 +42,7 @@ import numpy as np
 
 from .config import ConfigError, PipelineConfig, check_storage_options, load_config
 from .errors import UserError
-from .export import verify_run, write_manifest, write_spectrum
+from .export import open_run, write_manifest, write_spectrum
 from .ingest import IngestResult, load_ingested
 from .layout import DRIFT_REPORT, EMBEDDING, MODEL, PARQUET, UPDATE, run_layout
 from .results import ProjectResult, SolveResult
@@ -136,7 +136,8 @@ def update_config(
     newest = latest_run(loc)
     if newest is not None:
         loc = newest
-    manifest = verify_run(loc)
+    published = open_run(loc)  # the base's published version, verified
+    manifest = published.manifest
     data = dict(manifest["config"])
     version = _version(manifest) + 1
     out = output or default_output(loc, version)
@@ -147,7 +148,9 @@ def update_config(
     if storage_options is not None:
         data["output"]["storage_options"] = opts
     upd = dict(data.get("update") or {})
-    upd["base"] = loc.url
+    # the base's published version itself (never modified): what the update reads, even
+    # when the base output publishes another version meanwhile
+    upd["base"] = published.location.url
     upd["base_storage_options"] = dict(loc.storage_options)
     if policy is not None:
         upd["policy"] = policy
@@ -256,8 +259,8 @@ def stage_base(cfg: Any) -> dict[str, Any]:
     """The base run, verified, and its lineage (every row it has seen)."""
     if not cfg.update.base:
         raise ConfigError("update.base is not set; start an update with kpca update RUN DATA.")
-    base = Location.at(cfg.update.base, cfg.update.base_storage_options)
-    m = verify_run(base)
+    published = open_run(Location.at(cfg.update.base, cfg.update.base_storage_options))
+    base, m = published.location, published.manifest  # the version read
     lineage = _lineage(base, m)
     return {
         "path": base.url,
@@ -444,7 +447,7 @@ def stage_project(
     t0 = time.perf_counter()
     layout = run_layout(cfg)
     out = layout.out
-    model = kpca_dask.load(solved.model.zarr_source())
+    model = kpca_dask.load(layout.model.zarr_source())  # the version being written's
     src = load_ingested(ing)
     bg = _base_location(base).open_group("r")
     old = da.from_zarr(bg[EMBEDDING])

@@ -82,7 +82,7 @@ def run_targets(cfg) -> list[ProbeTarget]:
     lay = run_layout(cfg)
     return [
         ProbeTarget("input", cfg.input.path, dict(cfg.input.storage_options), False),
-        ProbeTarget("output", lay.out.url, dict(lay.out.storage_options), True),
+        ProbeTarget("output", lay.root.url, dict(lay.root.storage_options), True),
         ProbeTarget("work folder", lay.work.url, dict(lay.work.storage_options), True),
     ]
 

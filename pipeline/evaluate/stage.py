@@ -258,7 +258,7 @@ class RunFolder:
     def z_X(self) -> Any:
         """The ingested features ``<out>/work/ingest.zarr/X``, checked against the rows."""
         if self._z_X is None:
-            ingest_loc = self.loc.child("work", "ingest.zarr")
+            ingest_loc = _work_of(self.loc).child("ingest.zarr")
             try:
                 z_X = ingest_loc.open_group("r")["X"]
             except Exception as exc:
@@ -280,6 +280,17 @@ class RunFolder:
         t = time.perf_counter()
         yield
         self.timings[step] = time.perf_counter() - t
+
+
+def _work_of(loc: Location) -> Location:
+    """The ``work/`` folder of the run whose arrays are at ``loc``: beside the arrays, or
+    -- ``loc`` a version of an output (``<out>/versions/<id>``) -- at the output's root."""
+    url = loc.url.rstrip("/")
+    head, _, _vid = url.rpartition("/")
+    parent, _, name = head.rpartition("/")
+    if name == "versions" and parent:
+        return Location(parent, loc.storage_options).child("work")
+    return loc.child("work")
 
 
 def open_run(loc: Location, cfg: EvaluateConfig) -> RunFolder | str:

@@ -12,6 +12,9 @@ import pandas as pd
 import pytest
 import zarr
 
+from pipeline.versions import open_output
+from tests.published import version_dir
+
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((600, 4))
 
@@ -68,8 +71,8 @@ def test_run_publishes_a_verified_run(run_dir):
     manifest = json.loads(m)
     assert manifest["denoise"]["rows"] == 600 and manifest["denoise"]["method"] == "learned"
     assert "denoised" in manifest["checksums"]
-    model = kpca_dask.load(run_dir / "out" / "model")
-    den = zarr.open_group(str(run_dir / "out"), mode="r")["denoised"][...]
+    model = kpca_dask.load(version_dir(run_dir / "out") / "model")
+    den = zarr.open_group(str(version_dir(run_dir / "out")), mode="r")["denoised"][...]
     ref = model.inverse_transform(model.eigenvectors_ * np.sqrt(model.eigenvalues_))
     np.testing.assert_allclose(den, ref, rtol=1e-10, atol=1e-10)
 
@@ -92,9 +95,9 @@ def test_transform_inverse_writes_denoised_rows(run_dir):
     )
     assert res.returncode == 0, res.stderr
     assert "denoised 40 rows (4 features)" in res.stdout
-    model = kpca_dask.load(run_dir / "out" / "model")
+    model = kpca_dask.load(version_dir(run_dir / "out") / "model")
     want = model.inverse_transform(model.transform(new), method="fixed_point")
-    g = zarr.open_group(str(out), mode="r")
+    g = open_output(str(out)).data.open_group("r")
     assert g.attrs["method"] == "fixed_point"
     np.testing.assert_allclose(g["denoised"][...], want, rtol=1e-10, atol=1e-10)
 
@@ -124,11 +127,13 @@ def test_transform_streams_to_zarr_or_parquet(run_dir, suffix):
     assert res.returncode == 0, res.stderr
     import kpca_dask
 
-    expected = kpca_dask.load(run_dir / "out" / "model").transform(new)
+    expected = kpca_dask.load(version_dir(run_dir / "out") / "model").transform(new)
     got = (
-        zarr.open_group(str(out), mode="r")["embedding"][...]
+        open_output(str(out)).data.open_group("r")["embedding"][...]
         if suffix.endswith(".zarr")
-        else pd.read_parquet(out)[["kernelpca0", "kernelpca1", "kernelpca2"]].to_numpy()
+        else pd.read_parquet(open_output(str(out)).data.local_path)[
+            ["kernelpca0", "kernelpca1", "kernelpca2"]
+        ].to_numpy()
     )
     np.testing.assert_allclose(got, expected, atol=1e-12)
 
@@ -166,10 +171,10 @@ def test_demo_runs_the_whole_job(tmp_path):
     info = kpca("info", out)
     assert info.returncode == 0, info.stderr
     m = json.loads((out / "manifest.json").read_text())
-    held_out = int((zarr.open_group(str(out), mode="r")["split"][...] == 0).sum())
+    held_out = int((zarr.open_group(str(version_dir(out)), mode="r")["split"][...] == 0).sum())
     assert m["denoise"]["rows"] == held_out > 0
     assert {"denoised", "denoised_rows", "embedding"} <= set(m["checksums"])
-    assert (out / "report" / "report.md").exists()
+    assert (version_dir(out) / "report" / "report.md").exists()
     assert m["evaluation"]["kpca_accuracy"] > m["evaluation"]["pca_accuracy"]
     # the demo's own input embeds with no flags: features by name, the run's id carried
     data = tmp_path / "kpca-demo-data" / "digits.parquet"
@@ -177,8 +182,8 @@ def test_demo_runs_the_whole_job(tmp_path):
     assert "pixel_0_0" in info.stdout and "id column 'id'" in info.stdout
     res = kpca("transform", out, data, tmp_path / "again.zarr")
     assert res.returncode == 0, res.stderr
-    again = zarr.open_group(str(tmp_path / "again.zarr"), mode="r")
-    run = zarr.open_group(str(out), mode="r")
+    again = open_output(str(tmp_path / "again.zarr")).data.open_group("r")
+    run = zarr.open_group(str(version_dir(out)), mode="r")
     np.testing.assert_array_equal(again["ids"][...], run["ids"][...])
     # every row was a training row or a held-out one: the model reproduces its embedding
     np.testing.assert_allclose(again["embedding"][...], run["embedding"][...], atol=1e-4)

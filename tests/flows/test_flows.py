@@ -30,6 +30,8 @@ import pytest
 import zarr
 
 from pipeline.stages import REGISTRY
+from pipeline.versions import open_output
+from tests.published import version_dir
 
 pytestmark = pytest.mark.flows
 
@@ -201,7 +203,7 @@ def test_flow_publishes_a_verified_run_with_artifacts(first_run, dask_cluster):
         "held-out accuracy",
     ):
         assert text in summary, text
-    g = zarr.open_group(str(out), mode="r")
+    g = zarr.open_group(str(version_dir(out)), mode="r")
     table = arts["kpca-spectrum"]["data"]
     table = table if isinstance(table, list) else json.loads(table)
     assert [r["component"] for r in table] == [0, 1, 2]
@@ -325,7 +327,7 @@ def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
     m = verify_run(out)
     assert "denoised" in m["checksums"] and m["denoise"]["rows"] == N
     assert m["denoise"]["method"] == "learned" and m["denoise"]["alpha"] == 0.1
-    assert zarr.open_group(str(out), mode="r")["denoised"].shape == (N, 4)
+    assert zarr.open_group(str(version_dir(out)), mode="r")["denoised"].shape == (N, 4)
     _, states = run_flow(on)
     assert states == {s: "Cached" for s in STAGES}
 
@@ -333,7 +335,7 @@ def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
     assert (
         states["solve"] == "Completed"
     )  # its record's model was replaced by the denoising one
-    assert "denoised" not in zarr.open_group(str(out), mode="r")
+    assert "denoised" not in zarr.open_group(str(version_dir(out)), mode="r")
     assert verify_run(out)["denoise"] is None
 
 
@@ -345,8 +347,7 @@ def test_deleted_stores_are_rebuilt_not_trusted(first_run):
     cfg = first_run[0]
     out = Path(cfg.output.path)
     run_flow(cfg)  # whatever ran before, start from a complete, cached state
-    shutil.rmtree(out / "model")
-    (out / "manifest.json").unlink()
+    shutil.rmtree(version_dir(out) / "model")  # deleted from the published version
     _, states = run_flow(cfg)
     assert states["solve"] == "Completed" and states["export"] == "Completed"
     assert {s: states[s] for s in ("ingest", "split", "kernel")} == dict.fromkeys(
@@ -417,8 +418,8 @@ def test_transform_flow_embeds_a_new_batch(first_run, data_dir, dask_cluster):
     assert state.is_completed(), state
     res = state.result()
     assert res["rows"] == 40 and res["components"] == 3
-    expected = kpca_dask.load(Path(cfg.output.path) / "model").transform(new)
-    g = zarr.open_group(str(out), mode="r")
+    expected = kpca_dask.load(version_dir(cfg.output.path) / "model").transform(new)
+    g = open_output(str(out)).data.open_group("r")
     np.testing.assert_allclose(g["embedding"][...], expected, atol=1e-10)
     np.testing.assert_array_equal(g["ids"][...], np.arange(40))
     arts = api_artifacts(state.state_details.flow_run_id)

@@ -38,9 +38,11 @@ import pytest
 import yaml
 import zarr
 
+from pipeline.export import open_run
 from pipeline.layout import CHECKSUMMED, FLOW_CACHE, LOCK, WORK
 from pipeline.stages import REGISTRY
 from tests.objectstore.s3server import CREDENTIAL_ENV
+from tests.published import version_dir
 
 pytestmark = pytest.mark.flows
 
@@ -229,8 +231,8 @@ def test_flow_runs_with_s3_input_and_output(runs):
 
 def test_artifacts_identical_to_the_local_run(runs):
     fs, out, opts = runs["fs"], runs["out"], runs["opts"]
-    remote = zarr.open_group(out, mode="r", storage_options=opts)
-    local = zarr.open_group(str(runs["local"]), mode="r")
+    remote = open_run(out, opts).location.open_group("r")
+    local = zarr.open_group(str(version_dir(runs["local"])), mode="r")
     for name in CHECKSUMMED:
         if name in local:
             np.testing.assert_array_equal(remote[name][...], local[name][...], err_msg=name)
@@ -248,7 +250,7 @@ def test_artifacts_identical_to_the_local_run(runs):
     from pipeline.store import Location
 
     model_r = kpca_dask.load(Location(f"{out}/model", opts).zarr_source())
-    model_l = kpca_dask.load(runs["local"] / "model")
+    model_l = kpca_dask.load(version_dir(runs["local"]) / "model")
     np.testing.assert_array_equal(model_r.eigenvalues_, model_l.eigenvalues_)
     new = pd.DataFrame(NEW, columns=list("abcd"))  # the model records its feature names
     np.testing.assert_array_equal(model_r.transform(new), model_l.transform(new))
@@ -303,7 +305,7 @@ print("ROWS", res["rows"], res["components"])
     got = zarr.open_group(dest, mode="r", storage_options=opts)["embedding"][...]
     import kpca_dask
 
-    want = kpca_dask.load(runs["local"] / "model").transform(
+    want = kpca_dask.load(version_dir(runs["local"]) / "model").transform(
         pd.DataFrame(NEW, columns=list("abcd"))
     )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

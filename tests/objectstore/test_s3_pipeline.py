@@ -102,15 +102,16 @@ def _artifacts(out: str, options: dict | None) -> dict:
     import hashlib
 
     import kpca_dask
-    from pipeline.export import verify_run
+    from pipeline.export import open_run
     from pipeline.store import Location
 
-    loc = Location.at(out, options)
-    m = verify_run(loc)
+    root = Location.at(out, options)
+    run = open_run(root)  # the published version, verified
+    m, loc = run.manifest, run.location
     g = loc.open_group("r")
-    K = loc.child("work", "kernel.zarr").open_group("r")["K"][...]
-    model = kpca_dask.load(loc.child("model").zarr_source())
-    pq = loc.child("embedding.parquet")
+    K = root.child("work", "kernel.zarr").open_group("r")["K"][...]
+    model = kpca_dask.load(run.model.zarr_source())
+    pq = run.child("embedding.parquet")
     df = pd.read_parquet(pq.fs_path, filesystem=pq.fs).sort_values("id")
     return {
         "input": m["input"]["fingerprint"],
@@ -243,10 +244,11 @@ def test_kpca_info_and_transform_on_the_s3_run(tmp_path, s3, s3_run, data):
     )
     assert tr.returncode == 0, tr.stderr[-2000:]
     import kpca_dask
-    from pipeline.store import Location
+    from pipeline.export import open_run
+    from pipeline.versions import open_output
 
-    got = Location(emb_url, server.storage_options).open_group("r")["embedding"][...]
-    model = kpca_dask.load(Location(f"{out}/model", server.storage_options).zarr_source())
+    got = open_output(emb_url, server.storage_options).data.open_group("r")["embedding"][...]
+    model = kpca_dask.load(open_run(out, server.storage_options).model.zarr_source())
     np.testing.assert_allclose(got, model.transform(new), rtol=1e-10, atol=1e-12)
 
     pq_url = f"s3://{bucket}/transformed/emb.parquet"  # Parquet output, local input
@@ -254,7 +256,7 @@ def test_kpca_info_and_transform_on_the_s3_run(tmp_path, s3, s3_run, data):
         "transform", out, str(tmp_path / "new.npy"), pq_url, "--storage-options", opts_json
     )
     assert tr.returncode == 0, tr.stderr[-2000:]
-    pq = Location(pq_url, server.storage_options)
+    pq = open_output(pq_url, server.storage_options).data
     df = pd.read_parquet(pq.fs_path, filesystem=pq.fs)
     np.testing.assert_allclose(df.filter(like="pc").to_numpy(), got, rtol=1e-12)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import dask.array as da
 import numpy as np
 import pandas as pd
@@ -19,6 +17,7 @@ from pipeline.ingest import InputError, ingest
 from pipeline.kernel import KernelBlockReader, build_kernel_store
 from pipeline.run import run_pipeline
 from pipeline.store import Location
+from tests.published import rewrite_manifests, version_dir
 
 RNG = np.random.default_rng(0)
 N, D = 900, 5
@@ -87,7 +86,7 @@ def test_each_input_format_gives_the_in_memory_result(tmp_path, inputs, referenc
     manifest = verify_run(out)
     assert manifest["status"] == "complete" == summary.manifest["status"]
     assert manifest["input"]["n_rows"] == N and manifest["input"]["n_features"] == D
-    g = zarr.open_group(str(out), mode="r")
+    g = zarr.open_group(str(version_dir(out)), mode="r")
     np.testing.assert_allclose(
         g["spectrum/eigenvalues"][...], reference.eigenvalues_, rtol=1e-9
     )
@@ -95,12 +94,12 @@ def test_each_input_format_gives_the_in_memory_result(tmp_path, inputs, referenc
     np.testing.assert_allclose(emb, reference.fit_transform(X), atol=1e-9)
     # the saved model transforms the training rows into the stored embedding (to the
     # accuracy its residuals certify)
-    model = kpca_dask.load(out / "model")
+    model = kpca_dask.load(version_dir(out) / "model")
     # |transform(x_i) - v_i sqrt(lambda)| <= ||Kc v - lambda v|| / sqrt(lambda)
     #                                     = residual * sqrt(lambda), per component
     bound = model.residuals_ * np.sqrt(model.eigenvalues_) * (1 + 1e-6) + 1e-12
     assert np.all(np.abs(model.transform(X) - emb).max(axis=0) <= bound)
-    pq = pd.read_parquet(out / "embedding.parquet")
+    pq = pd.read_parquet(version_dir(out) / "embedding.parquet")
     assert list(pq.columns[:1]) == ["id"] and "kernelpca3" in pq.columns
     if fmt != "npy":
         np.testing.assert_array_equal(np.sort(pq["id"].to_numpy()), np.arange(N) + 1000)
@@ -113,7 +112,7 @@ def test_materialised_kernel_matches_recomputed(tmp_path, inputs, reference):
     summary = run_pipeline(cfg)
     ks = summary.manifest["kernel_store"]
     assert ks["materialized"] and ks["computed"] == ks["n_blocks"] == 8 * 9 // 2
-    g = zarr.open_group(str(tmp_path / "out"), mode="r")
+    g = zarr.open_group(str(version_dir(tmp_path / "out")), mode="r")
     np.testing.assert_allclose(
         g["spectrum/eigenvalues"][...], reference.eigenvalues_, rtol=1e-9
     )
@@ -225,14 +224,14 @@ def test_kernel_reader_reads_verified_blocks_and_refuses_a_rebuilt_store(tmp_pat
 def test_pipeline_rerun_reuses_kernel_store_and_gives_identical_artifacts(tmp_path, inputs):
     cfg = config(tmp_path, inputs["npy"], kernel_store={"materialize": "always"})
     first = run_pipeline(cfg)
-    emb1 = zarr.open_group(str(tmp_path / "out"), mode="r")["embedding"][...]
+    emb1 = zarr.open_group(str(version_dir(tmp_path / "out")), mode="r")["embedding"][...]
     cfg.output.overwrite = True
     second = run_pipeline(cfg)
     assert second.manifest["kernel_store"]["computed"] == 0
     assert (
         second.manifest["kernel_store"]["skipped"] == first.manifest["kernel_store"]["n_blocks"]
     )
-    emb2 = zarr.open_group(str(tmp_path / "out"), mode="r")["embedding"][...]
+    emb2 = zarr.open_group(str(version_dir(tmp_path / "out")), mode="r")["embedding"][...]
     np.testing.assert_array_equal(emb1, emb2)
     assert second.manifest["checksums"] == first.manifest["checksums"]
 
@@ -276,14 +275,14 @@ def test_labels_split_and_parquet(tmp_path, inputs):
         evaluate={"enabled": True, "test_fraction": 0.25},
     )
     run_pipeline(cfg)
-    g = zarr.open_group(str(tmp_path / "out"), mode="r")
+    g = zarr.open_group(str(version_dir(tmp_path / "out")), mode="r")
     split = g["split"][...]
     assert split.sum() == N - round(0.25 * N)
     assert g["labels"].attrs["classes"] == ["a", "b", "c"]
-    model = kpca_dask.load(tmp_path / "out" / "model")
+    model = kpca_dask.load(version_dir(tmp_path / "out") / "model")
     assert model.X_fit_.shape[0] == split.sum()  # fitted on training rows only
     np.testing.assert_allclose(model.X_fit_, X[split.astype(bool)])
-    pq = pd.read_parquet(tmp_path / "out" / "embedding.parquet")
+    pq = pd.read_parquet(version_dir(tmp_path / "out") / "embedding.parquet")
     assert set(pq["split"]) == {"train", "test"} and set(pq["label"]) == {"a", "b", "c"}
 
 
@@ -297,13 +296,11 @@ def test_readers_refuse_incomplete_or_tampered_runs(tmp_path, inputs):
     run_pipeline(config(tmp_path, inputs["npy"]))
     out = tmp_path / "out"
     verify_run(out)
-    z = zarr.open_group(str(out), mode="r+")["embedding"]
+    z = zarr.open_group(str(version_dir(out)), mode="r+")["embedding"]
     z[0, 0] = z[0, 0] + 1.0
     with pytest.raises(RunCorruptError, match="checksum mismatch for 'embedding'"):
         verify_run(out)
-    m = json.loads((out / "manifest.json").read_text())
-    m["status"] = "running"
-    (out / "manifest.json").write_text(json.dumps(m))
+    rewrite_manifests(out, lambda m: {**m, "status": "running"})
     with pytest.raises(RunIncompleteError, match="not 'complete'"):
         verify_run(out)
     (out / "manifest.json").unlink()

@@ -26,6 +26,7 @@ from pipeline.export import verify_run
 from pipeline.run import run_pipeline
 from pipeline.store import Location
 from pipeline.update import UpdateError, default_output, run_update, update_config
+from tests.published import version_dir
 
 from ..reliability.helpers import artifacts, kpca, start_job, wait_until
 
@@ -107,26 +108,26 @@ def test_merge_equals_union_fit_and_leaves_the_base_run_unchanged(base_run, dask
     verify_run(base)
 
     X0, X1 = np.load(folder / "x.npy"), np.load(folder / "b1.npy")
-    new = kpca_dask.load(folder / "v2" / "model")
+    new = kpca_dask.load(version_dir(folder / "v2") / "model")
     assert new.statistics_.n_rows == 1500 and new.n_samples_fit_ == 1500
     ref = _union_eigenvalues(new, np.vstack([X0, X1]))
     assert np.max(np.abs(new.eigenvalues_ - ref.eigenvalues) / ref.eigenvalues) < 1e-10
     # the same as updating the base model in this process
-    mine = kpca_dask.load(base / "model").partial_fit(X1)
+    mine = kpca_dask.load(version_dir(base) / "model").partial_fit(X1)
     np.testing.assert_allclose(new.eigenvalues_, mine.eigenvalues_, rtol=1e-12)
 
     # the union's embedding: the base's rows as published, then the batch by the new model
-    g_old = zarr.open_group(str(base), mode="r")
-    g_new = zarr.open_group(str(folder / "v2"), mode="r")
+    g_old = zarr.open_group(str(version_dir(base)), mode="r")
+    g_new = zarr.open_group(str(version_dir(folder / "v2")), mode="r")
     emb = g_new["embedding"][...]
     assert emb.shape == (1500, K)
     assert g_new["embedding"].chunks[0] == g_old["embedding"].chunks[0]
     np.testing.assert_array_equal(emb[:1200], g_old["embedding"][...])
     np.testing.assert_allclose(emb[1200:], new.transform(X1), rtol=0, atol=1e-10)
     assert g_new["embedding"].attrs["rows_by_this_model"] == [1200, 1500]
-    pq = pd.read_parquet(folder / "v2" / "embedding.parquet")
+    pq = pd.read_parquet(version_dir(folder / "v2") / "embedding.parquet")
     assert len(pq) == 1500 and sorted(pq["id"])[-1] == 1499
-    drift = json.loads((folder / "v2" / "update" / "drift.json").read_text())
+    drift = json.loads((version_dir(folder / "v2") / "update" / "drift.json").read_text())
     assert drift["action"] == "merge" and not drift["drifted"]
     assert set(drift["checks"]) >= {"novelty", "captured_variance", "embedding_mean"}
 
@@ -137,10 +138,10 @@ def test_merge_equals_union_fit_and_leaves_the_base_run_unchanged(base_run, dask
     m3 = verify_run(v3)
     assert m3["update"]["version"] == 3 and len(m3["update"]["rows"]) == 3
     X2 = np.load(folder / "b2.npy")
-    model3 = kpca_dask.load(v3 / "model")
+    model3 = kpca_dask.load(version_dir(v3) / "model")
     ref3 = _union_eigenvalues(model3, np.vstack([X0, X1, X2]))
     assert np.max(np.abs(model3.eigenvalues_ - ref3.eigenvalues) / ref3.eigenvalues) < 1e-10
-    assert zarr.open_group(str(v3), mode="r")["embedding"].shape == (1750, K)
+    assert zarr.open_group(str(version_dir(v3)), mode="r")["embedding"].shape == (1750, K)
 
 
 def test_refit_policy_fits_every_row(base_run, dask_client):
@@ -153,9 +154,9 @@ def test_refit_policy_fits_every_row(base_run, dask_client):
     assert (
         m["update"]["action"] == "refit" and "update.policy is 'refit'" in m["update"]["reason"]
     )
-    model = kpca_dask.load(folder / "refit" / "model")
+    model = kpca_dask.load(version_dir(folder / "refit") / "model")
     assert model.n_samples_fit_ == 1500
-    g = zarr.open_group(str(folder / "refit"), mode="r")
+    g = zarr.open_group(str(version_dir(folder / "refit")), mode="r")
     emb = g["embedding"][...]
     U = np.vstack([np.load(folder / "x.npy"), np.load(folder / "b1.npy")])
     np.testing.assert_allclose(emb, model.transform(U), rtol=0, atol=1e-10)  # all re-embedded
@@ -181,7 +182,7 @@ def test_model_without_statistics_is_refitted_not_merged(tmp_path, dask_client):
     np.save(tmp_path / "x.npy", _draw(600, 3))
     np.save(tmp_path / "b.npy", _draw(100, 4))
     run_pipeline(load_config(_config(tmp_path, tmp_path / "run", keep_statistics=False)))
-    assert kpca_dask.load(tmp_path / "run" / "model").statistics_ is None
+    assert kpca_dask.load(version_dir(tmp_path / "run") / "model").statistics_ is None
     run_update(update_config(str(tmp_path / "run"), str(tmp_path / "b.npy"), policy="merge"))
     m = verify_run(tmp_path / "run-v2")
     assert m["update"]["action"] == "refit"
@@ -201,7 +202,7 @@ def test_killed_update_resumes_with_identical_artifacts(base_run, tmp_path, dask
     argv = [os.sys.executable, "-m", "flows.cli", *cmd, "--no-prefect", "--no-progress"]
     job = start_job(argv, tmp_path / "killed.log")
     try:
-        ok = wait_until(lambda: (out / "update" / "drift.json").exists(), 120, proc=job)
+        ok = wait_until(lambda: any(out.glob("versions/*/update/drift.json")), 120, proc=job)
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=30)
@@ -252,8 +253,8 @@ def test_exact_refit_is_warm_started_and_matches_a_cold_fit(tmp_path, dask_clien
     cold_cfg["input"]["path"] = str(tmp_path / "union.npy")
     run_pipeline(load_config(cold_cfg))
 
-    warm = kpca_dask.load(tmp_path / "run-v2" / "model")
-    cold = kpca_dask.load(tmp_path / "cold" / "model")
+    warm = kpca_dask.load(version_dir(tmp_path / "run-v2") / "model")
+    cold = kpca_dask.load(version_dir(tmp_path / "cold") / "model")
     solved, cold_solved = m["model"], verify_run(tmp_path / "cold")["model"]
     assert solved["warm_start"] == 8
     assert warm.converged_ and cold.converged_

@@ -98,10 +98,10 @@ def _tr_link(c: Ctx):
 
 
 def _tr_locked(c: Ctx):
-    from pipeline.publish import OutputLock
+    from pipeline.lock import RunLock
     from pipeline.store import Location
 
-    lock = OutputLock(Location(str(c.dir / "shared.zarr"))).__enter__()
+    lock = RunLock(Location(str(c.dir / "shared.zarr"))).__enter__()
     c.cleanups.append(lambda: lock.__exit__(None, None, None))
     return ["transform", c.run, _new(c), c.dir / "shared.zarr", "--overwrite"]
 
@@ -112,9 +112,12 @@ def _published_here(c: Ctx) -> None:
 
 
 def _run_link_inside(c: Ctx):
+    from tests.published import version_dir
+
     _published_here(c)
-    shutil.rmtree(c.out / "embedding.parquet")
-    (c.out / "embedding.parquet").symlink_to(_victim(c), target_is_directory=True)
+    inside = version_dir(c.out) / "embedding.parquet"
+    shutil.rmtree(inside)
+    inside.symlink_to(_victim(c), target_is_directory=True)
     return ["run", c.config(c.npy(blobs(200, RUN_D))), "--overwrite"]
 
 
@@ -223,16 +226,17 @@ CASES = [
     Case(
         "safe-tr-concurrent",
         "transform",
-        "a second transform to an output another transform is writing",
+        "a second transform to an output another writer is writing",
         _tr_locked,
-        ("is being written by another transform", "wait for it to finish"),
+        ("is locked by a running job", "wait for it to finish"),
     ),
     Case(
         "safe-run-link-inside",
         "output",
-        "embedding.parquet inside the output is a link to another folder, --overwrite",
+        "embedding.parquet inside the published version is a link to another folder, "
+        "--overwrite",
         _run_link_inside,
-        ("holds embedding.parquet, a symbolic link", "remove the link"),
+        ("embedding.parquet in the published version is a symbolic link", "remove it"),
     ),
     Case(
         "safe-run-linked-lock",

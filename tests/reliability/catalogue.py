@@ -150,7 +150,8 @@ def _published(ctx: Ctx) -> bool:
     """A new manifest, or a transform output (a pre-existing run must be left as it was)."""
     m = ctx.out / "manifest.json"
     new_manifest = m.exists() and m.read_text() != ctx.existing_manifest
-    return new_manifest or (ctx.dir / "emb.zarr" / "zarr.json").exists()
+    emb = ctx.dir / "emb.zarr"
+    return new_manifest or (emb / "zarr.json").exists() or (emb / "manifest.json").exists()
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:
@@ -1108,15 +1109,19 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
       Make sure that run is dead (its host, its scheduler's job list), then
       `kpca unlock <out>` and re-run. `kpca unlock` refuses to break a lock whose
       holder is alive on the machine it runs on.
-    * **Object stores** have no atomic create-if-absent through fsspec: there the lock
-      is best effort (written, then read back and compared); serialise scheduled runs
-      with the Prefect deployment's `concurrency_limit: 1` as well.
+    * **Object stores**: the lock object is created with a conditional write (S3
+      `If-None-Match: *`, GCS `ifGenerationMatch=0`, Azure `overwrite=False`), so of two
+      writers exactly one creates it; before publishing, a writer re-reads the lock and
+      the pointer and publishes nothing if either changed (docs/artifacts.md).
 
     ## What readers trust
 
-    The manifest is written last, to a temporary name beside it, fsynced, then renamed
-    (`os.replace`). `verify_run` -- and through it `kpca info`, `kpca transform` and
-    `pipeline.transform.load_model`, also when given a run's `model/` folder -- refuses a
+    A writer writes a new version (`<out>/versions/<id>/`) and publishes it by replacing
+    the pointer `<out>/manifest.json`: written to a temporary name beside it, fsynced,
+    then renamed (`os.replace`); one PUT on object stores. A failed or killed writer
+    leaves the published version and the pointer as they were. `verify_run` -- and
+    through it `kpca info`, `kpca transform` and `pipeline.transform.load_model`, also
+    when given a version's `model/` folder -- refuses a
     run with no manifest, a manifest that is not valid JSON or lacks a required field, an
     unknown `schema_version`, a status other than `complete`, or any array, Parquet/report
     file or model whose checksum differs, each with its own message.

@@ -184,7 +184,9 @@ def artifacts(out: Path) -> dict:
     if k.exists():
         K = zarr.open_group(str(k), mode="r")["K"][...]
         res["kernel"] = hashlib.sha256(np.ascontiguousarray(K).tobytes()).hexdigest()
-    pq = out / "embedding.parquet"
+    from pipeline.export import open_run
+
+    pq = open_run(out, check_arrays=False).location.local_path / "embedding.parquet"
     if pq.exists():
         df = pd.read_parquet(pq).sort_values("id").reset_index(drop=True)
         res["parquet"] = hashlib.sha256(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ from kpca_dask.exceptions import ModelFormatError
 from pipeline.export import MANIFEST, RunError, verify_run
 from pipeline.run import stage_begin
 from pipeline.transform import load_model
+from tests.published import rewrite_manifests, version_dir
 
 from .helpers import ROOT, env, make_published_run, small_config
 
@@ -89,24 +89,32 @@ atomic_write_json(manifest, {{"status": "complete", "pad": "x" * 100000}})
         verify_run(out)
 
 
-def test_a_rerun_unpublishes_the_old_result_before_writing(published, tmp_path):
-    """With overwrite, the old manifest goes before any stage writes: a reader never takes
-    a folder being rewritten for the complete run it used to be."""
+def test_a_rerun_keeps_the_old_result_published_while_it_writes(published, tmp_path):
+    """With overwrite, a re-run writes a new version nothing points to: the old result
+    stays published and verifies, and the version being written has no manifest (a
+    reader never takes it for a result)."""
+    from pipeline.layout import run_layout
+    from pipeline.run import run_lock
+
     shutil.copytree(published / "out", tmp_path / "run")
+    before = verify_run(tmp_path / "run")
     cfg = small_config(published, tmp_path / "run", output={"overwrite": True})
-    stage_begin(cfg)
-    assert not (tmp_path / "run" / MANIFEST).exists()
-    with pytest.raises(RunError, match="no manifest.json"):
-        verify_run(tmp_path / "run")
+    with run_lock(cfg):
+        stage_begin(cfg)
+        writing = run_layout(cfg).out.local_path
+        assert writing != version_dir(tmp_path / "run")
+        assert not (writing / MANIFEST).exists()
+        assert verify_run(tmp_path / "run") == before
+        with pytest.raises(RunError, match="no manifest.json"):
+            verify_run(writing)
 
 
 def _rewrite_manifest(out, fn):
-    m = json.loads((out / MANIFEST).read_text())
-    (out / MANIFEST).write_text(json.dumps(fn(m)))
+    rewrite_manifests(out, fn)
 
 
 def _tamper_model_array(out, name="eigenvalues"):
-    z = zarr.open_group(str(out / "model"), mode="r+")[name]
+    z = zarr.open_group(str(version_dir(out) / "model"), mode="r+")[name]
     a = z[...]
     a.flat[0] += 1e-3
     z[...] = a
@@ -116,7 +124,7 @@ def _replace_model(out):
     """A different, self-consistent model (its own checksums updated)."""
     from kpca_dask.persistence import array_sha256, attrs_sha256
 
-    g = zarr.open_group(str(out / "model"), mode="r+")
+    g = zarr.open_group(str(version_dir(out) / "model"), mode="r+")
     a = g["eigenvalues"][...] * 2
     g["eigenvalues"][...] = a
     sums = dict(g.attrs["checksums"])
@@ -126,7 +134,7 @@ def _replace_model(out):
 
 
 def _tamper_parquet(out):
-    part = sorted((out / "embedding.parquet").glob("*.parquet"))[0]
+    part = sorted((version_dir(out) / "embedding.parquet").glob("*.parquet"))[0]
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0x01
     part.write_bytes(bytes(data))
@@ -156,7 +164,9 @@ DEFECTS = {
         "status is 'running', not 'complete'",
     ),
     "embedding changed": (
-        lambda out: zarr.open_group(str(out), mode="r+")["embedding"].__setitem__((0, 0), 42.0),
+        lambda out: zarr.open_group(str(version_dir(out)), mode="r+")["embedding"].__setitem__(
+            (0, 0), 42.0
+        ),
         "checksum mismatch for 'embedding'",
     ),
     "parquet file changed": (_tamper_parquet, "checksum mismatch for file 'embedding.parquet/"),
@@ -168,14 +178,15 @@ DEFECTS = {
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_every_reader_refuses_a_damaged_run_and_says_why(run_copy, published, tmp_path, defect):
     damage, message = DEFECTS[defect]
+    model_dir = version_dir(run_copy) / "model"
     damage(run_copy)
     with pytest.raises(RunError, match=message.replace("(", r"\(").replace(")", r"\)")):
         verify_run(run_copy)
     with pytest.raises(RunError, match="."):
-        load_model(str(run_copy / "model"))  # a run's model/ is trusted only with its run
+        load_model(str(model_dir))  # a run's model/ is trusted only with its run
     rc, err = cli("info", run_copy)
     assert rc == 2 and message in err and "Traceback" not in err
-    for model in (run_copy, run_copy / "model"):
+    for model in (run_copy, model_dir):
         target = tmp_path / "emb.zarr"
         rc, err = cli("transform", model, published / "new.npy", target)
         assert rc == 2 and message in err, err
@@ -185,7 +196,7 @@ def test_every_reader_refuses_a_damaged_run_and_says_why(run_copy, published, tm
 def test_kpca_dask_load_refuses_a_damaged_model_and_says_why(run_copy):
     """``kpca_dask.load`` verifies a model folder's own record (its attributes play the
     manifest's part; kpca_dask knows nothing of runs)."""
-    model = run_copy / "model"
+    model = version_dir(run_copy) / "model"
     kpca_dask.load(model)  # intact
     g = zarr.open_group(str(model), mode="r+")
     attrs = dict(g.attrs)

@@ -16,9 +16,11 @@ import zarr
 from kpca_dask import UnsafeRemovalError
 from kpca_dask.removal import removal_refusal, remove_owned
 from pipeline.export import verify_run
-from pipeline.publish import OutputLock
+from pipeline.lock import RunLock
 from pipeline.run import run_pipeline
 from pipeline.store import Location
+from pipeline.versions import open_output, version_ids
+from tests.published import version_dir
 from tests.reliability.helpers import small_config
 
 from .conftest import error_line, kpca, new_batch, tree_hashes
@@ -58,7 +60,7 @@ def test_transform_output_in_a_run_folder_is_refused(world, dask_client, where):
     shutil.copytree(world.run, other, symlinks=True)
     target = {
         "run": world.run,
-        "run/model": world.run / "model",
+        "run/model": version_dir(world.run) / "model",
         "run/inside.zarr": world.run / "inside.zarr",
         "other run": other,
     }[where]
@@ -119,19 +121,20 @@ def test_transform_replaces_its_own_output_with_overwrite(world, dask_client):
     other = new_batch(world.tmp, seed=2, rows=7)
     before = world.user_files()
     assert kpca("transform", world.run, other, out, "--overwrite", "--no-progress")[0] == 0
-    g = zarr.open_group(str(out), mode="r")
+    g = open_output(str(out)).data.open_group("r")
     assert g["embedding"].shape[0] == 7 and g.attrs["status"] == "complete"
     assert not [p for p in os.listdir(world.tmp) if p.startswith(".kpca-")]
     _survived(world, before)
 
 
 def test_concurrent_transforms_to_one_output_cannot_both_publish(world, dask_client):
-    """While one transform holds the output's lock (.kpca-lock.<name>), a second is refused
-    and publishes nothing; the first's output is unchanged."""
+    """While one writer holds the output's lock (<out>/.kpca-run.lock), a transform is
+    refused and publishes nothing; the first's output is unchanged."""
     out = world.tmp / "emb.zarr"
     assert kpca("transform", world.run, world.new, out, "--no-progress")[0] == 0
     prev = tree_hashes(out)
-    with OutputLock(Location(str(out))):
+    with RunLock(Location(str(out))):
+        prev = {k: v for k, v in tree_hashes(out).items() if ".kpca-run.lock" not in k}
         rc, err = kpca(
             "transform",
             world.run,
@@ -140,9 +143,9 @@ def test_concurrent_transforms_to_one_output_cannot_both_publish(world, dask_cli
             "--overwrite",
             "--no-progress",
         )
-    assert rc == 2 and "another transform" in error_line(err)
+        assert rc == 2 and "locked by a running job" in error_line(err)
     assert tree_hashes(out) == prev
-    assert not (world.tmp / ".kpca-lock.emb.zarr").exists()  # released, removed
+    assert not (out / ".kpca-run.lock").exists()  # released, removed
 
 
 def test_transform_inverse_output_is_checked_the_same_way(world, dask_client):
@@ -171,9 +174,10 @@ def _cfg(world, out, **over):
 
 @pytest.mark.parametrize("name", ["embedding.parquet", "model", "work"])
 def test_a_link_inside_the_output_is_never_followed(world, dask_client, name):
-    """`embedding.parquet -> ../victim` (or model/, work/) used to make `kpca run` delete
-    the folder it points to: refused, the victim and the link survive."""
-    link = world.run / name
+    """`embedding.parquet -> ../victim` (or model/ in the published version, work/) used
+    to make `kpca run` delete the folder it points to: refused, the victim and the link
+    survive."""
+    link = (world.run if name == "work" else version_dir(world.run)) / name
     shutil.rmtree(link)
     link.symlink_to(world.victim, target_is_directory=True)
     before, manifest = world.user_files(), world.run_manifest()
@@ -260,9 +264,10 @@ def test_overwrite_with_a_typo_in_the_input_keeps_the_published_run(world, dask_
     _survived(world, before)
 
 
-def test_a_failed_run_puts_the_previous_run_back(world, dask_client, caplog):
-    """A run that fails after un-publishing (too many components, found at the kernel
-    stage) restores the previous run, which verifies byte for byte as before."""
+def test_a_failed_run_leaves_the_previous_run_published(world, dask_client, caplog):
+    """A run that fails late (too many components, found at the solve stage) publishes
+    nothing: the previous run verifies byte for byte as before and the version the run
+    wrote is gone."""
     run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     before = world.user_files()
     with (
@@ -272,37 +277,40 @@ def test_a_failed_run_puts_the_previous_run_back(world, dask_client, caplog):
         run_pipeline(
             _cfg(world, world.run, output={"overwrite": True}, solver={"n_components": 400})
         )
-    # un-published (kept in .kpca-prev) and put back, not merely left alone
-    assert "the previous run of" in caplog.text and "is published again" in caplog.text
+    assert "nothing was published" in caplog.text
     after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     assert after == run_before
-    assert not (world.run / ".kpca-prev").exists()
     _survived(world, before)
 
 
-def test_a_good_rerun_replaces_the_run_and_retires_the_kept_one(world, dask_client):
+def test_a_good_rerun_publishes_a_new_version_and_keeps_the_old(world, dask_client):
     before = world.user_files()
+    old = version_ids(Location(str(world.run)))
     run_pipeline(_cfg(world, world.run, output={"overwrite": True}, solver={"n_components": 2}))
     m = verify_run(world.run)
     assert m["model"]["n_components"] == 2
-    assert not (world.run / ".kpca-prev").exists()
+    now = version_ids(Location(str(world.run)))
+    assert len(now) == len(old) + 1 and set(old) < set(now)
+    assert verify_run(world.run, version=old[-1])["model"]["n_components"] == 3
     assert world.user_files() == before
 
 
 def test_a_link_inside_our_model_is_not_followed_when_the_model_is_replaced(world, dask_client):
-    """A link planted inside the run's own model/ folder: replacing the model refuses, the
-    victim survives, and the previous run is put back."""
-    (world.run / "model" / "planted").symlink_to(world.victim, target_is_directory=True)
+    """A link planted inside the published version's model/ folder: starting the new
+    version (a copy of the published one) refuses, the victim survives, and the previous
+    run is published as it was."""
+    planted = version_dir(world.run) / "model" / "planted"
+    planted.symlink_to(world.victim, target_is_directory=True)
     before = world.user_files()
     with pytest.raises((UnsafeRemovalError, ValueError), match="symbolic link"):
         run_pipeline(
             _cfg(world, world.run, output={"overwrite": True}, solver={"n_components": 2})
         )
     assert world.user_files() == before
-    assert (world.run / "model" / "planted").is_symlink()
-    (world.run / "model" / "planted").unlink()
+    assert planted.is_symlink()
+    planted.unlink()
     verify_run(world.run)
-    assert not (world.run / ".kpca-prev").exists()
+    assert version_ids(Location(str(world.run))) == [version_dir(world.run).name]
 
 
 # ------------------------------------------------------------------ the primitive
@@ -352,26 +360,33 @@ def test_the_primitive_removes_our_marked_folder_and_a_link_only_as_a_link(world
     assert not os.path.lexists(link) and world.user_files() == before
 
 
-def test_the_kept_run_comes_back_whole_with_its_report(world):
-    """The transaction itself: a run with a report/ folder is kept (hard links), the new
-    run replaces files the way every writer does (rename over, remove and recreate), and
-    putting the kept run back restores every file byte for byte."""
-    from pipeline.publish import restore_previous, snapshot_published
+def test_a_new_version_never_changes_the_published_one_through_its_links(world):
+    """The new version starts as hard links to the published one; every writer replaces
+    files (rename over, remove and recreate), so what it writes never reaches the
+    published version's files, which verify byte for byte afterwards."""
+    from pipeline.lock import RunLock
+    from pipeline.versions import Transaction
 
-    (world.run / "report").mkdir()
-    (world.run / "report" / "metrics.json").write_text('{"old": 1}')
+    pub = version_dir(world.run)
+    (pub / "report").mkdir()
+    (pub / "report" / "metrics.json").write_text('{"old": 1}')
     before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
     out = Location(str(world.run))
-    assert snapshot_published(out)
-    os.unlink(world.run / "manifest.json")  # un-published, as begin_run does
-    tmp = world.run / "report" / ".metrics.tmp"
-    tmp.write_text('{"new": 2}')
-    os.replace(tmp, world.run / "report" / "metrics.json")
-    shutil.rmtree(world.run / "model")
-    (world.run / "model").mkdir()  # a half-written new model: not yet a zarr node
-    assert restore_previous(out)
+    with RunLock(out) as lock:
+        txn = Transaction(out, lock)
+        txn.begin()
+        new = txn.start(seed=True).local_path
+        assert (new / "report" / "metrics.json").stat().st_ino == (
+            pub / "report" / "metrics.json"
+        ).stat().st_ino  # linked, not copied
+        tmp = new / "report" / ".metrics.tmp"
+        tmp.write_text('{"new": 2}')
+        os.replace(tmp, new / "report" / "metrics.json")
+        Location(str(new / "model")).remove(root=Location(str(new)))
+        (new / "model").mkdir()  # a half-written new model: not yet a zarr node
+        txn.discard()
     assert {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k} == before
-    verify_run(world.run)
+    verify_run(world.run, check_arrays=True)
 
 
 def test_two_transforms_at_once_never_publish_a_broken_output(world, dask_client):
@@ -400,8 +415,8 @@ def test_two_transforms_at_once_never_publish_a_broken_output(world, dask_client
     for t in threads:
         t.join(120)
     for r in results:
-        assert isinstance(r, dict) or "another transform" in str(r), r
-    g = zarr.open_group(str(out), mode="r")
+        assert isinstance(r, dict) or "locked by a running job" in str(r), r
+    g = open_output(str(out)).data.open_group("r")
     assert g.attrs["status"] == "complete"
     rows = g["embedding"].shape[0]
     assert rows in {11 + 5, 11 + 6}

@@ -1,5 +1,5 @@
-"""The Prefect flows keep the same promises as the plain stages: a failed flow run puts
-the previous published run back, and the transform flow refuses an unsafe output before
+"""The Prefect flows keep the same promises as the plain stages: a failed flow run leaves
+the previous published run as it was, and the transform flow refuses an unsafe output before
 it starts a cluster."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from .conftest import tree_hashes
 pytestmark = pytest.mark.flows
 
 
-def test_a_failed_flow_run_puts_the_previous_run_back(world, dask_cluster, prefect_api):  # noqa: F811
-    """The flow un-publishes the run when its first writing task starts (claim_output);
-    the solve then fails: the previous run is published again, byte for byte."""
+def test_a_failed_flow_run_leaves_the_previous_run_published(world, dask_cluster, prefect_api):  # noqa: F811
+    """The flow writes a new version (its first writing task withdraws the manifest of
+    that version, claim_output); the solve then fails: nothing was published, the
+    previous run is published as it was, byte for byte, and the failed version is gone."""
     from flows.pipeline_flow import kpca_pipeline
 
     run_before = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}
@@ -31,8 +32,8 @@ def test_a_failed_flow_run_puts_the_previous_run_back(world, dask_cluster, prefe
         solver={"n_components": 400},
         cluster={"address": dask_cluster.scheduler_address},
     )
-    # it was un-published (kept in .kpca-prev) and put back, not left alone: the record
-    # of the "pipeline" logger says so (a handler of our own: other tests and Prefect
+    # the run wrote (and then dropped) a version of its own: the record of the
+    # "pipeline" logger says so (a handler of our own: other tests and Prefect
     # reconfigure the console and propagation, so neither capfd nor caplog is reliable)
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
@@ -44,7 +45,7 @@ def test_a_failed_flow_run_puts_the_previous_run_back(world, dask_cluster, prefe
             kpca_pipeline(cfg)
     finally:
         log.removeHandler(handler)
-    assert any("is published again" in r.getMessage() for r in records), [
+    assert any("nothing was published" in r.getMessage() for r in records), [
         r.getMessage() for r in records
     ]
     after = {k: v for k, v in tree_hashes(world.run).items() if "/work" not in k}

@@ -62,16 +62,6 @@ ALLOWED = {
         "replace",
     ): "renames its own temporary model onto a path emptied by remove_owned",
     (
-        "pipeline/publish.py",
-        "restore_previous",
-        "rename",
-    ): "moves the kept run back onto names just removed by remove_owned",
-    (
-        "pipeline/publish.py",
-        "publish_beside",
-        "rename",
-    ): "swaps a verified new output in; the old one (checked ours) is renamed aside first",
-    (
         "pipeline/validate.py",
         "_probe_writable",
         "unlink",

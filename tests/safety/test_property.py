@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from pipeline.export import verify_run
 from pipeline.run import run_pipeline
+from tests.published import version_dir
 from tests.reliability.helpers import small_config
 
 from .conftest import kpca, tree_hashes
@@ -73,9 +74,10 @@ def _make(ex: Path, state: str, command: str, published_transform: Path) -> tupl
         target.symlink_to(ex / "victim", target_is_directory=True)
     elif state == "run with link in":
         shutil.copytree(data / "out", target, symlinks=True)
-        shutil.rmtree(target / "embedding.parquet")
-        (target / "embedding.parquet").symlink_to(ex / "victim", target_is_directory=True)
-        foreign = {str(target / "embedding.parquet")}
+        inside = version_dir(target) / "embedding.parquet"
+        shutil.rmtree(inside)
+        inside.symlink_to(ex / "victim", target_is_directory=True)
+        foreign = {str(inside)}
     elif state == "input":
         target = data / ("x.npy" if command == "run" else "new.npy")
     elif state == "input folder":

@@ -1,0 +1,55 @@
+"""Test helpers for versioned outputs (pipeline/versions.py): where the published version
+of a local output is, forging its manifest consistently, and every object's bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.layout import LOCK, MANIFEST, WORK
+
+
+def version_dir(out) -> Path:
+    """The folder of the version the pointer ``<out>/manifest.json`` names (read without
+    verifying anything: tests damage runs through it)."""
+    out = Path(out)
+    pointer = json.loads((out / MANIFEST).read_text())
+    return out / pointer["version_path"] if "version_path" in pointer else out
+
+
+def rewrite_manifests(out, fn) -> None:
+    """Apply ``fn`` to the published manifest: the pointer's content and the version's own
+    copy alike (a consistent forgery, as an editor of both files would make)."""
+    out = Path(out)
+    pointer = json.loads((out / MANIFEST).read_text())
+    keys = ("version", "version_path", "history")
+    kept = {k: pointer[k] for k in keys if k in pointer}
+    new = fn({k: v for k, v in pointer.items() if k not in keys})
+    (out / MANIFEST).write_text(json.dumps({**new, **kept}))
+    if "version_path" in pointer:
+        (out / pointer["version_path"] / MANIFEST).write_text(json.dumps(new))
+
+
+def tree_bytes(out, exclude=(WORK, LOCK)) -> dict[str, bytes]:
+    """Every file under a local output by relative path, with its bytes; ``exclude``:
+    top-level names left out (resume state and the lock)."""
+    out = Path(out)
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.relative_to(out).parts[0] not in exclude
+    }
+
+
+def s3_tree_bytes(fs, prefix: str, exclude=(WORK, LOCK)) -> dict[str, bytes]:
+    """:func:`tree_bytes` for an object-store prefix (``bucket/key``) through ``fs``."""
+    prefix = prefix.rstrip("/")
+    fs.invalidate_cache()
+    files = fs.find(prefix)
+    out = {}
+    for f in sorted(files):
+        rel = str(f)[len(prefix) + 1 :]
+        if rel.split("/")[0] in exclude:
+            continue
+        out[rel] = fs.cat_file(f)
+    return out
