@@ -198,6 +198,14 @@ def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
     return (name in OUR_FILES or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
 
 
+def missing_bucket_message(scheme: str, bucket: str) -> str:
+    return (
+        f"the bucket {scheme}://{bucket} does not exist (or these storage_options cannot "
+        "see it); kpca-dask never creates buckets: create it, or fix the URL or the "
+        "storage_options"
+    )
+
+
 class MissingBucketError(UserError, FileNotFoundError):
     """An object-store location's bucket does not exist (never created by a command)."""
 
@@ -275,11 +283,7 @@ class Location:
         if bucket is None or scheme not in BUCKET_SCHEMES:
             return
         if not self.fs.exists(bucket):
-            raise MissingBucketError(
-                f"the bucket {scheme}://{bucket} does not exist (or these storage_options "
-                "cannot see it); kpca-dask never creates buckets: create it, or fix the "
-                "URL or the storage_options"
-            )
+            raise MissingBucketError(missing_bucket_message(scheme, bucket))
 
     def makedirs(self) -> None:
         if self.is_local:

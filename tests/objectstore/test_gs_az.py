@@ -112,6 +112,7 @@ def embed(store, out: str, X_url: str, dest: Path) -> np.ndarray:
     return pd.read_parquet(dest).filter(like="pc").to_numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("object_store", ["gs", "az"], indirect=True)
 def test_run_info_transform_and_an_update_chain(object_store, tmp_path):
     store = object_store
@@ -155,6 +156,18 @@ def test_run_info_transform_and_an_update_chain(object_store, tmp_path):
     np.testing.assert_array_equal(embed(store, base, new_url, tmp_path / "again.parquet"), emb)
 
 
+@pytest.mark.parametrize("object_store", ["s3", "gs", "az"], indirect=True)
+def test_run_output_in_a_missing_bucket_is_refused_and_not_created(object_store, tmp_path):
+    store = object_store
+    x_url = put_npy(store, tmp_path, "x.npy", blobs(N, D))
+    missing = f"kpca-missing-{store.bucket[5:]}"
+    cfg = write_config(tmp_path, store, x_url, f"{store.scheme}://{missing}/runs/a")
+    line = one_line_failure(run(cfg), 2)
+    assert f"{store.scheme}://{missing}" in line and "never creates buckets" in line, line
+    assert not store.filesystem().exists(missing)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("object_store", ["gs", "az"], indirect=True)
 def test_update_output_in_a_missing_bucket_is_refused_and_not_created(object_store, tmp_path):
     store = object_store
@@ -173,6 +186,7 @@ def test_update_output_in_a_missing_bucket_is_refused_and_not_created(object_sto
     assert not store.filesystem().exists(missing)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("object_store", ["s3", "gs", "az"], indirect=True)
 def test_connections_dropped_mid_write_keep_the_published_run(object_store, tmp_path):
     """A published run, then ``kpca run --overwrite`` of the same output while the store
