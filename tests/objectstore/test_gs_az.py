@@ -109,6 +109,9 @@ def embed(store, out: str, X_url: str, dest: Path) -> np.ndarray:
     local Parquet file."""
     res = kpca("transform", out, X_url, str(dest), "--storage-options", store.options_json)
     assert res.returncode == 0, res.stderr[-3000:]
+    pointer = dest / "manifest.json"
+    if pointer.exists():  # a versioned output: the pointer names the published version
+        dest = dest / json.loads(pointer.read_text())["version_path"] / "embedding.parquet"
     return pd.read_parquet(dest).filter(like="pc").to_numpy()
 
 
