@@ -827,7 +827,16 @@ def quiet_storage_sdks(verbose: int = 0) -> None:
     DEBUG at -vv."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     for name in STORAGE_LOGGERS:
-        logging.getLogger(name).setLevel(level)
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if verbose == 0:  # their retry tracebacks repeat the command's one error line
+            logger.addFilter(_without_traceback)
+
+
+def _without_traceback(record: logging.LogRecord) -> bool:
+    record.exc_info = None
+    record.exc_text = None
+    return True
 
 
 def start_runtime(args: argparse.Namespace) -> None:
