@@ -1074,6 +1074,42 @@ def _setup_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
     )
+    quiet_storage_sdks(args.verbose)
+
+
+#: loggers of the object-store clients: the Azure SDK logs every request's headers at INFO
+#: (azure.core.pipeline.policies.http_logging_policy), thousands of lines for one run
+STORAGE_LOGGERS = (
+    "azure",
+    "adlfs",
+    "gcsfs",
+    "google",
+    "google_auth_httplib2",
+    "s3fs",
+    "botocore",
+    "aiobotocore",
+    "boto3",
+    "urllib3",
+    "aiohttp",
+    "fsspec",
+)
+
+
+def quiet_storage_sdks(verbose: int = 0) -> None:
+    """Storage SDK logging: warnings only at the default level, their INFO at -v, their
+    DEBUG at -vv."""
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    for name in STORAGE_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if verbose == 0:  # their retry tracebacks repeat the command's one error line
+            logger.addFilter(_without_traceback)
+
+
+def _without_traceback(record: logging.LogRecord) -> bool:
+    record.exc_info = None
+    record.exc_text = None
+    return True
 
 
 def start_runtime(args: argparse.Namespace) -> None:

@@ -138,7 +138,18 @@ def _secret_value(v: Any) -> str | None:
     return None
 
 
-def _is_secret_key(k: Any) -> bool:
+#: values of a credential-named key that name a way to authenticate, not a secret: gcsfs's
+#: ``token`` methods ("anon" is how public GCS buckets are read)
+NON_SECRET_VALUES = {"anon", "google_default", "cache", "cloud", "browser"}
+
+
+def _is_secret_key(k: Any, v: Any = "?") -> bool:
+    """Whether option ``k`` (with value ``v``) carries a credential. No value (None, a
+    bool: ``anon: true``) and a named authentication method (``token: anon``) do not."""
+    if v is None or isinstance(v, bool):
+        return False
+    if isinstance(v, str) and v.strip().lower() in NON_SECRET_VALUES:
+        return False
     name = str(k).lower()
     return name in SECRET_KEYS or any(w in name for w in SECRET_WORDS)
 
@@ -152,7 +163,7 @@ def _secret_keys(options: Any, prefix: str = "") -> list[str]:
         for k, v in options.items():
             name = f"{prefix}{k}"
             what = _secret_value(v)
-            if _is_secret_key(k):
+            if _is_secret_key(k, v):
                 found.append(name)
             elif what:
                 found.append(f"{name} (its value looks like {what})")

@@ -138,9 +138,18 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, OSError):
         return True
-    # an object store that cannot be reached (botocore's are not OSErrors)
-    unreachable = _loaded("botocore.exceptions", "ConnectionError")
-    if unreachable is not None and isinstance(exc, unreachable):
-        return True
+    # an object store that cannot be reached or dropped the connection (botocore's,
+    # aiohttp's (gcsfs) and the Azure SDK's are not OSErrors)
+    for module, name in (
+        ("botocore.exceptions", "ConnectionError"),
+        ("botocore.exceptions", "HTTPClientError"),  # ConnectionClosedError, ReadTimeout
+        ("aiohttp", "ClientConnectionError"),  # ServerDisconnectedError
+        ("aiohttp", "ClientPayloadError"),  # an answer cut mid-body
+        ("azure.core.exceptions", "ServiceRequestError"),
+        ("azure.core.exceptions", "ServiceResponseError"),
+    ):
+        unreachable = _loaded(module, name)
+        if unreachable is not None and isinstance(exc, unreachable):
+            return True
     killed = _loaded("distributed.scheduler", "KilledWorker")
     return killed is not None and isinstance(exc, killed)

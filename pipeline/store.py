@@ -34,8 +34,13 @@ from kpca_dask.removal import (
 )
 
 from .errors import UserError
+from .storage_clients import install as _install_client_closing
 from .verify import checked_array
 from .verify import chunk_digest as _chunk_digest
+
+# asynchronous adlfs clients opened by zarr are closed at exit, before their finalizers
+# fail with "Loop is not running" (pipeline/storage_clients.py)
+_install_client_closing()
 
 __all__ = [
     "Location",
@@ -45,6 +50,7 @@ __all__ = [
     "array_checksum",
     "json_default",
     "PathEscapeError",
+    "MissingBucketError",
     "is_ours",
     "OUR_FILES",
     "zarr_attrs",
@@ -67,6 +73,8 @@ RUN_FOLDERS = (
     "split",
     "denoised",
 )
+#: URL schemes of stores made of buckets (containers), which commands never create
+BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl")
 #: name prefixes of the temporary/retired entries we create beside what we publish
 OUR_PREFIXES = (".kpca-new-", ".kpca-old-", ".kpca-prev", ".kpca-lock.")
 
@@ -192,6 +200,18 @@ def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
     return (name in OUR_FILES or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
 
 
+def missing_bucket_message(scheme: str, bucket: str) -> str:
+    return (
+        f"the bucket {scheme}://{bucket} does not exist (or these storage_options cannot "
+        "see it); kpca-dask never creates buckets: create it, or fix the URL or the "
+        "storage_options"
+    )
+
+
+class MissingBucketError(UserError, FileNotFoundError):
+    """An object-store location's bucket does not exist (never created by a command)."""
+
+
 class PathEscapeError(UserError, ValueError):
     """A relative store path would leave its root (``..``, absolute paths)."""
 
@@ -250,9 +270,30 @@ class Location:
             return self.local_path.exists()
         return self.fs.exists(self.fs_path)
 
+    @property
+    def bucket(self) -> str | None:
+        """The bucket (container) of an object-store location; None for a local one."""
+        if self.is_local:
+            return None
+        return self.fs_path.strip("/").split("/", 1)[0] or None
+
+    def require_bucket(self) -> None:
+        """Refuse (one line naming it) an object-store location whose bucket does not
+        exist: no command ever creates a bucket (fsspec's ``makedirs`` would)."""
+        bucket = self.bucket
+        scheme = self.url.split("://", 1)[0].lower()
+        if bucket is None or scheme not in BUCKET_SCHEMES:
+            return
+        if not self.fs.exists(bucket):
+            raise MissingBucketError(missing_bucket_message(scheme, bucket))
+
     def makedirs(self) -> None:
         if self.is_local:
             self.local_path.mkdir(parents=True, exist_ok=True)
+        elif self.url.split("://", 1)[0].lower() in BUCKET_SCHEMES:
+            # an object store has no folders: a prefix exists once an object is under it.
+            # (fsspec's makedirs would create a missing bucket, which no command may do.)
+            self.require_bucket()
         else:
             self.fs.makedirs(self.fs_path, exist_ok=True)
 

@@ -720,6 +720,13 @@ def _probe_writable(raw: str, fs, out: str, local: bool) -> None:
             os.close(fd)
             os.unlink(target)
         else:
+            from .store import BUCKET_SCHEMES, missing_bucket_message
+
+            scheme, bucket = raw.split("://", 1)[0].lower(), out.strip("/").split("/")[0]
+            if scheme in BUCKET_SCHEMES and bucket and not fs.exists(bucket):
+                raise _Stop(
+                    f"cannot write to output {raw}: {missing_bucket_message(scheme, bucket)}."
+                )
             target = posixpath.join(out, name)
             fs.pipe_file(target, b"kpca write probe")
             fs.rm_file(target)

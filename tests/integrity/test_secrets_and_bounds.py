@@ -79,6 +79,34 @@ def test_ordinary_storage_options_are_accepted():
 
 
 @pytest.mark.parametrize(
+    "options",
+    [
+        {"token": "anon"},  # how gcsfs reads a public bucket
+        {"token": "google_default", "project": "p"},
+        {"token": "cloud"},
+        {"token": None},
+        {"anon": True, "account_name": "devstoreaccount1"},  # adlfs, public container
+        {"account_name": "acct", "account_host": "acct.blob.core.windows.net"},
+        {"endpoint_url": "http://127.0.0.1:4443", "token": "anon"},
+    ],
+    ids=lambda o: str(o)[:40],
+)
+def test_authentication_methods_and_non_secret_options_are_accepted(options):
+    cfg = InputConfig(path="gs://bucket/x.parquet", storage_options=options)
+    assert cfg.storage_options == options
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"token": SECRET}, {"token": {"client_email": "a@b", "private_key": SECRET}}],
+    ids=["a token string", "a service-account mapping"],
+)
+def test_a_token_that_is_not_a_method_name_is_still_refused(options):
+    msg = _refusal(options)
+    assert "must not hold credentials" in msg and "token" in msg and SECRET not in msg
+
+
+@pytest.mark.parametrize(
     "url",
     [
         f"https://example.org/x.csv?api_key={SECRET}",
