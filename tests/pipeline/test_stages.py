@@ -12,7 +12,7 @@ import pytest
 from pipeline import stages
 from pipeline.config import load_config
 from pipeline.export import verify_run
-from pipeline.layout import LOCK, MANIFEST, PREV, RunLayout, run_layout
+from pipeline.layout import LOCK, MANIFEST, VERSIONS, RunLayout, run_layout
 from pipeline.run import run_pipeline
 from pipeline.stages import REGISTRY, ConfigSliceError, ConfigView, Registry, Stage
 
@@ -140,7 +140,10 @@ def test_the_layout_names_every_store_under_the_output(tmp_path):
     assert lay.ingest.local_path == root / "work" / "ingest.zarr"
     assert lay.kernel.local_path == root / "work" / "kernel.zarr"
     assert lay.flow_cache.local_path == root / "work" / "flow-cache"
-    assert lay.manifest.local_path == root / MANIFEST and lay.prev.local_path == root / PREV
+    assert lay.manifest.local_path == root / MANIFEST and lay.lock.local_path == root / LOCK
+    # nothing published yet: the arrays' folder is the root; a version being written: its own
+    assert lay.out.local_path == root
+    assert RunLayout(lay.root, version="v1").out.local_path == root / VERSIONS / "v1"
     assert all(loc.local_path.is_relative_to(root) for loc in lay.stores().values())
     remote = config(
         tmp_path,
@@ -165,7 +168,7 @@ def test_the_store_module_knows_the_layout_names():
 
     assert set(store.RUN_FOLDERS) <= layout.RUN_NAMES
     assert set(store.OUR_FILES) <= layout.RUN_NAMES | {MARKER_FILE}
-    assert layout.PREV in store.OUR_PREFIXES
+    assert layout.VERSIONS in layout.RUN_NAMES
 
 
 def test_an_old_run_folder_with_a_centre_store_still_runs(tmp_path):
