@@ -829,7 +829,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         name = f"kpca-{what}-" + tokenize(token, Xr.name)
         train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
         dsk: dict[Any, Any] = {train_key: self.X_fit_, coef_key: A_aug}
-        on_cluster = _on_cluster(token, self.X_fit_, A_aug)
+        where = _cost.transform_execution(self, int(Xd.shape[0])) if kind == "numpy" else None
+        # scattered only for a graph the cluster runs: local threads cannot read futures
+        on_cluster = (
+            _on_cluster(token, self.X_fit_, A_aug)
+            if where is None or where.where != "local threads"
+            else None
+        )
         if on_cluster is not None:  # the rows are on the workers: the graph names them
             dsk[train_key], dsk[coef_key] = on_cluster
         out_dtype = self._out_dtype(Xd.dtype) if what == "transform" else np.dtype(np.float64)
@@ -839,8 +845,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             )
         graph = HighLevelGraph.from_collections(name, dsk, dependencies=[Xr])
         out = da.Array(graph, name, chunks=(Xr.chunks[0], (out_cols,)), dtype=out_dtype)
-        if kind == "numpy":
-            where = _cost.transform_execution(self, int(Xd.shape[0]))
+        if where is not None:
             with where.scheduler(), blas_threads_for_dask():
                 (res,) = dask.compute(out)
             return res if what == "transform" else res[:, 0]
