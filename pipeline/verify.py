@@ -28,10 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 from .errors import USER_OS_ERRORS, CorruptObjectError, PipelineError, StoreError
 
@@ -228,6 +230,7 @@ def checked_array(
     layout of :func:`pipeline.store._digest_blocks`, recorded when ``z`` was written) a
     chunk whose values differ is refused, naming it and ``what`` recorded them. One task
     per chunk, each carrying only its own digest."""
+    import dask.array as da  # here: the CLI's error reporting imports this module
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 

@@ -84,7 +84,8 @@ def test_edited_model_of_a_run_is_refused_by_info_and_transform(published, tmp_p
     canary = tmp_path / "canary.txt"
     canary.write_text("keep me")
     np.save(tmp_path / "new.npy", blobs(10, 5, seed=3))
-    _edit_gamma(run / "model", reseal=reseal)
+    version = json.loads((run / "manifest.json").read_text())["version_path"]
+    _edit_gamma(run / version / "model", reseal=reseal)  # the published version's model
     with pytest.raises(RunCorruptError, match="model"):
         verify_run(run)
     info = kpca("info", run)
