@@ -544,11 +544,13 @@ def test_update_flow_publishes_the_next_version(first_run, data_dir, dask_cluste
     assert state.is_completed(), state
     m = verify_run(data_dir / "v2")
     upd = m["update"]
-    assert upd["version"] == 2 and upd["base"].endswith("/out") and upd["n_rows"] == N + 60
+    # the base named by its published version folder (docs/update.md)
+    assert upd["version"] == 2 and "/out/versions/" in upd["base"] and upd["n_rows"] == N + 60
     # the base run is exact: refitted on every row (warm-started), and the reason says so
     assert upd["action"] == "refit" and "exact (" in upd["reason"], upd["reason"]
     assert "does not merge rows" in upd["reason"]
-    g = zarr.open_group(str(data_dir / "v2"), mode="r")
+    v2 = json.loads((data_dir / "v2" / "manifest.json").read_text())["version_path"]
+    g = zarr.open_group(str(data_dir / "v2" / v2), mode="r")
     assert g["embedding"].shape == (N + 60, 3)
     np.testing.assert_array_equal(g["ids"][...][-60:], batch["key"].to_numpy())
     arts = api_artifacts(state.state_details.flow_run_id)

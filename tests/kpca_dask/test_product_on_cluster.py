@@ -4,6 +4,8 @@ the result has the same bits as the same product on the threaded scheduler."""
 
 from __future__ import annotations
 
+import time
+
 import dask
 import dask.array as da
 import numpy as np
@@ -23,13 +25,14 @@ def _matrix(n=2400, d=5, rows=200, seed=0, block_reader=None):
     return K
 
 
-def _outgoing(client) -> list[dict]:
-    """Every worker's log of the data it sent (distributed's own record: who asked,
-    how many bytes)."""
+def _outgoing(client, since: float) -> list[dict]:
+    """Every worker's record of the data it sent since ``since`` (distributed's own log:
+    who asked, how many bytes; filtered by time, as the log is bounded and a session's
+    cluster fills it)."""
 
-    def log(dask_worker):
+    def log(dask_worker, since=since):
         log = dask_worker.transfer_outgoing_log
-        return [{"who": e["who"], "total": e["total"]} for e in log]
+        return [{"who": e["who"], "total": e["total"]} for e in log if e["start"] >= since]
 
     return [e for entries in client.run(log).values() for e in entries]
 
@@ -38,9 +41,10 @@ def _bytes_to_caller(client, fn) -> tuple[int, int]:
     """(bytes the workers sent to a non-worker, bytes sent between workers) while ``fn``
     ran."""
     workers = set(client.scheduler_info()["workers"])
-    n0 = len(_outgoing(client))
+    time.sleep(0.2)  # the log's clock: nothing earlier falls after t0
+    t0 = time.time()
     fn()
-    new = _outgoing(client)[n0:]
+    new = _outgoing(client, t0)
     to_caller = sum(e["total"] for e in new if e["who"] not in workers)
     between = sum(e["total"] for e in new if e["who"] in workers)
     return to_caller, between
