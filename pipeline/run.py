@@ -153,8 +153,12 @@ class RunTransaction(RunLock):
                         raise
                 else:  # nothing is published; the previous result stays as it was
                     self.txn.discard()
-                    logger.warning(
-                        "publish: the run failed; nothing was published, %s is as it was",
+                    # stopped (Ctrl-C, SIGTERM: not an Exception, e.g. KeyboardInterrupt or
+                    # Prefect's TerminationSignal): the command's own one line says so
+                    interrupted = not issubclass(exc_type, Exception)
+                    (logger.debug if interrupted else logger.warning)(
+                        "publish: the run %s; nothing was published, %s is as it was",
+                        "was stopped" if interrupted else "failed",
                         self.out,
                     )
         finally:

@@ -221,7 +221,8 @@ def test_update_local_base_refused_before_writing(iso, client_dir, base, bucket,
     assert res.returncode == 2, res.stderr[-3000:]
     line = _last_line(res)
     assert line.startswith("kpca update: error: the Dask workers cannot see the run's base run")
-    assert f"base run {local} (2 of 2 workers" in line
+    # the base named by its folder (the version it publishes lies inside it)
+    assert f"base run {local}" in line and "(2 of 2 workers" in line
     assert "drift" not in res.stderr and "ingest:" not in res.stderr  # no stage ran
     assert _keys(s3_server, bucket, "upd") == []
     info = _kpca("info", out, "--storage-options", opts)
