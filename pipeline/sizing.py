@@ -38,7 +38,7 @@ def input_shape(cfg: PipelineConfig) -> tuple[int, int]:
     skip |= set(cfg.input.exclude_columns or [])
     try:
         if fmt == "npy":
-            a = np.load(path, mmap_mode="r")
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
             return int(a.shape[0]), int(a.shape[1]) if a.ndim == 2 else 1
         if fmt == "zarr":
             import zarr
