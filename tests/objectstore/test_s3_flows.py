@@ -247,9 +247,8 @@ def test_artifacts_identical_to_the_local_run(runs):
     assert m_remote["input"]["fingerprint"] == m_local["input"]["fingerprint"]
     # the model's own arrays, read back through each store
     import kpca_dask
-    from pipeline.store import Location
 
-    model_r = kpca_dask.load(Location(f"{out}/model", opts).zarr_source())
+    model_r = kpca_dask.load(open_run(out, opts).model.zarr_source())
     model_l = kpca_dask.load(version_dir(runs["local"]) / "model")
     np.testing.assert_array_equal(model_r.eigenvalues_, model_l.eigenvalues_)
     new = pd.DataFrame(NEW, columns=list("abcd"))  # the model records its feature names
@@ -302,7 +301,9 @@ print("ROWS", res["rows"], res["components"])
     res = python(runs["api"], code)
     assert res.returncode == 0, res.stderr
     assert "ROWS 40 3" in res.stdout
-    got = zarr.open_group(dest, mode="r", storage_options=opts)["embedding"][...]
+    from pipeline.versions import open_output
+
+    got = open_output(dest, opts).data.open_group("r")["embedding"][...]
     import kpca_dask
 
     want = kpca_dask.load(version_dir(runs["local"]) / "model").transform(
