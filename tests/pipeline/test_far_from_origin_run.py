@@ -23,6 +23,7 @@ import yaml
 import zarr
 
 import kpca_dask
+from tests.published import version_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 N, D, GAMMA, K, OFFSET = 500, 8, 0.2, 4, 1e8
@@ -66,10 +67,12 @@ def test_published_spectrum_far_from_origin_equals_reference(tmp_path, materiali
         timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    model = kpca_dask.load(tmp_path / "out" / "model")
+    model = kpca_dask.load(version_dir(tmp_path / "out") / "model")
     assert model.n_samples_fit_ == N  # no held-out split: the reference's rows
     published = np.asarray(
-        zarr.open_group(str(tmp_path / "out"), mode="r")["spectrum"]["eigenvalues"][...]
+        zarr.open_group(str(version_dir(tmp_path / "out")), mode="r")["spectrum"][
+            "eigenvalues"
+        ][...]
     )
     ref = reference(X0)
     np.testing.assert_allclose(published, ref, rtol=1e-6)

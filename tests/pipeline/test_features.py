@@ -22,6 +22,7 @@ from pipeline.features import FeatureError, match, select
 from pipeline.ingest import InputError
 from pipeline.run import run_pipeline
 from pipeline.transform import transform_to_store
+from tests.published import version_dir
 
 N = 240
 FEATURES = ["f_a", "f_b", "f_c", "flag"]
@@ -85,7 +86,7 @@ def run(tmp_path_factory):
 
 
 def embedding(path) -> np.ndarray:
-    return np.asarray(zarr.open_group(str(path), mode="r")["embedding"][...])
+    return np.asarray(zarr.open_group(str(version_dir(path)), mode="r")["embedding"][...])
 
 
 # ------------------------------------------------------------------ what a run records
@@ -97,7 +98,7 @@ def test_the_run_records_its_features(run):
     assert block["bool_columns"] == ["flag"]
     assert (block["id_column"], block["label_column"]) == ("id", "label")
     assert block["selection"] == "all"
-    model = kpca_dask.load(run / "out" / "model")
+    model = kpca_dask.load(version_dir(run / "out") / "model")
     assert list(model.feature_names_in_) == FEATURES
     assert model.features_ == block  # the model's "features" block is the manifest's
 
@@ -125,7 +126,7 @@ def test_transform_by_name_in_any_order_reuses_id_and_label(run, tmp_path):
     a, b = embedding(tmp_path / "a.zarr"), embedding(tmp_path / "b.zarr")
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
     # the model on the rows in the fitted order is what the transform wrote
-    model = kpca_dask.load(run / "out" / "model")
+    model = kpca_dask.load(version_dir(run / "out") / "model")
     np.testing.assert_allclose(a, model.transform(new[FEATURES]), rtol=0, atol=1e-12)
     # and scikit-learn (StandardScaler, the run's default preprocess, then KernelPCA),
     # fitted on the same training columns, agrees up to sign
@@ -137,7 +138,7 @@ def test_transform_by_name_in_any_order_reuses_id_and_label(run, tmp_path):
     sk = make_pipeline(StandardScaler(), SkKernelPCA(3, kernel="rbf", gamma=0.2)).fit(train)
     ref = sk.transform(new[FEATURES].astype(float))
     np.testing.assert_allclose(np.abs(b), np.abs(ref), rtol=0, atol=1e-8)
-    g = zarr.open_group(str(tmp_path / "b.zarr"), mode="r")
+    g = zarr.open_group(str(version_dir(tmp_path / "b.zarr")), mode="r")
     np.testing.assert_array_equal(g["ids"][...], new["id"].to_numpy())  # carried, no flags
     assert "labels" in g
 
@@ -187,8 +188,8 @@ def test_denoise_selects_columns_by_name_too(run, tmp_path):
             "--ignore-extra",
         )
         assert rc == 0, err
-    a = zarr.open_group(str(tmp_path / "a.zarr"), mode="r")
-    b = zarr.open_group(str(tmp_path / "b.zarr"), mode="r")
+    a = zarr.open_group(str(version_dir(tmp_path / "a.zarr")), mode="r")
+    b = zarr.open_group(str(version_dir(tmp_path / "b.zarr")), mode="r")
     np.testing.assert_allclose(b["denoised"][...], a["denoised"][...], rtol=0, atol=1e-12)
     assert b["denoised"].shape == (26, len(FEATURES))
     np.testing.assert_array_equal(b["ids"][...], new["id"].to_numpy())
@@ -203,9 +204,9 @@ def test_new_rows_without_id_or_label_and_one_class(run, tmp_path):
         str(tmp_path / "b.zarr"),
     )
     assert res["rows"] == 30
-    assert set(zarr.open_group(str(tmp_path / "b.zarr"), mode="r").array_keys()) == {
-        "embedding"
-    }
+    assert set(
+        zarr.open_group(str(version_dir(tmp_path / "b.zarr")), mode="r").array_keys()
+    ) == {"embedding"}
     # a label column with one class only: not a reason to refuse new rows
     one = table(30, seed=6).assign(label="left")
     one.to_csv(tmp_path / "one.csv", index=False)
@@ -221,13 +222,13 @@ def test_listed_columns_ignore_other_columns_at_transform(tmp_path):
     df = table().assign(note="free text", when=pd.Timestamp("2026-01-01"))
     df.to_parquet(tmp_path / "train.parquet")
     run_pipeline(config(tmp_path, tmp_path / "train.parquet", columns=["f_c", "f_a"]))
-    block = kpca_dask.load(tmp_path / "out" / "model").features_
+    block = kpca_dask.load(version_dir(tmp_path / "out") / "model").features_
     assert block["names"] == ["f_c", "f_a"] and block["selection"] == "columns"
     new = table(20, seed=7).assign(other=2.0)
     new.to_csv(tmp_path / "new.csv", index=False)
     rc, _, err = cli("transform", tmp_path / "out", tmp_path / "new.csv", tmp_path / "t.zarr")
     assert rc == 0, err
-    model = kpca_dask.load(tmp_path / "out" / "model")
+    model = kpca_dask.load(version_dir(tmp_path / "out") / "model")
     np.testing.assert_allclose(
         embedding(tmp_path / "t.zarr"),
         model.transform(new[["f_a", "f_c"]]),  # a DataFrame: by name, in any order

@@ -26,6 +26,7 @@ from kpca_dask import preprocess as pre
 from pipeline.config import InputConfig, load_config
 from pipeline.run import run_pipeline
 from pipeline.transform import transform_to_store
+from tests.published import version_dir
 
 from ..conftest import align_signs
 
@@ -55,11 +56,13 @@ def run(tmp_path, path, out="out", **over) -> tuple[dict, object]:
         cfg.setdefault(k, {}).update(v)
     run_pipeline(load_config(cfg))
     root = tmp_path / out
-    return json.loads((root / "report" / "metrics.json").read_text()), root
+    return json.loads((version_dir(root) / "report" / "metrics.json").read_text()), root
 
 
 def split_mask(root) -> np.ndarray:
-    return np.asarray(zarr.open_group(str(root), mode="r")["split"][...]).astype(bool)
+    return np.asarray(zarr.open_group(str(version_dir(root)), mode="r")["split"][...]).astype(
+        bool
+    )
 
 
 # ----------------------------------------------------------------- the statistics
@@ -136,7 +139,7 @@ def test_scaling_is_fitted_on_training_rows_only(wine_run):
     held-out row (x1000) in a second run with the same split leaves them bit-identical."""
     tmp, _, root = wine_run
     mask = split_mask(root)
-    model = kpca_dask.load(root / "model")
+    model = kpca_dask.load(version_dir(root) / "model")
     s = model.preprocess_
     assert s.method == "standard" and s.n_rows == mask.sum() < len(WINE)
     ref = StandardScaler().fit(WINE[FEATURES].to_numpy()[mask])
@@ -149,7 +152,7 @@ def test_scaling_is_fitted_on_training_rows_only(wine_run):
     moved.to_csv(tmp / "moved.csv", index=False)
     _, root2 = run(tmp, tmp / "moved.csv", out="out-moved")
     assert np.array_equal(split_mask(root2), mask)  # the same split (labels unchanged)
-    s2 = kpca_dask.load(root2 / "model").preprocess_
+    s2 = kpca_dask.load(version_dir(root2) / "model").preprocess_
     assert np.array_equal(s2.center, s.center) and np.array_equal(s2.scale, s.scale)
 
 
@@ -164,8 +167,8 @@ def test_transform_reproduces_the_scaled_embedding(wine_run):
         InputConfig(path=str(tmp / "wine.csv"), label_column="label", id_column="id"),
         str(out),
     )
-    new = np.asarray(zarr.open_group(str(out), mode="r")["embedding"][...])
-    emb = np.asarray(zarr.open_group(str(root), mode="r")["embedding"][...])
+    new = np.asarray(zarr.open_group(str(version_dir(out)), mode="r")["embedding"][...])
+    emb = np.asarray(zarr.open_group(str(version_dir(root)), mode="r")["embedding"][...])
     mask = split_mask(root)
     scale = np.abs(emb).max()
     assert np.max(np.abs(new[~mask] - emb[~mask])) <= 1e-12 * scale
@@ -178,14 +181,14 @@ def test_preimage_returns_original_units(wine_run):
     StandardScaler.inverse_transform."""
     _, _, root = wine_run
     mask = split_mask(root)
-    model = kpca_dask.load(root / "model")
+    model = kpca_dask.load(version_dir(root) / "model")
     X = WINE[FEATURES].to_numpy()
     sc = StandardScaler().fit(X[mask])
     sk = SkKernelPCA(
         8, kernel="rbf", gamma=model.gamma_, fit_inverse_transform=True, alpha=1.0
     ).fit(sc.transform(X[mask]))
     ref = sc.inverse_transform(sk.inverse_transform(sk.transform(sc.transform(X))))
-    den = np.asarray(zarr.open_group(str(root), mode="r")["denoised"][...])
+    den = np.asarray(zarr.open_group(str(version_dir(root)), mode="r")["denoised"][...])
     assert den.shape == X.shape
     # original units: proline in the hundreds, hue around 1 (not mean 0, std 1)
     assert 300 < den[:, FEATURES.index("proline")].mean() < 1500
@@ -198,7 +201,7 @@ def test_wine_kernel_pca_at_least_linear_pca_and_report_shows_it(wine_run):
     assert m["preprocess"]["scale"] == "standard" and m["preprocess"]["warning"] is None
     assert m["n_components"] == m["pca"]["n_components"] == 8
     assert m["kpca_accuracy"] >= m["pca_accuracy"] >= 0.9
-    report = (root / "report" / "report.md").read_text()
+    report = (version_dir(root) / "report" / "report.md").read_text()
     assert "Feature scaling | standard" in report
     assert f"{100 * m['kpca_accuracy']:.2f}%" in report
     assert f"{100 * m['pca_accuracy']:.2f}%" in report
@@ -216,7 +219,7 @@ def test_breast_cancer_parquet_kernel_pca_at_least_linear_pca(tmp_path):
     assert m["preprocess"]["scale"] == "standard" and m["preprocess"]["spread_ratio"] > 1e3
     assert m["n_components"] == m["pca"]["n_components"] == 8
     assert m["kpca_accuracy"] >= m["pca_accuracy"] >= 0.9
-    report = (root / "report" / "report.md").read_text()
+    report = (version_dir(root) / "report" / "report.md").read_text()
     assert f"{100 * m['kpca_accuracy']:.2f}%" in report
     assert f"{100 * m['pca_accuracy']:.2f}%" in report and "Feature scaling" in report
 
@@ -234,10 +237,11 @@ def test_unscaled_wide_spread_warns_in_log_and_report(tmp_path, caplog):
     assert p["scale"] == "none" and p["spread_ratio"] > 1e3 and p["widest"] == "proline"
     assert (
         p["warning"]
-        and "Warning: feature scales differ" in (root / "report" / "report.md").read_text()
+        and "Warning: feature scales differ"
+        in (version_dir(root) / "report" / "report.md").read_text()
     )
     # no scaling: the model's transform is the raw estimator's (the identity scaler)
-    model = kpca_dask.load(root / "model")
+    model = kpca_dask.load(version_dir(root) / "model")
     assert model.preprocess_.identity
 
 
