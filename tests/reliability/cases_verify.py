@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+from ..published import version_dir
 from .catalogue import RUN_D, Case, D, N, _cli, _new_rows
 from .helpers import blobs
 
@@ -19,14 +20,14 @@ def _copy(ctx):
 
 def _truncated_chunk(ctx):
     run = _copy(ctx)
-    chunk = run / "embedding" / "c" / "0" / "0"
+    chunk = version_dir(run) / "embedding" / "c" / "0" / "0"
     chunk.write_bytes(chunk.read_bytes()[:20])
     return ["info", run]
 
 
 def _deleted_chunk(ctx):
     run = _copy(ctx)
-    (run / "embedding" / "c" / "1" / "0").unlink()
+    (version_dir(run) / "embedding" / "c" / "1" / "0").unlink()
     return ["info", run]
 
 
@@ -39,19 +40,19 @@ def _edit_attrs(run, node, edit):
 
 def _columns_edited(ctx):
     run = _copy(ctx)
-    _edit_attrs(run, "embedding", lambda a: a["columns"].reverse())
+    _edit_attrs(version_dir(run), "embedding", lambda a: a["columns"].reverse())
     return ["info", run]
 
 
 def _model_array_attrs(ctx):
     run = _copy(ctx)
-    _edit_attrs(run, "model/eigenvalues", lambda a: a.update(note="edited"))
+    _edit_attrs(version_dir(run), "model/eigenvalues", lambda a: a.update(note="edited"))
     return ["transform", run, _new_rows(ctx, RUN_D), ctx.dir / "emb.zarr"]
 
 
 def _spectrum_garbage(ctx):
     run = _copy(ctx)
-    (run / "spectrum" / "eigenvalues" / "c" / "0").write_bytes(b"\x00not zstd" * 4)
+    (version_dir(run) / "spectrum" / "eigenvalues" / "c" / "0").write_bytes(b"\x00not zstd" * 4)
     return ["transform", run, _new_rows(ctx, RUN_D), ctx.dir / "emb.zarr"]
 
 
