@@ -405,22 +405,12 @@ class Estimate:
         return "\n".join(lines)
 
 
-def exact_waves(
-    row_chunks: tuple[int, ...] | list[int], wave_tasks: int
-) -> list[tuple[int, int]]:
-    """The waves of block rows of one exact product, as
-    :meth:`~kpca_dask.gram.BlockKernelMatrix.product` forms them: consecutive block rows
-    while the wave has at most ``wave_tasks`` block tasks (at least one row)."""
-    nb = len(row_chunks)
-    waves, start = [], 0
-    while start < nb:
-        stop, tasks = start, 0
-        while stop < nb and (tasks == 0 or tasks + (nb - stop) <= wave_tasks):
-            tasks += nb - stop
-            stop += 1
-        waves.append((start, stop))
-        start = stop
-    return waves
+def exact_waves(row_chunks: Any, wave_tasks: int) -> list[tuple[int, int]]:
+    """The waves of one exact product: the driver's own rule
+    (:func:`kpca_dask.gram.exact_waves`, imported here on use: this module loads no dask)."""
+    from .gram import exact_waves as waves
+
+    return waves(row_chunks, wave_tasks)
 
 
 def _row_chunks(n: int, r: int) -> list[int]:

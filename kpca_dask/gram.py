@@ -262,6 +262,22 @@ def _sum_parts(parts: Sequence[Any], which: Sequence[int | None]) -> np.ndarray:
     return out
 
 
+def exact_waves(row_chunks: Sequence[int], wave_tasks: int) -> list[tuple[int, int]]:
+    """The waves of block rows of one exact product (:meth:`BlockKernelMatrix.product`;
+    the cost model counts them with the same function): consecutive block rows while the
+    wave has at most ``wave_tasks`` block tasks (at least one row)."""
+    nb = len(row_chunks)
+    waves, start = [], 0
+    while start < nb:
+        stop, tasks = start, 0
+        while stop < nb and (tasks == 0 or tasks + (nb - stop) <= wave_tasks):
+            tasks += nb - stop
+            stop += 1
+        waves.append((start, stop))
+        start = stop
+    return waves
+
+
 class BlockKernelMatrix:
     """The kernel matrix ``K = k(X, X)`` over the row blocks of ``X``, never formed.
 
@@ -561,14 +577,7 @@ class BlockKernelMatrix:
             self.block_reader is None,
             self._cache is not None,
         )
-        waves, start = [], 0
-        while start < nb:
-            stop, tasks = start, 0
-            while stop < nb and (tasks == 0 or tasks + (nb - stop) <= wave_tasks):
-                tasks += nb - stop
-                stop += 1
-            waves.append((start, stop))
-            start = stop
+        waves = exact_waves(self.row_chunks, wave_tasks)
         if self.block_reader is not None and self._cache is None:
             # A stored K read in the same order every pass defeats the page cache as
             # soon as the store is a little larger than it: each pass evicts the
