@@ -475,17 +475,19 @@ class BlockKernelMatrix:
 
         return key
 
-    def _pair_graph(self, Z, rows: range, token: str) -> tuple[dict, list, str]:
+    def _pair_graph(self, Z, rows: range, token: str, X=None) -> tuple[dict, list, str]:
         """Tasks for the upper blocks in block rows ``rows`` and, per row block
         ``j >= rows.start``, one key ``(oname, j - rows.start, 0)`` summing what
-        they contribute to ``(K @ Z)_j``."""
+        they contribute to ``(K @ Z)_j``. ``X``: the rows to use instead of
+        ``self.X`` (the same values, persisted on a cluster)."""
         nb = self.n_blocks
+        X = self.X if X is None else X
         pname = "kpca-kz-part-" + token
         oname = "kpca-kz-" + token
         dsk: dict[Any, Any] = {}
-        deps: list[Any] = [self.X]
+        deps: list[Any] = [X]
         zkey = self._z_source(Z, dsk, deps, token)
-        xn = self.X.name
+        xn = X.name
         contrib: dict[int, list] = {j: [] for j in range(rows.start, nb)}
         for i in rows:
             for j in range(i, nb):
@@ -636,6 +638,15 @@ class BlockKernelMatrix:
         plus one accumulator per row block."""
         from distributed import futures_of, wait
 
+        # The rows too: two waves are on the cluster at a time and each wave's graph
+        # would carry X's tasks again, under the keys the scheduler is releasing
+        # from the wave before (distributed 2026.8 then lost a worker, "'<' not
+        # supported between NoneType", and the caller got a KeyError for an X
+        # block). Persisted for the pass, X is also read from its store once per
+        # pass instead of once per wave. Held by this frame only.
+        X = None
+        if self.block_reader is None and self._cache is None:
+            X = client.persist(self.X)
         nb, ncols = self.n_blocks, int(Zsrc.shape[1])
         # the row blocks each wave makes final: those no later wave adds to (a wave
         # adds to every row block from its first one on; waves may run backwards)
@@ -647,7 +658,7 @@ class BlockKernelMatrix:
         prev: tuple[int, Any] | None = None  # (first row block, persisted accumulator)
         inflight: collections.deque = collections.deque()
         for (start, stop), done in zip(waves, final):
-            dsk, deps, oname = self._pair_graph(Zsrc, range(start, stop), f"{token}-{start}")
+            dsk, deps, oname = self._pair_graph(Zsrc, range(start, stop), f"{token}-{start}", X)
             name = oname
             if prev is not None:
                 pstart, pacc = prev

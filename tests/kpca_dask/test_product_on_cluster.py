@@ -88,3 +88,36 @@ def test_bytes_into_the_caller_do_not_grow_with_the_waves(dask_client):
     read, _ = _bytes_to_caller(dask_client, lambda: K.product(Z, wave_tasks=1))
     assert read <= 1.5 * nbytes, f"{read / nbytes:.2f} x n l 8 bytes into the caller"
     assert read >= 0.9 * nbytes  # the counter does see the result arrive
+
+
+def _counted_rows(block, folder):
+    """The identity, leaving one file per call in ``folder`` (a worker process's
+    counter the test can read)."""
+    import os
+    import uuid
+
+    if block.size:  # not dask's call on an empty array to infer the meta
+        open(os.path.join(folder, uuid.uuid4().hex), "w").close()
+    return block
+
+
+def test_the_rows_are_read_once_per_pass_not_once_per_wave(dask_client, tmp_path):
+    """Two waves are on the cluster at a time. When each wave's graph carried the
+    rows' own tasks again, the scheduler was handed keys it was releasing from the
+    wave before: in a full run it lost a worker (distributed's "'<' not supported
+    between NoneType" in _add_to_memory) and the fit died with a KeyError for a row
+    block. The rows are persisted for the pass instead: each row block's task runs
+    once per product, whatever the number of waves."""
+    n, rows = 2400, 200
+    X0 = np.random.default_rng(4).normal(size=(n, 5))
+    X = da.from_array(X0, chunks=(rows, 5)).map_blocks(
+        _counted_rows, str(tmp_path), dtype=X0.dtype, name="counted-rows"
+    )
+    K = BlockKernelMatrix(X, make_kernel("rbf", gamma=0.3), np.float64)
+    Z = np.random.default_rng(5).normal(size=(n, 3))
+    got = K.product(Z, wave_tasks=15)  # 12 row blocks: several waves
+    assert len(list(tmp_path.iterdir())) == K.n_blocks
+    dense = BlockKernelMatrix(
+        da.from_array(X0, chunks=(rows, 5)), make_kernel("rbf", gamma=0.3), np.float64
+    ).to_numpy()
+    np.testing.assert_allclose(got, dense @ Z, rtol=1e-12, atol=1e-10)
