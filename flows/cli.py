@@ -216,6 +216,7 @@ def _load_run_config(args: argparse.Namespace, *, absolute: bool = True):
     cfg = load_config(args.config)
     if args.output:
         cfg.output.path = args.output
+    args.location = str(cfg.output.path)  # what a store failure names if nothing else
     if args.overwrite:
         cfg.output.overwrite = True
     _cluster_overrides(cfg, args)
@@ -1216,7 +1217,7 @@ def _user_message(exc: BaseException) -> str:
 
 def _locations(args: argparse.Namespace) -> str:
     """The location a command works on (for a store failure that names no object)."""
-    for name in ("artifact_dir", "output_dir", "output", "run"):
+    for name in ("location", "artifact_dir", "output_dir", "output", "run"):
         v = getattr(args, name, None)
         if isinstance(v, str) and v:
             return v
@@ -1254,15 +1255,11 @@ def _report_error(command: str, exc: Exception, where: str = "") -> int:
         print(f"kpca {command}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     if is_transient(exc):
-        endpoint = (
-            "; an object store's endpoint goes in storage_options (or --storage-options): "
-            '{"client_kwargs": {"endpoint_url": ...}}'
-            if "endpoint" in str(exc).lower()
-            else ""
-        )
+        from pipeline.verify import endpoint_hint
+
         print(
             f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
-            f"workers){endpoint}; re-run the same command to resume.",
+            f"workers){endpoint_hint(exc)}; re-run the same command to resume.",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -45,6 +45,7 @@ __all__ = [
     "checked_array",
     "chunk_digest",
     "describe_store_failure",
+    "endpoint_hint",
     "is_store_failure",
     "object_name",
     "open_checked_group",
@@ -378,13 +379,25 @@ def describe_store_failure(exc: BaseException, where: str = "") -> str | None:
             "permissions in use do not (any longer) allow it: restore them, then re-run the "
             "same command."
         )
-    endpoint = (
-        "; an object store's endpoint goes in storage_options (or --storage-options): "
-        '{"client_kwargs": {"endpoint_url": ...}}'
-        if "endpoint" in str(exc).lower()
-        else ""
-    )
     return (
         f"cannot {action}{target}: the store failed ({reason}) after the client's "
-        f"retries{endpoint}; re-run the same command when it is reachable."
+        f"retries{endpoint_hint(exc)}; re-run the same command when it is reachable."
+    )
+
+
+#: what botocore says when no connection to the endpoint could be made at all (not when
+#: one was made and then failed: "... closed before we received a valid response from
+#: endpoint URL", "Read timeout on endpoint URL")
+_NOT_CONNECTED = ("could not connect to the endpoint", "connect timeout on endpoint")
+
+
+def endpoint_hint(exc: BaseException) -> str:
+    """Where an object store's endpoint goes, for a failure to connect to one at all
+    (a missing or wrong endpoint, as a rule); "" for any other failure."""
+    msg = " ".join(str(exc).lower().split())
+    if not any(s in msg for s in _NOT_CONNECTED):
+        return ""
+    return (
+        "; an object store's endpoint goes in storage_options (or --storage-options): "
+        '{"client_kwargs": {"endpoint_url": ...}}'
     )

@@ -17,7 +17,9 @@ A fault applies to the requests that match it (``methods``, default the writes P
 DELETE and PATCH; ``path_contains``, a substring of the path), after ``after`` matching
 requests have passed, for ``times`` requests (``None``: until cleared). The proxy counts
 every request and every fault it injected (``stats``), so a test can also wait until a
-client is under way before switching a fault on.
+client is under way before switching a fault on. It also keeps the first
+``LOGGED`` requests it injected a fault into (method, path, and whether it was a
+server-side copy), so a test can show which writes failed.
 
 Optionally it terminates TLS (``certfile``/``keyfile``) and forwards plain HTTP: adlfs
 always speaks https to an ``account_host``, so the az:// tests reach azurite this way.
@@ -48,6 +50,10 @@ from urllib.parse import urlsplit
 
 WRITE_METHODS = ("PUT", "POST", "DELETE", "PATCH")
 MODES = ("drop", "error", "delay")
+#: how many injected requests the proxy describes in its state
+LOGGED = 200
+#: request headers that make a write a server-side copy (S3/GCS-XML, Azure)
+COPY_HEADERS = ("x-amz-copy-source", "x-goog-copy-source", "x-ms-copy-source")
 #: headers that belong to one hop, never forwarded as they are
 HOP_BY_HOP = {
     "connection",
@@ -74,6 +80,7 @@ class Faults:
         self.matched = 0  # requests that matched the current rule
         self.requests: dict[str, int] = {}
         self.injected: dict[str, int] = {}
+        self.log: list[dict] = []  # the first LOGGED requests a fault was injected into
 
     def set(self, rule: dict | None) -> None:
         if rule is not None:
@@ -95,7 +102,7 @@ class Faults:
             self.rule = rule
             self.matched = 0
 
-    def decide(self, method: str, path: str) -> dict | None:
+    def decide(self, method: str, path: str, headers=None) -> dict | None:
         """Count the request; the rule to apply to it, if any."""
         with self.lock:
             self.requests[method] = self.requests.get(method, 0) + 1
@@ -109,6 +116,10 @@ class Faults:
             if k <= 0 or (rule["times"] is not None and k > rule["times"]):
                 return None
             self.injected[rule["mode"]] = self.injected.get(rule["mode"], 0) + 1
+            if len(self.log) < LOGGED:
+                copy = any(h in (headers or {}) for h in COPY_HEADERS) or "rewriteTo" in path
+                entry = {"mode": rule["mode"], "method": method, "path": path, "copy": copy}
+                self.log.append(entry)
             return rule
 
     def state(self) -> dict:
@@ -118,6 +129,7 @@ class Faults:
                 "matched": self.matched,
                 "requests": dict(self.requests),
                 "injected": dict(self.injected),
+                "injected_requests": list(self.log),
             }
 
 
@@ -169,7 +181,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     def _proxy(self) -> None:
         method = self.command
-        rule = self.faults.decide(method, self.path)
+        rule = self.faults.decide(method, self.path, self.headers)
         if rule is not None and rule["mode"] == "drop" and rule["where"] == "request":
             n = int(self.headers.get("Content-Length") or 0)
             if n > 1:
@@ -263,6 +275,7 @@ class ControlHandler(BaseHTTPRequestHandler):
                 with self.faults.lock:
                     self.faults.requests.clear()
                     self.faults.injected.clear()
+                    self.faults.log.clear()
             else:
                 return self._answer(404, {"error": f"no such control path {self.path}"})
         except (ValueError, TypeError) as exc:
