@@ -109,6 +109,8 @@ def _run_config(cfg, args: argparse.Namespace) -> Any:
     """The ``kpca_pipeline`` flow (or, with --no-prefect, the plain stages); either one
     connects to cfg.cluster itself. The input and output are checked first."""
     prestart_checks(cfg, args.command)
+    if args.prefect:  # importing Prefect and Dask takes seconds: say what is under way
+        _say(args, "input and output checked; loading Prefect")
     start_runtime(args)
     from pipeline.progress import show_progress
 

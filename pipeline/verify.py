@@ -242,11 +242,16 @@ def checked_array(
         _SESSION, object_name(z), d.shape, d.chunks, str(d.dtype), digests, fix, what
     )
     name = "checked-" + token
-    zkey = "checked-zarr-" + token
-    dsk: dict[Any, Any] = {zkey: z}
+    # ``z`` in every task, not one key of its own that the tasks depend on: dask's graph
+    # optimisation fuses such a key into its only dependent and renames the result
+    # ("checked-zarr-checked-..."), so a culled read of one chunk (check_finite's first
+    # row) and a whole read defined the same chunk's key differently; two such graphs on
+    # one cluster (an exact product's waves) lost a worker and failed with a KeyError
+    # for the renamed key. A zarr array is a store reference and its metadata (a few KB).
+    dsk: dict[Any, Any] = {}
     for idx in np.ndindex(*d.numblocks):
         expected = None if digests is None else digests[idx].tobytes()
-        dsk[(name, *idx)] = (_read_checked, zkey, idx, expected, fix, what)
+        dsk[(name, *idx)] = (_read_checked, z, idx, expected, fix, what)
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
     return da.Array(
         graph, name, chunks=d.chunks, dtype=d.dtype, meta=np.empty((0,) * d.ndim, d.dtype)

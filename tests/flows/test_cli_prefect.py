@@ -73,7 +73,8 @@ def test_an_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path):
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines[0] == f"kpca run: checking {cfg}, its input and its output", lines
-    lines = lines[1:]  # the first line says what it does; then one for the error
+    assert lines[1] == "kpca run: input and output checked; loading Prefect", lines
+    lines = lines[2:]  # the lines say what it does; then one for the error
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith(f"kpca run: error: the Prefect API at PREFECT_API_URL={url} ")
     assert "not reachable" in lines[0] and "--no-prefect" in lines[0]

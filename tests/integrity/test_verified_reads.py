@@ -300,6 +300,33 @@ def test_checked_reads_name_the_chunk_and_allow_recorded_absences(tmp_path):
     assert attrs_digest(zarr.open_array(str(tmp_path / "a.zarr"))) != before
 
 
+@pytest.mark.parametrize("chunks", [(40, 2), (10, 2)])
+def test_checked_chunks_keep_their_keys_in_every_optimised_graph(tmp_path, chunks):
+    """Every graph that reads the checked array (all of it, its first row, a reduction)
+    defines each chunk under its own key, never under a fused and renamed one: with the
+    store as a key of its own, dask fused it into a one-chunk array's read and renamed
+    it ("checked-zarr-checked-..."), so graphs submitted to one cluster at once defined
+    the same chunk differently; in CI a run then lost a worker and died with a KeyError
+    for the renamed key."""
+    import dask
+
+    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=(40, 2), chunks=chunks, dtype="f8")
+    z[...] = np.arange(80.0).reshape(40, 2)
+    x = checked_array(z)
+    own = {(x.name, i, 0) for i in range(x.numblocks[0])}
+    (whole,) = dask.optimize(x)
+    assert set(dict(whole.__dask_graph__())) == own
+    for part in (x[:1], x.sum(axis=0), x.map_blocks(np.negative)):
+        (opt,) = dask.optimize(part)
+        renamed = [
+            k
+            for k in dict(opt.__dask_graph__())
+            if isinstance(k, tuple) and x.name in k[0] and k[0] != x.name
+        ]
+        assert not renamed, renamed
+    np.testing.assert_array_equal(x.compute(), z[...])
+
+
 def test_store_failures_are_described_with_the_object(tmp_path):
     loc = Location(str(tmp_path / "ro" / "x.json"))
     err = PermissionError(13, "Permission denied", str(loc))
