@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kpca_dask.solvers import randomized_eigh
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +107,7 @@ def test_bench_stored_products_compares_the_same_products(tmp_path):
     assert all(len(v) == 1 and v[0] > 0 for v in r["pass_seconds"].values())
 
 
+@pytest.mark.slow  # ~23 s: repeated fits
 def test_bench_headline_reports_the_median_of_repeated_fits(tmp_path):
     """--repeat: every fit is kept, the row is the median-time fit, and the ratio is
     between the medians; accuracy is checked for every fit against its round's

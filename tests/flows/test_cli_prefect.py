@@ -81,6 +81,7 @@ def test_an_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # ~50 s; SIGTERM mid-solve (the same handler) stays in the default run
 def test_ctrl_c_mid_solve_exits_130_within_5_s_and_the_run_resumes(tmp_path):
     """Two real flow runs on an ephemeral Prefect API (the issue's must-show test: kept
     in the default suite; 4000 rows give the solve a few seconds of passes)."""

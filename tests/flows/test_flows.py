@@ -316,6 +316,7 @@ def test_changing_gamma_recomputes_only_what_depends_on_it(first_run):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~13 s
 def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
     """denoise.enabled: the kernel store is reused, the model is refitted with
     its pre-image, the denoised rows are published (checksummed); off again removes them."""

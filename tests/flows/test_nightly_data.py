@@ -306,6 +306,7 @@ def test_update_refusals_name_the_columns_and_leave_nothing(series, tmp_path):
         assert not (tmp_path / "new").exists()  # no half-written version
 
 
+@pytest.mark.slow  # ~17 s
 def test_unlabelled_and_id_less_batches_when_asked(series, tmp_path):
     home = series
     batch = _table(40, 13, first_id=BIG + 70_000)
@@ -347,6 +348,7 @@ def test_unlabelled_and_id_less_batches_when_asked(series, tmp_path):
     assert emb["label"].tolist()[600:] == batch["label"].tolist()
 
 
+@pytest.mark.slow  # ~35 s: three updates of a series
 def test_update_keeps_gamma_and_solver_unless_the_policy_changes_them(series, tmp_path):
     """An exact base (gamma: scale, resolved once) with a drifting batch under the auto
     policy: refit with the SAME gamma and solver (not Nyström); an explicit

@@ -224,6 +224,7 @@ def _ingest_chunk(run: Path, key: str = "1/0") -> Path:
     return run / "work" / "ingest.zarr" / "X" / "c" / Path(key)
 
 
+@pytest.mark.slow  # ~1 min: a chain of updates, damaged step by step
 def test_lineage_reads_are_verified(published, tmp_path, dask_cluster):
     """Base -> v2 (refit), then the base's training rows damaged: the next refit from v2
     (which reads them through the lineage) is refused in one line naming the chunk, never

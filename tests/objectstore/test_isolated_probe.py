@@ -255,6 +255,7 @@ except Exception as exc:
 """
 
 
+@pytest.mark.slow  # ~18 s: a Prefect flow run; the plain transform case stays
 def test_transform_flow_local_output_refused(
     iso, client_dir, base, bucket, s3_server, tmp_path
 ):
@@ -346,6 +347,7 @@ def test_worker_stopped_before_the_probe_is_named(iso, base, bucket, s3_server):
         assert sorted(c.run(os.getpid, workers=[frozen])) == [frozen]
 
 
+@pytest.mark.slow  # ~20 s; a worker stopped before the probe stays in the default run
 def test_worker_stopped_during_a_stage_is_named(iso, client_dir, bucket, s3_server, tmp_path):
     """``kpca run`` (s3 in and out) with a worker frozen once the solver runs: one line
     naming the worker and the stage, exit 1, within the stated timeout (10 s here) after

@@ -239,6 +239,7 @@ def test_s3_run_with_isolated_workers_identical_to_shared_disk(
     assert artifacts(_download(s3_server, out, tmp_path / "copy")) == shared_disk_run
 
 
+@pytest.mark.slow  # ~17 s
 def test_worker_killed_and_replaced_mid_solve_changes_nothing(
     iso, client_dir, s3_server, s3_input, s3_bucket, shared_disk_run, tmp_path
 ):

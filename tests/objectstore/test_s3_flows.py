@@ -263,6 +263,7 @@ def test_kpca_info_verifies_the_flow_run_in_the_bucket(runs):
     assert SECRET not in res.stdout + res.stderr
 
 
+@pytest.mark.slow  # ~12 s
 def test_second_run_is_served_from_the_cache(runs):
     fs, out = runs["fs"], runs["out"]
     before = objects(fs, out)

@@ -56,6 +56,7 @@ def _one_error_line(res, command: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # ~2 min; test_s3_nightly.py (also slow) runs five steps
 def test_three_step_update_chain_on_s3_with_the_endpoint_only_in_options(s3, data, tmp_path):
     """v1 -> v2 (merge) -> v3 (merge) -> v4 (refit: reads every store of the chain, the
     batches' through the options their entries recorded)."""

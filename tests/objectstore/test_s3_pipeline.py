@@ -294,6 +294,7 @@ def _done_blocks(fs, prefix: str) -> list[str]:
         return []
 
 
+@pytest.mark.slow  # ~25 s
 def test_killed_s3_run_resumes_and_a_corrupted_block_is_recomputed(
     tmp_path, s3, data, local_run
 ):

@@ -76,6 +76,7 @@ def test_kpca_update_on_s3_merges_and_leaves_the_base_run_unchanged(s3, data, tm
         assert v not in res.stdout + res.stderr
 
 
+@pytest.mark.slow  # ~15 s; the endpoint advice is tested fast in test_store_faults.py
 def test_kpca_update_without_the_endpoint_is_one_line(s3, tmp_path):
     """The base run on s3 but no --storage-options: the endpoint is nowhere, so the base
     cannot be read; one line, not a traceback."""

@@ -102,7 +102,8 @@ def server_env(s3_server):
         yield s3_server
 
 
-@pytest.fixture(params=["local", "s3"])
+#: the s3 cases take minutes each (a real server, SIGKILLed writers): `-m slow`
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def store(request, tmp_path, server_env):
     """A local folder, then a bucket on the server."""
     if request.param == "s3":
@@ -266,6 +267,7 @@ def test_run_overwrite_failing_or_killed_keeps_the_published_run(store, tmp_path
     assert old.returncode == 0 and json.loads(old.stdout)["config"]["kernel"]["gamma"] == 0.02
 
 
+@pytest.mark.slow
 def test_two_runs_at_once_only_one_publishes(s3store, tmp_path):
     store = s3store
     inp = store.put(blobs(N, D), "x.npy")
@@ -308,6 +310,7 @@ def transform(store, model, data, out, *extra):
     return kpca("transform", model, data, out, "--no-progress", *store.flags(), *extra)
 
 
+@pytest.mark.slow
 def test_transform_overwrite_failing_or_killed_keeps_the_published_output(
     s3store, model_run, tmp_path
 ):
@@ -350,6 +353,7 @@ def test_transform_overwrite_failing_or_killed_keeps_the_published_output(
     assert store.versions("emb.zarr") == sorted([pub.version, now.version])
 
 
+@pytest.mark.slow
 def test_two_transforms_at_once_only_one_publishes(s3store, model_run, tmp_path):
     store = s3store
     from pipeline.versions import open_output
@@ -385,6 +389,7 @@ def test_two_transforms_at_once_only_one_publishes(s3store, model_run, tmp_path)
 
 
 # -------------------------------------------------------------------- kpca update
+@pytest.mark.slow
 def test_update_overwrite_failing_or_killed_keeps_the_published_update(
     s3store, model_run, tmp_path
 ):

@@ -192,6 +192,7 @@ def test_model_without_statistics_is_refitted_not_merged(tmp_path, dask_client):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~18 s
 def test_killed_update_resumes_with_identical_artifacts(base_run, tmp_path, dask_client):
     """SIGKILL the ``kpca update`` process group after its drift report is written; the
     same command resumes (breaking the dead run's lock) and publishes what an undisturbed
@@ -236,6 +237,7 @@ def test_series_folder_names_the_newest_run(tmp_path):
     assert default_output(Location(str(tmp_path / "run-v4")), 5).endswith("/run-v5")
 
 
+@pytest.mark.slow  # ~13 s
 def test_exact_refit_is_warm_started_and_matches_a_cold_fit(tmp_path, dask_client):
     """An exact (randomized) base run: the update refits every row, starting from the
     base model's eigenvectors extended to the batch; the same model as a cold ``kpca

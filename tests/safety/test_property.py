@@ -118,6 +118,7 @@ def published_transform(published, tmp_path_factory, dask_cluster):
 @given(
     state=st.sampled_from(STATES), command=st.sampled_from(COMMANDS), overwrite=st.booleans()
 )
+@pytest.mark.slow  # ~17 s of generated cases
 def test_no_file_outside_the_output_or_of_the_user_inside_it_changes(
     published,
     published_transform,
