@@ -10,6 +10,7 @@ converts the model to the state :mod:`kpca_dask.persistence` saves.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -805,11 +806,15 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 f"{self.n_features_in_} features as input (fitted with {self.n_features_in_}); "
                 "pass data with the same columns as in fit."
             )
-        V.check_finite(Xd, names=None if self._is_precomputed() else names)
+        # where the embedding runs (numpy rows: maybe this process's threads), decided
+        # first so that the NaN check runs there too, not as a cluster round trip
+        where = _cost.transform_execution(self, int(Xd.shape[0])) if kind == "numpy" else None
+        with where.scheduler() if where is not None else contextlib.nullcontext():
+            V.check_finite(Xd, names=None if self._is_precomputed() else names)
         scaler = getattr(self, "preprocess_", None)
         if scaler is not None:
             Xd = scaler.transform(Xd)
-        return self._project_array(Xd, kind, what)
+        return self._project_array(Xd, kind, what, where=where)
 
     def _out_dtype(self, in_dtype: Any = None) -> np.dtype:
         """Embeddings are float32 when the input or the compute dtype is (scikit-learn:
@@ -819,8 +824,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         )
         return np.dtype(np.float32 if f32 else np.float64)
 
-    def _project_array(self, Xd: da.Array, kind: str, what: str) -> Any:
-        """The transform/score graph on validated data: one task per row block."""
+    def _project_array(self, Xd: da.Array, kind: str, what: str, where: Any = None) -> Any:
+        """The transform/score graph on validated data: one task per row block.
+        ``where``: the execution :func:`kpca_dask.cost.transform_execution` chose for
+        these numpy rows (decided here when not given)."""
         A_aug, consts, token = self._coefficients()
         model = model_of(self)
         k = self.n_components_
@@ -829,7 +836,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         name = f"kpca-{what}-" + tokenize(token, Xr.name)
         train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
         dsk: dict[Any, Any] = {train_key: self.X_fit_, coef_key: A_aug}
-        where = _cost.transform_execution(self, int(Xd.shape[0])) if kind == "numpy" else None
+        if where is None and kind == "numpy":
+            where = _cost.transform_execution(self, int(Xd.shape[0]))
         # scattered only for a graph the cluster runs: local threads cannot read futures
         on_cluster = (
             _on_cluster(token, self.X_fit_, A_aug)

@@ -42,7 +42,7 @@ import dask
 import dask.local
 import dask.threaded
 from dask.base import get_scheduler
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import ThreadpoolController, threadpool_info, threadpool_limits
 
 __all__ = [
     "blas_threads",
@@ -92,6 +92,23 @@ def blas_threads() -> int:
     )
 
 
+_CONTROLLER: tuple[int, ThreadpoolController] | None = None
+
+
+def _blas_limits(limit: int):
+    """``threadpool_limits(limits=limit, user_api="blas")`` without its cost per call:
+    each one searches the process's loaded libraries (5 ms; a grid search's small fits
+    made 5 such calls each). The controller is kept until a module is imported (which
+    may load another BLAS)."""
+    import sys
+
+    global _CONTROLLER
+    key = len(sys.modules)
+    if _CONTROLLER is None or _CONTROLLER[0] != key:
+        _CONTROLLER = (key, ThreadpoolController())
+    return _CONTROLLER[1].limit(limits=limit, user_api="blas")
+
+
 #: BLAS threads for the driver's algebra between passes (see blas_threads_for_driver).
 DRIVER_BLAS_THREADS = 1
 
@@ -106,7 +123,7 @@ def blas_threads_for_driver() -> Iterator[None]:
     the kernel blocks, the dominant cost, run inside :func:`blas_threads_for_dask`,
     which sets their own budget.
     """
-    with threadpool_limits(limits=min(DRIVER_BLAS_THREADS, cpu_count()), user_api="blas"):
+    with _blas_limits(min(DRIVER_BLAS_THREADS, cpu_count())):
         yield
 
 
@@ -208,5 +225,5 @@ def blas_threads_for_dask() -> Iterator[None]:
             yield
             return
         limit = max(1, cores // local)
-    with threadpool_limits(limits=limit, user_api="blas"):
+    with _blas_limits(limit):
         yield
