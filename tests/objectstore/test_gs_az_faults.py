@@ -102,11 +102,12 @@ def drop_writes(where: Prefix, skip: int = 0) -> None:
     )
 
 
-def injected(where: Prefix, name: str, published: set[str]) -> list[dict]:
+def injected(where: Prefix, name: str, published: set[str], res) -> list[dict]:
     """The requests the proxy dropped, after checking each was an upload of data (not a
     copy) into a version of ``name`` that is not a published one."""
-    reqs = where.store.proxy.state()["injected_requests"]
-    assert reqs, "no fault was injected"
+    state = where.store.proxy.state()
+    reqs = state["injected_requests"]
+    assert reqs, ("no fault was injected", state, (res.stdout + res.stderr)[-3000:])
     base = f"{where.prefix}/{name}/versions/"
     for r in reqs:
         assert r["method"] in UPLOADS and not r["copy"], r
@@ -179,8 +180,8 @@ def test_transform_dropped_connections_keep_the_published_output(where, object_s
             "--chunk-mb", "0.005", *where.flags(), *extra,
         )  # fmt: skip
 
-    def read():
-        pub = open_output(out, object_store.storage_options)
+    def read():  # straight from the server (the proxy's certificate is the commands')
+        pub = open_output(out, object_store.direct)
         verify_transform_output(pub.data, n_rows=pub.manifest["rows"], n_components=3,
                                 parquet=False)  # fmt: skip
         return pub, np.asarray(pub.data.open_group("r")["embedding"][...])
@@ -195,7 +196,7 @@ def test_transform_dropped_connections_keep_the_published_output(where, object_s
     t0 = time.monotonic()
     res = transform(1, "--overwrite")
     took = time.monotonic() - t0
-    reqs = injected(where, "emb.zarr", {published.version})
+    reqs = injected(where, "emb.zarr", {published.version}, res)
     object_store.proxy.clear()
     line = store_failure(res, where, "emb.zarr")
     assert_unchanged(where, "emb.zarr", before)
@@ -237,7 +238,7 @@ def test_update_dropped_connections_keep_the_published_update(where, object_stor
     t0 = time.monotonic()
     res = update(1, "--overwrite")
     took = time.monotonic() - t0
-    reqs = injected(where, "run-v2", {published["version"]})
+    reqs = injected(where, "run-v2", {published["version"]}, res)
     object_store.proxy.clear()
     line = store_failure(res, where, "run-v2")
     assert_unchanged(where, "run-v2", before)
@@ -255,3 +256,28 @@ def test_update_dropped_connections_keep_the_published_update(where, object_stor
     assert now["update"]["batch_rows"] == 101
     assert where.objects("base") == base_before  # the base run was only read
     print(f"{object_store.scheme} update: {len(reqs)} dropped writes in {took:.0f} s; {line}")
+
+
+@pytest.mark.parametrize("object_store", ["s3", "gs", "az"], indirect=True)
+def test_a_lock_and_a_pointer_written_after_their_folder_was_listed_are_read(object_store):
+    """A writer lists its output (checking it), then takes the lock and re-reads it; a
+    reader re-reads a pointer another process replaced. adlfs answers ``open`` from the
+    cached listing of the folder: without dropping that listing too, the lock just
+    written read as missing ("locked by an unknown holder") on an existing output."""
+    from dataclasses import asdict
+
+    from pipeline.lock import LOCK_NAME, LockHolder, create_object, read_lock
+    from pipeline.store import Location
+    from pipeline.versions import read_pointer
+
+    out = Location.at(object_store.url(uuid.uuid4().hex[:8], "out"), object_store.direct)
+    out.fs.pipe_file(out.child("manifest.json").fs_path, b'{"version": "a"}')
+    out.fs.ls(out.fs_path)  # the folder's listing, now cached by this process
+    holder = LockHolder.me()
+    assert create_object(out.child(LOCK_NAME), json.dumps(asdict(holder)).encode())
+    now = read_lock(out)
+    assert now is not None and now.token == holder.token
+    # the pointer replaced by another process (another filesystem instance), longer
+    other = object_store.filesystem()
+    other.pipe_file(out.child("manifest.json").fs_path, b'{"version": "b", "history": []}')
+    assert read_pointer(out) == {"version": "b", "history": []}
