@@ -1124,25 +1124,9 @@ def start_runtime(args: argparse.Namespace) -> None:
         from .runtime import quiet_prefect
 
         quiet_prefect()
-    for noisy in ("distributed", "prefect", "httpx", "asyncio", "tornado"):
-        logging.getLogger(noisy).setLevel(
-            logging.DEBUG if args.verbose >= 2 else logging.WARNING
-        )
-    if args.verbose == 0:
-        # what is routine here, logged as a warning by distributed: a shuffle starting and
-        # ending in the in-process scheduler of a local cluster (ingest)...
-        logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
-        # ...and graphs above 10 MiB (the model's rows travel to the workers once, not in
-        # every graph: kpca_dask.estimator; what is left is the data's own size). -v shows
-        # both.
-        import warnings
+    from .runtime import quiet_libraries
 
-        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-        # ...and a local cluster's dashboard on another port than 8787 (another cluster on
-        # this machine has it): the stage log names the dashboard's address it got
-        warnings.filterwarnings(
-            "ignore", message="Port .* is already in use", category=UserWarning
-        )
+    quiet_libraries(args.verbose)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -261,6 +261,32 @@ def handle_interrupts(
                 signal.signal(signum, handler)
 
 
+#: set once the libraries' loggers were set for this process (by the CLI or a flow run)
+_QUIETED = {"done": False}
+
+
+def quiet_libraries(verbose: int = 0) -> None:
+    """The libraries' loggers at the CLI's levels: WARNING (``-vv``: DEBUG), and at the
+    default verbosity none of their routine noise: distributed's shuffle lines of a local
+    cluster's in-process scheduler (ingest), its "Sending large graph" warnings (the
+    model's rows travel to the workers once, not in every graph: kpca_dask.estimator; what
+    is left is the data's own size) and a dashboard on another port than 8787 (the stage
+    log names the address it got). ``-v`` shows the warnings."""
+    import warnings
+
+    import distributed  # noqa: F401  (configures its loggers on import; set them after)
+
+    for noisy in ("distributed", "prefect", "httpx", "asyncio", "tornado"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
+    if verbose == 0:
+        logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message="Port .* is already in use", category=UserWarning
+        )
+    _QUIETED["done"] = True
+
+
 @contextlib.contextmanager
 def forward_library_logs(names: tuple[str, ...] = LIBRARY_LOGGERS) -> Iterator[None]:
     """Send the ``pipeline``/``kpca_dask`` stdlib loggers to the Prefect run log meanwhile.
@@ -271,6 +297,11 @@ def forward_library_logs(names: tuple[str, ...] = LIBRARY_LOGGERS) -> Iterator[N
     """
     from prefect.logging.handlers import APILogHandler
 
+    if not _QUIETED["done"]:
+        # a flow run a Prefect worker started (a deployment) has not been through the
+        # CLI: its console and run log get the CLI's default levels too, not
+        # distributed's INFO lines for every cluster event
+        quiet_libraries(0)
     added: list[tuple[logging.Logger, logging.Handler]] = []
     levels: list[tuple[logging.Logger, int]] = []
     for name in names:

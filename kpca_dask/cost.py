@@ -643,10 +643,13 @@ def estimate(
         sum_tasks = sum(nb - s for s, _ in wv)
         if cl.distributed:
             # each wave after the first adds its sums to the previous accumulator on the
-            # workers (one task per row block from its first on); Z persisted (nb tasks);
-            # only final row blocks come to the client, each once
+            # workers (one task per row block from its first on); Z persisted (nb tasks),
+            # and X's row blocks for the pass when they are not in memory already and the
+            # blocks are evaluated (nb more); only final row blocks come to the client,
+            # each once
             acc_tasks = sum(nb - s for s, _ in wv[1:])
-            tasks = block_tasks + sum_tasks + acc_tasks + nb
+            x_tasks = nb if not persisted and kernel_cache not in ("memory", "store") else 0
+            tasks = block_tasks + sum_tasks + acc_tasks + nb + x_tasks
             rows_back = n
         else:
             tasks = block_tasks + sum_tasks

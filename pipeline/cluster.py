@@ -124,11 +124,22 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 #: worker log records a local cluster's user never needs: a failed task's dump (the error
 #: reaches the client, where the CLI prints it as one line) and the heartbeat that fails
 #: while the cluster shuts down after an error
-_QUIET = ("Compute Failed", "Failed to communicate with scheduler during heartbeat")
+_QUIET = (
+    "Compute Failed",
+    "Failed to communicate with scheduler during heartbeat",
+    # a task cancelled while the cluster closes (an interrupted run: the CLI's one line
+    # says it was stopped)
+    "Async instruction for",
+)
+#: the loggers those records come from (a filter applies to its own logger only)
+_QUIET_LOGGERS = ("distributed.worker", "distributed.worker.state_machine")
 
 
 def _not_a_task_error(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_QUIET)
+    msg = str(record.msg)
+    if msg.startswith("Async instruction for"):
+        return not msg.endswith("ended with CancelledError")
+    return not msg.startswith(_QUIET)
 
 
 class QuietTaskErrors(WorkerPlugin):
@@ -140,10 +151,12 @@ class QuietTaskErrors(WorkerPlugin):
     name = "kpca-quiet-task-errors"
 
     def setup(self, worker) -> None:
-        logging.getLogger("distributed.worker").addFilter(_not_a_task_error)
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).addFilter(_not_a_task_error)
 
     def teardown(self, worker) -> None:
-        logging.getLogger("distributed.worker").removeFilter(_not_a_task_error)
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).removeFilter(_not_a_task_error)
 
 
 class PauseWatchdog(threading.Thread):

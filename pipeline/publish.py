@@ -268,13 +268,27 @@ def _only_lock_or_versions(out: Location) -> bool:
     """An output folder holding only what a transform writes before it publishes."""
     from kpca_dask.removal import MARKER_FILE
 
-    from .layout import LOCK
+    from .layout import LOCK, MANIFEST
     from .versions import VERSIONS
+    from .visibility import PROBE_PREFIX
 
+    ours = {LOCK, VERSIONS, MARKER_FILE}
     names = {
         str(n).rstrip("/").rpartition("/")[2] for n in out.fs.ls(out.fs_path, detail=False)
     }
-    return names <= {LOCK, VERSIONS, MARKER_FILE}
+    # another transform of this output may be under way at this very moment: its
+    # visibility probe's files (".kpca-probe-<time>-<random>.<who>", removed by the probe)
+    # and, on local disk, the ".<name>.<random>.tmp" of an atomic write of its pointer or
+    # marker lie there for an instant. A second transform started together saw them as "not
+    # written by kpca transform" (CI, 3 runs in 6 here); it goes on to the lock, which
+    # refuses it as a running job.
+    atomic = tuple(f".{n}." for n in (MANIFEST, MARKER_FILE, LOCK))
+    names = {
+        n
+        for n in names
+        if not n.startswith(PROBE_PREFIX) and not (n.startswith(atomic) and n.endswith(".tmp"))
+    }
+    return names <= ours
 
 
 def publish_output(

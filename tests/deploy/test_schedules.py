@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -224,6 +225,11 @@ def test_a_cron_schedule_runs_the_pipeline_deployment_to_completion(tmp_path):
     assert run["state_type"] == "COMPLETED", worker_log.read_text()[-5000:]
     assert run["auto_scheduled"], run  # created by the scheduler, not by hand
     assert "InvalidRequestError" not in log
+    # the flow run the worker started has the CLI's quiet default: no distributed INFO
+    # line for every cluster event, no large-graph warning
+    wtext = worker_log.read_text()
+    noise = re.findall(r".*distributed\.[\w.]+ - INFO.*|.*Sending large graph.*", wtext)
+    assert noise == [], noise[:10]
 
     from pipeline.export import verify_run
 

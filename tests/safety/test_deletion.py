@@ -458,3 +458,30 @@ def test_model_save_never_replaces_what_is_not_a_model(world, what):
     assert not [p for p in os.listdir(world.tmp) if p.startswith(".model.tmp")]
     model.save(world.tmp / "mine", overwrite=False)
     model.save(world.tmp / "mine", overwrite=True)  # its own model: replaced
+
+
+def test_a_second_transform_sees_a_first_one_publishing_as_a_running_job(world, tmp_path):
+    """While another transform probes the output (``.kpca-probe-<time>-<random>.client``)
+    or writes its pointer (``.manifest.json.<random>.tmp`` beside its lock, before the
+    atomic rename) the output is that transform's, not a folder of the user's: the check
+    lets the second transform on to the lock, which then refuses it as a running job (CI
+    once saw "exists and was not written by kpca transform" from two transforms started
+    together). A user's own file still makes it a folder that is not ours."""
+    from pipeline.layout import LOCK
+    from pipeline.publish import TransformOutputError, check_transform_output
+
+    out = tmp_path / "shared.zarr"
+    (out / "versions" / "20261126T000000-abc").mkdir(parents=True)
+    (out / LOCK).write_text("{}")
+    (out / ".manifest.json.k2j4x9.tmp").write_text("{}")
+    (out / ".kpca-probe-1795720527-9fbad1f82b90.client").write_text("")
+
+    def check():
+        return check_transform_output(
+            str(out), model_path=str(world.run), inputs=[], overwrite=True
+        )
+
+    assert check().local_path == out
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(TransformOutputError, match="was not written by kpca transform"):
+        check()
