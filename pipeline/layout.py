@@ -139,8 +139,7 @@ class RunLayout:
 
         m = self.root.child(MANIFEST)
         try:
-            if not m.is_local:
-                m.fs.invalidate_cache(m.fs_path)
+            m.refresh()
             pointer = read_json(m) if m.exists() else None
         except Exception:  # noqa: BLE001 - unreadable: readers get the error from resolve
             pointer = None

@@ -220,11 +220,11 @@ def create_object(loc: Location, data: bytes) -> bool:
     except FileExistsError:
         return False
     except Exception:
-        fs.invalidate_cache(path)
+        loc.refresh()
         if fs.exists(path):  # the store's own "precondition failed" / "already exists"
             return False
         raise
-    fs.invalidate_cache(path)
+    loc.refresh()
     return True
 
 
@@ -242,7 +242,7 @@ def read_lock(out: Location) -> LockHolder | None:
             with os.fdopen(fd) as f:
                 text = f.read()
         else:
-            loc.fs.invalidate_cache(loc.fs_path)  # written and removed by other processes
+            loc.refresh()  # written and removed by other processes
             if not loc.exists():
                 return None
             with loc.fs.open(loc.fs_path, "r") as f:

@@ -270,6 +270,20 @@ class Location:
             return self.local_path.exists()
         return self.fs.exists(self.fs_path)
 
+    def refresh(self) -> None:
+        """Forget what this process cached about this object and its folder's listing
+        (other processes write, replace and remove it). adlfs answers ``info``/``open`` of
+        an object from a cached listing of its parent, and invalidating the object alone
+        leaves that listing: a lock written since it was taken read as missing, a replaced
+        pointer read with its old size."""
+        if self.is_local:
+            return
+        fs, path = self.fs, self.fs_path.rstrip("/")
+        fs.invalidate_cache(path)
+        parent = posixpath.dirname(path)
+        if parent:
+            fs.invalidate_cache(parent)
+
     @property
     def bucket(self) -> str | None:
         """The bucket (container) of an object-store location; None for a local one."""

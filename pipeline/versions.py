@@ -103,7 +103,7 @@ def read_pointer(root: Location) -> dict | None:
     RunIncompleteError when it is not a JSON object."""
     m = root.child(MANIFEST)
     if not m.is_local:
-        m.fs.invalidate_cache(m.fs_path)  # the pointer is replaced by other processes
+        m.refresh()  # the pointer is replaced by other processes
     if not m.exists():
         return None
     try:
@@ -136,7 +136,7 @@ def version_ids(root: Location) -> list[str]:
     """Every version folder present under ``<root>/versions`` (published or not), sorted."""
     base = root.child(VERSIONS)
     if not base.is_local:
-        base.fs.invalidate_cache(base.fs_path)  # another process may have written there
+        base.refresh()  # another process may have written there
     try:
         names = base.fs.ls(base.fs_path, detail=False) if base.exists() else []
     except FileNotFoundError:

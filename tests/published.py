@@ -41,8 +41,9 @@ def tree_bytes(out, exclude=(WORK, LOCK)) -> dict[str, bytes]:
     }
 
 
-def s3_tree_bytes(fs, prefix: str, exclude=(WORK, LOCK)) -> dict[str, bytes]:
-    """:func:`tree_bytes` for an object-store prefix (``bucket/key``) through ``fs``."""
+def store_tree_bytes(fs, prefix: str, exclude=(WORK, LOCK)) -> dict[str, bytes]:
+    """:func:`tree_bytes` for an object-store prefix (``bucket/key``) through ``fs``, any
+    fsspec filesystem (s3fs, gcsfs, adlfs)."""
     prefix = prefix.rstrip("/")
     fs.invalidate_cache()
     files = fs.find(prefix)
@@ -53,3 +54,7 @@ def s3_tree_bytes(fs, prefix: str, exclude=(WORK, LOCK)) -> dict[str, bytes]:
             continue
         out[rel] = fs.cat_file(f)
     return out
+
+
+#: the earlier name (the helper was written for s3 first)
+s3_tree_bytes = store_tree_bytes

@@ -14,12 +14,14 @@ switches faults on and off while a client, e.g. a ``kpca`` subprocess, keeps run
 - ``delay``: wait ``seconds`` and then forward.
 
 A fault applies to the requests that match it (``methods``, default the writes PUT, POST,
-DELETE and PATCH; ``path_contains``, a substring of the path), after ``after`` matching
-requests have passed, for ``times`` requests (``None``: until cleared). The proxy counts
-every request and every fault it injected (``stats``), so a test can also wait until a
-client is under way before switching a fault on. It also keeps the first
-``LOGGED`` requests it injected a fault into (method, path, and whether it was a
-server-side copy), so a test can show which writes failed.
+DELETE and PATCH; ``path_contains``, a substring of the path and query, or of the object
+name a GCS multipart upload carries in its body, as gcsfs writes every small object),
+after ``after`` matching requests have passed, for ``times`` requests (``None``: until
+cleared). The proxy counts every request and every fault it injected (``stats``), so a
+test can also wait until a client is under way before switching a fault on. It also keeps
+the first ``LOGGED`` requests it injected a fault into (method, path, the object name of
+a multipart upload, and whether it was a server-side copy), so a test can show which
+writes failed.
 
 Optionally it terminates TLS (``certfile``/``keyfile``) and forwards plain HTTP: adlfs
 always speaks https to an ``account_host``, so the az:// tests reach azurite this way.
@@ -35,6 +37,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -102,14 +105,16 @@ class Faults:
             self.rule = rule
             self.matched = 0
 
-    def decide(self, method: str, path: str, headers=None) -> dict | None:
-        """Count the request; the rule to apply to it, if any."""
+    def decide(self, method: str, path: str, headers=None, name: str | None = None):
+        """Count the request; the rule to apply to it (a dict), if any. ``name``: the
+        object's name when the request carries it in its body (a GCS multipart upload),
+        matched by ``path_contains`` as the path is."""
         with self.lock:
             self.requests[method] = self.requests.get(method, 0) + 1
             rule = self.rule
             if rule is None or method not in rule["methods"]:
                 return None
-            if rule["path_contains"] not in path:
+            if rule["path_contains"] not in path and rule["path_contains"] not in (name or ""):
                 return None
             self.matched += 1
             k = self.matched - rule["after"]
@@ -119,6 +124,8 @@ class Faults:
             if len(self.log) < LOGGED:
                 copy = any(h in (headers or {}) for h in COPY_HEADERS) or "rewriteTo" in path
                 entry = {"mode": rule["mode"], "method": method, "path": path, "copy": copy}
+                if name is not None:
+                    entry["object"] = name
                 self.log.append(entry)
             return rule
 
@@ -131,6 +138,21 @@ class Faults:
                 "injected": dict(self.injected),
                 "injected_requests": list(self.log),
             }
+
+
+_MULTIPART_NAME = re.compile(rb'"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def multipart_object_name(body: bytes) -> str | None:
+    """The object name a GCS JSON-API multipart upload carries in its metadata part (the
+    first part of the body: ``{"name": "<object>", ...}``); None when there is none."""
+    m = _MULTIPART_NAME.search(body[:65536])
+    if m is None:
+        return None
+    try:
+        return json.loads(m.group(1))
+    except ValueError:
+        return None
 
 
 class ProxyHandler(BaseHTTPRequestHandler):
@@ -181,14 +203,23 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     def _proxy(self) -> None:
         method = self.command
-        rule = self.faults.decide(method, self.path, self.headers)
+        body = name = None
+        if method == "POST" and "uploadType=multipart" in self.path:
+            # gcsfs writes an object (every zarr chunk) as one multipart upload whose path
+            # names only the bucket: the object's name is in the body's metadata part, so
+            # the body is read before deciding (a drop then comes after the body, before
+            # any answer: to the client, as much a dropped connection as one mid-body)
+            body = self._read_body()
+            name = multipart_object_name(body)
+        rule = self.faults.decide(method, self.path, self.headers, name)
         if rule is not None and rule["mode"] == "drop" and rule["where"] == "request":
             n = int(self.headers.get("Content-Length") or 0)
-            if n > 1:
+            if body is None and n > 1:
                 self.rfile.read(n // 2)  # mid-body: half of it arrived, then the line died
             self._drop()
             return
-        body = self._read_body()
+        if body is None:
+            body = self._read_body()
         if rule is not None and rule["mode"] == "error":
             self.send_response(500, "Internal Server Error")
             self.send_header("Content-Type", "application/xml")

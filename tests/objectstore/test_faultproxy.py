@@ -132,3 +132,26 @@ def test_proxy_exits_when_stopped_and_a_dead_upstream_drops_the_client(tmp_path)
     finally:
         stop_proxy(proxy)
     assert proxy.process.poll() is not None
+
+
+def test_a_gcs_upload_is_matched_by_the_object_name_in_its_body(gcs_store):
+    """gcsfs writes a small object as one multipart POST whose path names only the bucket
+    (the name is in the body's metadata part): ``path_contains`` matches that name."""
+    from gcsfs.core import GCSFileSystem
+
+    proxy = gcs_store.proxy
+    fs = GCSFileSystem(
+        skip_instance_cache=True, endpoint_url=proxy.endpoint, token="anon", project="test"
+    )
+    proxy.fault("drop", path_contains="/embedding/", times=1)
+    fs.pipe(gcs_store.path("run/other/x"), b"1")  # another name: passes
+    assert proxy.state()["injected"] == {}
+    fs.pipe(gcs_store.path("run/embedding/c/0"), b"2" * 1000)  # dropped once, retried
+    state = proxy.state()
+    assert state["injected"] == {"drop": 1}
+    [req] = state["injected_requests"]
+    assert req["method"] == "POST" and "uploadType=multipart" in req["path"], req
+    assert "embedding" not in req["path"] and req["object"] == "run/embedding/c/0", req
+    direct = gcs_store.filesystem()
+    assert direct.cat(gcs_store.path("run/embedding/c/0")) == b"2" * 1000
+    assert direct.cat(gcs_store.path("run/other/x")) == b"1"

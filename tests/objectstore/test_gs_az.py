@@ -208,8 +208,9 @@ def test_connections_dropped_mid_write_keep_the_published_run(object_store, tmp_
     x2_url = put_npy(store, tmp_path, "x2.npy", blobs(N, D, seed=7))
     cfg2 = write_config(tmp_path, store, x2_url, out)
     store.proxy.reset()
-    # every write of the new result's arrays (by path: the object name is in the URL's
-    # path on s3 and azure, in its query on gcs) dies mid-body, after the first two
+    # every write of the new result's arrays dies mid-body, after the first two (matched
+    # by object name: in the URL's path on s3 and azure, and on gcs in the path of a
+    # rewriteTo copy or, for gcsfs's multipart uploads, in the body: faultproxy.py)
     store.proxy.fault("drop", path_contains="embedding", after=2)
     t0 = time.monotonic()
     res = run(cfg2, "--overwrite")
