@@ -124,21 +124,17 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 #: worker log records a local cluster's user never needs: a failed task's dump (the error
 #: reaches the client, where the CLI prints it as one line) and the heartbeat that fails
 #: while the cluster shuts down after an error
-_QUIET = (
-    "Compute Failed",
-    "Failed to communicate with scheduler during heartbeat",
-    # a task cancelled while the cluster closes (an interrupted run: the CLI's one line
-    # says it was stopped)
-    "Async instruction for",
-)
+_QUIET = ("Compute Failed", "Failed to communicate with scheduler during heartbeat")
 #: the loggers those records come from (a filter applies to its own logger only)
 _QUIET_LOGGERS = ("distributed.worker", "distributed.worker.state_machine")
 
 
 def _not_a_task_error(record: logging.LogRecord) -> bool:
     msg = str(record.msg)
-    if msg.startswith("Async instruction for"):
-        return not msg.endswith("ended with CancelledError")
+    # a task cancelled while the cluster closes (an interrupted run: the CLI's one line
+    # says it was stopped); the state machine's other warnings stay
+    if msg.startswith("Async instruction for") and msg.endswith("ended with CancelledError"):
+        return False
     return not msg.startswith(_QUIET)
 
 
