@@ -55,6 +55,7 @@ __all__ = [
     "Machine",
     "calibrate",
     "choose_execution",
+    "embed_seconds",
     "estimate",
     "exact_waves",
     "load_machine",
@@ -93,30 +94,54 @@ EIGH_EFFICIENCY = 0.25
 class Machine:
     """Measured constants of one node (per core unless said otherwise).
 
-    The built-in values are this project's quiet-machine measurements of 2026-11-24
-    (AVX-512, OpenBLAS; ``benchmarks/bench_pipeline.py exact`` roofline, two threads:
-    float32 GEMM 200-211 Gflop/s and exp 4.1-4.3 G/s, i.e. per core about 100 Gflop/s
-    and 2 G/s; about 1-1.5 ms of worker overhead a task, README), float64 at half the
-    float32 rates. ``kpca calibrate`` replaces them with the machine at hand's.
+    The built-in values are one quiet ``kpca calibrate`` of this project's 2-core
+    AVX-512 machine (OpenBLAS SkylakeX kernels), 2026-11-26, rounded:
+    benchmarks/results/calibration-2026-11-26.json. ``kpca calibrate`` replaces them
+    with the machine at hand's (``storage`` and ``run_start_seconds`` are given, not
+    measured).
     """
 
     #: GEMM flops per second on one core, by dtype name.
-    gemm_flops: dict = field(default_factory=lambda: {"float64": 5.0e10, "float32": 1.0e11})
+    gemm_flops: dict = field(default_factory=lambda: {"float64": 5.5e10, "float32": 1.5e11})
     #: exp evaluations per second on one core (numpy's, in place), by dtype name.
-    exp_rate: dict = field(default_factory=lambda: {"float64": 1.0e9, "float32": 2.0e9})
+    exp_rate: dict = field(default_factory=lambda: {"float64": 1.2e9, "float32": 1.9e9})
     #: Streaming memory bandwidth of one core (bytes/s; a copy counts read + write).
-    mem_bandwidth: float = 1.0e10
+    mem_bandwidth: float = 2.5e10
     #: Scheduler (and worker bookkeeping) seconds per task of a large graph.
-    task_seconds: float = 1.0e-3
+    task_seconds: float = 2.0e-3
     #: Seconds from submitting a one-task graph to having its result on the client.
-    roundtrip_seconds: float = 0.02
+    roundtrip_seconds: float = 0.012
     #: Network bandwidth of a node, each direction (bytes/s): 10 Gbit/s.
     network: float = 1.25e9
     #: Storage read/write bandwidth of a node (bytes/s); not calibrated (given).
     storage: float = 5.0e8
+    #: Bytes per second one core writes into / reads from a local zarr store with zarr's
+    #: default codec (compression and checksums included: what a pipeline's ingest,
+    #: scaling and embedding stages pay per byte of rows beyond the storage itself).
+    zarr_write: float = 3.2e8
+    zarr_read: float = 5.8e8
+    #: Fixed start of a pipeline run (``kpca run``: imports, the Prefect API, starting
+    #: the cluster), priced by ``kpca plan``; not calibrated (given). Measured on the
+    #: development machine as the command's wall time less its stages' total: 17-18 s
+    #: (benchmarks/bench_pipeline.py exact, 2026-11-26).
+    run_start_seconds: float = 17.5
+    #: Measured time of the real block tasks, run on every core at once, over the time
+    #: the rates above predict for them (:func:`_block_factors`): ``recompute`` (a block
+    #: evaluated strip by strip and multiplied), ``fill`` (a whole block evaluated into
+    #: fresh memory: the kernel cache's first pass, page faults included) and ``stored``
+    #: (a kept block multiplied). Above 1 when cores slow each other down (shared
+    #: caches, memory bandwidth, clock) or a kernel misses the rates' shapes (repeated
+    #: calibrations here spread 1.4-2.0 for ``recompute``; the predicted time of the
+    #: exact 100k pipeline's solve from them, 64-86 s).
+    block_factors: dict = field(
+        default_factory=lambda: {
+            "float32": {"recompute": 2.0, "fill": 2.7, "fill_large": 6.1, "stored": 2.8},
+            "float64": {"recompute": 1.8, "fill": 3.6, "fill_large": 5.4, "stored": 2.8},
+        }
+    )
     cpu: str = ""
     simd: str = ""
-    source: str = "built-in defaults (quiet AVX-512 node, 2026-11-24 measurements)"
+    source: str = "built-in defaults (quiet 2-core AVX-512 node, kpca calibrate 2026-11-26)"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,6 +156,10 @@ class Machine:
 
     def exp(self, dtype: Any) -> float:
         return float(self.exp_rate.get(np.dtype(dtype).name, self.exp_rate["float64"]))
+
+    def factor(self, kind: str, dtype: Any = "float64") -> float:
+        f = (self.block_factors or {}).get(np.dtype(dtype).name) or {}
+        return float(f.get(kind, 1.0))
 
 
 #: Where ``kpca calibrate`` writes and the estimator looks (``KPCA_CALIBRATION`` wins).
@@ -182,12 +211,18 @@ def _cpu_model() -> tuple[str, str]:
     return cpu, simd
 
 
-def _best(fn, reps: int) -> float:
+def _best(fn, reps: int, min_seconds: float = 0.0) -> float:
+    """The fastest of at least ``reps`` calls, repeated for at least ``min_seconds`` (a
+    few calls of 15 ms measured 92-151 Gflop/s on the same idle core; a second of them
+    settles within a few percent)."""
     best = math.inf
-    for _ in range(reps):
+    end = time.perf_counter() + min_seconds
+    i = 0
+    while i < reps or time.perf_counter() < end:
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
+        i += 1
     return best
 
 
@@ -223,20 +258,115 @@ def _measure_cluster(client: Any, tasks: int = 2000) -> tuple[float, float, floa
     return per_task, roundtrip, net
 
 
+#: Blocks larger than this are priced with the ``fill_large`` factor (glibc's largest
+#: mmap threshold: a larger buffer is always a fresh mapping).
+FILL_LARGE_BYTES = 32 << 20
+
+#: The block shape the block factors are measured on: the exact solver's blocks at
+#: n >= 50 000 (4 096 rows), d = 32, 16 components + 16 oversamples.
+FACTOR_SHAPE = {"rows": 4096, "features": 32, "columns": 32}
+
+
+def _block_task_seconds(kind: str, rows: int, d: int, c: int, dtype: str, reps: int) -> float:
+    """Median seconds of one kind of block task at one shape, on one thread: run as a task
+    on every core of a cluster at once, one kind at a time (:func:`calibrate`).
+    ``recompute``: a block evaluated strip by strip and multiplied; ``fill`` /
+    ``fill_large``: a whole block of ``rows / 2`` / ``rows`` rows evaluated into fresh
+    memory and kept, as the kernel cache's first pass keeps every block (new pages each
+    time: kept blocks of 64 MB cost 2.5x the time of blocks evaluated into reused memory
+    here); ``stored``: a kept block multiplied."""
+    from threadpoolctl import threadpool_limits
+
+    from .gram import kernel_block, pair_products, stored_pair_products
+    from .kernels import make_kernel
+
+    rng = np.random.default_rng()
+    kern = make_kernel("rbf", gamma=1.0 / d)
+    xi, xj = rng.standard_normal((rows, d)), rng.standard_normal((rows, d))
+    zi, zj = rng.standard_normal((rows, c)), rng.standard_normal((rows, c))
+    if kind == "fill":
+        xi, xj = xi[: rows // 2], xj[: rows // 2]
+    times, kept = [], []
+    with threadpool_limits(1):
+        K = kernel_block(kern, xi, xj, dtype) if kind == "stored" else None
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            if kind == "recompute":
+                pair_products(kern, xi, xj, zi, zj, dtype)
+            elif kind == "stored":
+                stored_pair_products(K, zi, zj, dtype)
+            else:
+                kept.append(kernel_block(kern, xi, xj, dtype))
+            times.append(time.perf_counter() - t0)
+    del kept, K
+    return float(np.median(times))
+
+
+def _block_factors(client: Any, m: Machine, reps: int) -> dict[str, dict[str, float]]:
+    """Measured over predicted time of the block tasks with every core of ``client``'s
+    cluster running one of the same kind at once (:attr:`Machine.block_factors`)."""
+    import dask
+
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    threads = max(1, sum(int(w.get("nthreads", 1)) for w in workers))
+    r, d, c = FACTOR_SHAPE["rows"], FACTOR_SHAPE["features"], FACTOR_SHAPE["columns"]
+    evals = float(r * r)
+    factors = {}
+    for dt in ("float32", "float64"):
+        g = m.gemm(dt)
+        ev = _eval_seconds(evals, d, 1.0, m, dt)
+        predicted = {
+            "recompute": ev + evals * 4 * c / (g * _eff_skinny(c)),
+            "fill": _eval_seconds(float((r // 2) ** 2), d, 1.0, m, dt),
+            "fill_large": ev,
+            "stored": _stored_seconds(evals, c, m, dt),
+        }
+        factors[dt] = {}
+        for kind, pred in predicted.items():
+            runs = [
+                dask.delayed(_block_task_seconds, pure=False)(kind, r, d, c, dt, reps)
+                for _ in range(threads)
+            ]
+            factors[dt][kind] = float(np.median(client.compute(runs, sync=True))) / pred
+    return factors
+
+
+def _zarr_rates(mib: int) -> tuple[float, float]:
+    """Bytes per second of writing and reading ``mib`` MiB of normal float64 rows (d = 64)
+    through a zarr store in a temporary folder, one thread, zarr's default codec."""
+    import tempfile
+
+    import zarr
+
+    rows = (mib << 20) // (64 * 8)
+    X = np.random.default_rng(0).standard_normal((rows, 64))
+    chunk = max(1, rows // 8)
+    with tempfile.TemporaryDirectory() as tmp:
+        z = zarr.create_array(f"{tmp}/x.zarr", shape=X.shape, dtype=X.dtype, chunks=(chunk, 64))
+        t0 = time.perf_counter()
+        z[:] = X
+        t1 = time.perf_counter()
+        np.asarray(zarr.open_array(f"{tmp}/x.zarr", mode="r")[:])
+        t2 = time.perf_counter()
+    return X.nbytes / max(1e-6, t1 - t0), X.nbytes / max(1e-6, t2 - t1)
+
+
 def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
     """Measure this machine's constants (under about 30 s; ``quick``: a few seconds).
 
-    GEMM and exp on one thread (BLAS limited to one thread), a memory copy, and the
-    scheduler's seconds per task, the round trip of one graph and the client-worker
-    bandwidth on ``client``'s cluster, or on a LocalCluster of one worker process
-    started (and stopped) here. The network bandwidth measured on one machine is the
-    loopback's: pass a cluster's real figure to :func:`estimate` (``kpca plan
-    --network``).
+    GEMM and exp on one thread (BLAS limited to one thread), a memory copy, and, on
+    ``client``'s cluster or on a LocalCluster of one worker process per core started
+    (and stopped) here: the scheduler's seconds per task, the round trip of one graph,
+    the client-worker bandwidth, and the block factors (the real block tasks run on
+    every core at once, against what the one-thread rates predict for them). The
+    network bandwidth measured on one machine is the loopback's: pass a cluster's real
+    figure to :func:`estimate` (``kpca plan --network``).
     """
     from threadpoolctl import threadpool_limits
 
     reps = 2 if quick else 4
     size = 512 if quick else 1024
+    settle = 0.2 if quick else 1.0
     rng = np.random.default_rng(0)
     gemm, exps = {}, {}
     with threadpool_limits(1):
@@ -244,22 +374,32 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
             A = rng.standard_normal((size, size)).astype(dt)
             B = rng.standard_normal((size, size)).astype(dt)
             C = np.empty_like(A)
-            gemm[dt] = 2 * size**3 / _best(lambda A=A, B=B, C=C: np.matmul(A, B, out=C), reps)
+            gemm[dt] = (
+                2 * size**3 / _best(lambda A=A, B=B, C=C: np.matmul(A, B, out=C), reps, settle)
+            )
             v = -np.abs(rng.standard_normal(1 << 21)).astype(dt)
             w = np.empty_like(v)
-            exps[dt] = v.size / _best(lambda v=v, w=w: np.exp(v, out=w), reps)
+            exps[dt] = v.size / _best(lambda v=v, w=w: np.exp(v, out=w), reps, settle)
     a = np.ones(32 << 20 >> 3)  # 32 MiB, beyond most L2
     b = np.empty_like(a)
-    bw = 2 * a.nbytes / _best(lambda: np.copyto(b, a), reps + 2)
+    bw = 2 * a.nbytes / _best(lambda: np.copyto(b, a), reps + 2, settle / 2)
+    rates = Machine(gemm_flops=gemm, exp_rate=exps, mem_bandwidth=bw)
+    zw, zr = _zarr_rates(8 if quick else 32)
+
+    def on(c: Any) -> tuple[float, float, float, dict]:
+        return (*_measure_cluster(c, 500 if quick else 2000), _block_factors(c, rates, reps))
+
     if client is None:
         import warnings
 
         from distributed import Client, LocalCluster
 
+        from .threads import cpu_count
+
         with (
             warnings.catch_warnings(),  # "port 8787 in use" and the like: not ours to say
             LocalCluster(
-                n_workers=1,
+                n_workers=cpu_count(),  # one per core: the block factors load every core
                 threads_per_worker=1,
                 processes=True,
                 dashboard_address=None,
@@ -268,9 +408,9 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
             Client(cluster, set_as_default=False) as c,
         ):
             warnings.simplefilter("ignore")
-            per_task, roundtrip, net = _measure_cluster(c, 500 if quick else 2000)
+            per_task, roundtrip, net, factors = on(c)
     else:
-        per_task, roundtrip, net = _measure_cluster(client, 500 if quick else 2000)
+        per_task, roundtrip, net, factors = on(client)
     cpu, simd = _cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return Machine(
@@ -280,6 +420,9 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
         task_seconds=per_task,
         roundtrip_seconds=roundtrip,
         network=net,
+        block_factors=factors,
+        zarr_write=zw,
+        zarr_read=zr,
         cpu=cpu,
         simd=simd,
         source=(
@@ -373,6 +516,9 @@ class Estimate:
     cluster: dict
     machine: dict
     assumptions: list[str]
+    #: Where an exact solver's kernel blocks come from after the first pass ("memory",
+    #: "recompute", "store"; None for Nyström and dense).
+    kernel_cache: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -443,12 +589,60 @@ def _kernel_name(plan: Any, params: dict | None) -> str:
     return kp if isinstance(kp, str) else "callable"
 
 
+def _eval_seconds(evals: float, d: int, elem: float, m: Machine, dtype) -> float:
+    """Core-seconds the rates give for evaluating ``evals`` kernel values (distance GEMM
+    and the elementwise part)."""
+    g = m.gemm(dtype)
+    return evals * 2 * (d + 2) / (g * _eff_inner(d)) + evals * elem / m.exp(dtype)
+
+
+def _stored_seconds(evals: float, c: int, m: Machine, dtype) -> float:
+    """Core-seconds the rates give for multiplying ``evals`` kept kernel values by two
+    ``c``-column blocks (GEMM or memory bound, whichever is slower)."""
+    g = m.gemm(dtype)
+    return max(
+        evals * 4 * c / (g * _eff_skinny(c)), evals * np.dtype(dtype).itemsize / m.mem_bandwidth
+    )
+
+
+def embed_seconds(
+    rows: float, cols: float, d: int, k: int, m: Machine, dtype: Any, cores: int
+) -> float:
+    """Seconds to embed ``rows`` rows against ``cols`` kernel columns (training rows or
+    landmarks) on ``cores`` cores: the kernel values and their product with the ``cols x k``
+    projection, at the machine's block-task rate."""
+    g = m.gemm(dtype)
+    per_value = _eval_seconds(1.0, d, 1.0, m, dtype) + 2 * k / (g * _eff_skinny(k))
+    return rows * cols * per_value * m.factor("recompute", dtype) / max(1, cores)
+
+
 def _pass_compute(evals: float, d: int, c: int, elem: float, m: Machine, dtype, cores: int):
     """Seconds of one exact pass's block tasks on ``cores`` cores (recompute tier)."""
     g = m.gemm(dtype)
-    t = evals * 2 * (d + 2) / (g * _eff_inner(d)) + evals * 4 * c / (g * _eff_skinny(c))
-    t += evals * elem / m.exp(dtype)
-    return t / cores
+    t = _eval_seconds(evals, d, elem, m, dtype) + evals * 4 * c / (g * _eff_skinny(c))
+    return t * m.factor("recompute", dtype) / cores
+
+
+def _auto_cache(
+    chunks: list[int], item: int, cl: Cluster, passes: int | None, notes: list[str]
+) -> str:
+    """The kernel cache tier the estimator's ``kernel_cache="auto"`` picks (the rule of
+    :meth:`kpca_dask.gram.BlockKernelMatrix.plan_cache`, with the memory the workers
+    already use taken as none)."""
+    from .gram import CACHE_MEMORY_FRACTION
+
+    total = sum(chunks)
+    upper = sum(r * (total - s) for r, s in zip(chunks, np.cumsum([0, *chunks[:-1]]))) * item
+    if cl.memory is None or (passes is not None and passes <= 1):
+        return "recompute"
+    budget = CACHE_MEMORY_FRACTION * float(cl.memory) * max(1, cl.workers)
+    if upper <= budget:
+        notes.append(
+            f"kernel cache 'auto': the upper blocks ({upper / 2**30:.2f} GiB) fit half of the "
+            "workers' memory: kept after pass 1"
+        )
+        return "memory"
+    return "recompute"
 
 
 def estimate(
@@ -459,7 +653,7 @@ def estimate(
     n_components: int | None = None,
     n_oversamples: int = 16,
     passes: int | None = None,
-    kernel_cache: str = "recompute",
+    kernel_cache: str = "auto",
     params: dict | None = None,
     input_in_memory: bool = True,
     persist: bool | None = None,
@@ -468,8 +662,11 @@ def estimate(
 
     ``n_components`` and ``n_oversamples`` set the block width ``c = k + oversamples``;
     ``passes`` overrides the expected number of passes; ``kernel_cache``: "recompute"
-    (evaluate every block at every pass), "memory" (cached after the first pass) or
-    "store" (read from a kernel store at the machine's storage bandwidth).
+    (evaluate every block at every pass), "memory" (cached after the first pass),
+    "store" (read from a kernel store at the machine's storage bandwidth) or "auto"
+    (the estimator's rule, :meth:`kpca_dask.gram.BlockKernelMatrix.plan_cache`:
+    "memory" when the upper blocks fit half of the workers' memory and the fit makes
+    more than one pass; the cluster's ``memory`` unknown: "recompute").
     ``input_in_memory``: numpy rows on the client (sent to the workers once); False:
     a dask/zarr source the workers read (Nyström re-reads it at every pass above
     256 MB, as :meth:`FitPlan.persists` decides; ``persist`` overrides: the pipeline
@@ -497,11 +694,15 @@ def estimate(
     client_bw = m.mem_bandwidth  # the driver's one thread
 
     def stage(name: str, parts: dict[str, float], count: int = 1, serial: str = "client"):
-        # the cluster's resources overlap; the client's serial work adds to them
-        par = {k_: v for k_, v in parts.items() if k_ != serial}
-        top = max(par, key=par.get) if par else serial
-        sec = (max(par.values()) if par else 0.0) + parts.get(serial, 0.0)
-        bound = serial if parts.get(serial, 0.0) > (par.get(top, 0.0)) else top
+        # network and storage overlap the tasks; the scheduler's time adds to the
+        # compute (with dask's queuing a worker thread gets its next task when it
+        # reports one finished: measured here, passes of 75 tasks took compute plus
+        # the scheduler's time, not the larger of the two); the client's serial work
+        # between passes adds to everything
+        busy = parts.get("compute", 0.0) + parts.get("scheduler", 0.0)
+        rest = [v for k_, v in parts.items() if k_ not in (serial, "compute", "scheduler")]
+        sec = max([busy, *rest]) + parts.get(serial, 0.0)
+        bound = max(parts, key=parts.get) if parts else serial
         stages.append(
             Stage(name, sec * count, bound, {k_: v * count for k_, v in parts.items()}, count)
         )
@@ -519,7 +720,12 @@ def estimate(
         persisted = True
     read = {
         "network": (x_bytes / net) if cl.distributed and not from_storage else 0.0,
-        "storage": x_bytes / (m.storage * W) if from_storage else 0.0,
+        # a zarr source: the storage's bandwidth, or decoding on the cores, the slower
+        "storage": (
+            max(x_bytes / (m.storage * W), x_bytes / (m.zarr_read * cores))
+            if from_storage
+            else 0.0
+        ),
         "scheduler": 3 * rt + nb * ts,
     }
     if solver != "nystroem":  # the training rows come to the client after the solve
@@ -553,14 +759,18 @@ def estimate(
         flops = evals * 2 * (d + 2) + (n * mp * mp if method == "covariance" else evals * 4 * c)
         g = m.gemm(dtype)
         t_comp = (
-            evals * 2 * (d + 2) / (g * _eff_inner(d))
-            + (
-                n * mp * mp / g
-                if method == "covariance"
-                else evals * 4 * c / (g * _eff_skinny(c))
+            (
+                evals * 2 * (d + 2) / (g * _eff_inner(d))
+                + (
+                    n * mp * mp / g
+                    if method == "covariance"
+                    else evals * 4 * c / (g * _eff_skinny(c))
+                )
+                + evals * elem / m.exp(dtype)
             )
-            + evals * elem / m.exp(dtype)
-        ) / cores
+            * m.factor("recompute", dtype)
+            / cores
+        )
         storage = 0 if persisted else x_bytes
         w2w = int(remote * (leaves + sums - 1) * part)
         consts = mp * d * 8 + mp * c * 8
@@ -584,6 +794,11 @@ def estimate(
         stage("read", read)
         stage("landmarks", lm_parts)
         stage("passes", parts, count=p)
+        if method == "covariance":
+            # the finish on the client: the m x m covariance's eigendecomposition and the
+            # statistics kept for updates (measured at m = 2048: 2.3 s of client time)
+            g64 = m.gemm("float64")
+            stage("finish", {"client": 4 * mp**3 / (g64 * EIGH_EFFICIENCY) + 4 * mp**3 / g64})
         mem_worker = (x_bytes / W if persisted else 0) + cl.threads * (
             r * d * 8 + min(r, 8192) * mp * item + SPLIT_EVERY * part
         )
@@ -604,9 +819,7 @@ def estimate(
         w2w = int(remote * block_tasks * 2 * r * d * 8)
         storage = 0
         g = m.gemm(dtype)
-        t_comp = (
-            evals * 2 * (d + 2) / (g * _eff_inner(d)) + evals * elem / m.exp(dtype)
-        ) / cores
+        t_comp = _eval_seconds(evals, d, elem, m, dtype) * m.factor("fill", dtype) / cores
         eig = (4 / 3 * n**3 + 2 * n**2 * k) / (m.gemm("float64") * EIGH_EFFICIENCY)
         local_cores = Cluster.local().cores if not cl.distributed else 1
         parts = {
@@ -621,6 +834,8 @@ def estimate(
         mem_client += 3 * n * n * 8
         graph_bytes = tasks * TASK_GRAPH_BYTES
     else:  # randomized (and arpack, priced as block passes of one column)
+        if kernel_cache == "auto":
+            kernel_cache = _auto_cache(chunks, item, cl, passes, assumptions)
         if solver == "arpack":
             c = 1
             assumptions.append("ARPACK priced as single-column passes (about 2k+1 of them)")
@@ -674,12 +889,24 @@ def estimate(
         imbalance = math.ceil(rounds) / rounds if rounds > 0 else 1.0
         t_comp = _pass_compute(evals, d, c, elem, m, dtype, cores) * imbalance
         if kernel_cache in ("memory", "store"):
-            g = m.gemm(dtype)
-            t_rest = evals * 4 * c / (g * _eff_skinny(c)) / cores
-            t_mem = evals * item / (m.mem_bandwidth * cores)
-            t_comp_later = max(t_rest, t_mem) * imbalance
+            t_comp_later = (
+                _stored_seconds(evals, c, m, dtype)
+                * m.factor("stored", dtype)
+                / cores
+                * imbalance
+            )
         else:
             t_comp_later = t_comp
+        if kernel_cache == "memory":
+            # the first pass evaluates every block whole into fresh memory, then
+            # multiplies the kept blocks as every later pass does
+            t_comp = (
+                _eval_seconds(evals, d, elem, m, dtype)
+                * m.factor("fill", dtype)
+                / cores
+                * imbalance
+                + t_comp_later
+            )
         basis = min(c * (p + 1), max(512, min(2048, (128 << 20) // (8 * max(1, n)))) + c)
         g64 = m.gemm("float64")
         # the driver per pass: two projections against the basis, CholQR, Rayleigh-Ritz,
@@ -747,6 +974,7 @@ def estimate(
         cluster=asdict(cl),
         machine=m.to_dict(),
         assumptions=assumptions,
+        kernel_cache=kernel_cache if solver in ("randomized", "arpack") else None,
     )
 
 

@@ -174,7 +174,8 @@ class FitPlan:
     n_oversamples: int = 16
     #: The kernel's name as given ("callable" for a function), for the cost model.
     kernel_name: str = "rbf"
-    #: ``nystroem_method`` as given.
+    #: ``nystroem_method`` as given ("covariance" for "auto" with ``keep_statistics=True``,
+    #: as the solve decides).
     nystroem_method: str = "auto"
 
     def estimate(self, cluster: Any = None, machine: Any = None, **kw: Any) -> Any:
@@ -482,7 +483,13 @@ def make_plan(
         n_components=params["n_components"],
         n_oversamples=int(params["n_oversamples"]),
         kernel_name=params["kernel"] if isinstance(params["kernel"], str) else "callable",
-        nystroem_method=params.get("nystroem_method", "auto"),
+        # keep_statistics=True makes "auto" the covariance method (kpca_dask._solve)
+        nystroem_method=(
+            "covariance"
+            if params.get("nystroem_method", "auto") == "auto"
+            and params.get("keep_statistics", "auto") is True
+            else params.get("nystroem_method", "auto")
+        ),
     )
 
 

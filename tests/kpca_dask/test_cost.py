@@ -247,3 +247,61 @@ def test_calibration_is_measured_and_read_back(dask_cluster, tmp_path, monkeypat
     a = plan.estimate(cl, m, passes=5).stages[-1].parts["compute"]
     b = plan.estimate(cl, fast, passes=5).stages[-1].parts["compute"]
     assert b == pytest.approx(a / 2, rel=1e-6)
+    # the block factors: measured on every worker thread at once, both dtypes, and used
+    kinds = {"recompute", "fill", "fill_large", "stored"}
+    for dt in ("float32", "float64"):
+        assert set(m.block_factors[dt]) == kinds
+        assert all(0 < v < 100 and math.isfinite(v) for v in m.block_factors[dt].values())
+    slow = Machine(
+        **{
+            **m.to_dict(),
+            "block_factors": {
+                dt: {**f, "recompute": 2 * f["recompute"]} for dt, f in m.block_factors.items()
+            },
+        }
+    )
+    c = plan.estimate(cl, slow, passes=5, kernel_cache="recompute").stages[-1].parts["compute"]
+    a = plan.estimate(cl, m, passes=5, kernel_cache="recompute").stages[-1].parts["compute"]
+    assert c == pytest.approx(2 * a, rel=1e-6)
+
+
+# ------------------------------------------------------------- kernel cache tier
+def test_auto_cache_tier_is_the_one_the_fit_takes(dask_cluster):
+    """estimate(kernel_cache="auto") prices the tier the estimator's rule picks: the
+    blocks kept when they fit half of the workers' memory (here: they do), recomputed
+    when they do not or the memory is unknown."""
+    X = np.random.default_rng(3).normal(size=(3000, 4))
+    kw = dict(kernel="rbf", gamma=0.5, eigen_solver="randomized", chunk_size=500)
+    with Client(dask_cluster) as client, dask.config.set({EXECUTION_CONFIG: "cluster"}):
+        est = KernelPCA(4, **kw).fit(X)
+        cl = Cluster.from_client(client)
+    assert est.solver_info_["kernel_cache"]["tier"] == "memory"
+    plan = KernelPCA(4, **kw).plan(X)
+    kept = plan.estimate(cl, passes=int(est.n_passes_))
+    assert kept.kernel_cache == "memory"
+    again = plan.estimate(cl, kernel_cache="recompute")
+    assert kept.memory_per_worker > again.memory_per_worker
+    tight = Cluster(workers=cl.workers, threads=cl.threads, memory=1e6)
+    unknown = Cluster(workers=cl.workers, threads=cl.threads)
+    for other in (tight, unknown):
+        assert plan.estimate(other, passes=int(est.n_passes_)).kernel_cache == "recompute"
+
+
+def test_memory_tier_prices_the_fill_then_kept_blocks():
+    """The cache's first pass evaluates every block into fresh memory and multiplies the
+    kept blocks; every later pass only multiplies them."""
+    plan = KernelPCA(16, kernel="rbf", eigen_solver="randomized").plan(
+        _lazy(50_000, 32), kernel=False
+    )
+    cl = Cluster(workers=2, threads=1, memory=64 * 2**30)
+    m = Machine()
+    kept = plan.estimate(cl, m, passes=6, kernel_cache="memory")
+    again = plan.estimate(cl, m, passes=6, kernel_cache="recompute")
+    first, later = (s.parts["compute"] for s in kept.stages[1:3])
+    assert later / 5 < first  # the fill on top of the products
+    assert later / 5 < again.stages[2].parts["compute"] / 5  # kept blocks: no evaluation
+    # compute and the scheduler add (a worker waits for its next task); the client after
+    s = kept.stages[2]
+    assert s.seconds == pytest.approx(
+        max(s.parts["compute"] + s.parts["scheduler"], s.parts["network"]) + s.parts["client"]
+    )
