@@ -278,7 +278,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"{m.gemm('float32') / 1e9:.1f} Gflop/s per core (float64/float32), exp "
         f"{m.exp('float64') / 1e6:.0f} M/s, memory {m.mem_bandwidth / 1e9:.1f} GB/s, "
         f"{m.task_seconds * 1e3:.2f} ms a task, round trip {m.roundtrip_seconds * 1e3:.0f} ms, "
-        f"client-worker {m.network / 1e9:.2f} GB/s; wrote {out}"
+        f"client-worker {m.network / 1e9:.2f} GB/s; block tasks on every core at "
+        f"{m.factor('recompute', 'float32'):.2f}x / {m.factor('fill', 'float32'):.2f}x / "
+        f"{m.factor('stored', 'float32'):.2f}x the one-core rates' time (float32 recompute / "
+        f"fill / stored); wrote {out}"
     )
     return 0
 
@@ -297,7 +300,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     workers = args.workers or cfg.cluster.n_workers or 1
     threads = args.threads or cfg.cluster.threads_per_worker
     limit = args.memory or cfg.cluster.memory_limit
-    memory = parse_bytes(limit) if limit and limit != "auto" else None
+    if limit == "auto" and not cfg.cluster.address:
+        # a local cluster's "auto" limit (dask's rule): this machine's memory per worker
+        import psutil
+
+        memory = psutil.virtual_memory().total / max(1, int(workers))
+    else:
+        memory = parse_bytes(limit) if limit and limit != "auto" else None
     cluster = Cluster(
         workers=int(workers),
         threads=int(threads),

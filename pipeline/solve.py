@@ -339,7 +339,7 @@ def _predict(
     try:
         plan = est.plan(X_train, kernel=False)
         kw = {
-            "kernel_cache": "store" if block_reader is not None else "recompute",
+            "kernel_cache": "store" if block_reader is not None else "auto",
             "input_in_memory": bool(reading.get("rows_in_memory", True)),
         }
         machine = _cost.load_machine()

@@ -30,6 +30,8 @@ NOT_RUN = {
     "kpca update ": "needs a published run; tests/pipeline/test_update_pipeline.py runs it",
     "kpca demo": "the whole demo job (about a minute); tests/flows/test_cli.py runs it",
     "python benchmarks/": "a benchmark (minutes to hours); its results are in the README",
+    "kpca calibrate": "measures this machine (20 s) and writes the user's calibration file; "
+    "tests/flows/test_plan_cli.py runs `kpca calibrate --quick` into a temporary file",
     "python -m pytest": "the test suite itself",
 }
 

@@ -59,3 +59,40 @@ def test_calibrate_writes_what_plan_reads(tmp_path, capsys):
     assert main(["plan", _config(tmp_path, data), "--calibration", str(out), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["fit"]["machine"]["source"].startswith("kpca calibrate")
+    assert m["zarr_write"] > 1e6 and m["zarr_read"] > 1e6  # measured, not the defaults'
+    assert set(m["block_factors"]) == {"float32", "float64"}
+
+
+def _stages(tmp_path, capsys, extra: str, solver: str = "nystroem"):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"input: {{path: {tmp_path / 'absent.npy'}}}\noutput: {{path: {tmp_path / 'out'}}}\n"
+        f"solver: {{n_components: 16, eigen_solver: {solver}{extra}}}\n"
+    )
+    args = ["plan", str(cfg), "--rows", "1000000", "--features", "64", "--json"]
+    assert main([*args, "--workers", "2", "--threads", "1", "--memory", "8GiB"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_prices_the_nystroem_method_the_fit_will_use(tmp_path, capsys):
+    """The pipeline keeps Nyström's statistics by default (for `kpca update`), which makes
+    its solve one covariance pass: the plan prices that, not the randomized method."""
+    kept = _stages(tmp_path, capsys, "")
+    assert kept["fit"]["passes"] == 1
+    assert any("covariance" in a for a in kept["fit"]["assumptions"])
+    free = _stages(tmp_path, capsys, ", keep_statistics: auto")
+    assert any("randomized" in a for a in free["fit"]["assumptions"])
+    assert free["fit"]["passes"] > 1
+
+
+def test_plan_stages_of_a_run(tmp_path, capsys):
+    """The run's fixed start, ingest, the scaler's read (preprocess on), solve, embed;
+    an exact model embeds its training rows from its vectors (no kernel evaluations)."""
+    ny = _stages(tmp_path, capsys, "")
+    assert list(ny["stages"]) == ["start", "ingest", "split", "solve", "embed"]
+    assert ny["stages"]["start"] > 0 and ny["stages"]["split"] > 0
+    assert ny["seconds"] == pytest.approx(sum(ny["stages"].values()))
+    ex = _stages(tmp_path, capsys, "", solver="randomized")
+    # a Nyström model evaluates every row against its landmarks; an exact one only
+    # reads its rows and writes the embedding
+    assert ex["stages"]["embed"] < ny["stages"]["embed"]
