@@ -1,9 +1,10 @@
 """A simulated cluster: what one exact fit costs the scheduler, the client and the network.
 
-Starts a LocalCluster of ``--workers`` worker processes (``--threads`` threads each) on
-127.0.0.1 and fits the exact (randomized block Krylov) solver on standard normal rows
-with a cheap kernel (d = 4, float32, recomputed every pass), so that counts, not flops,
-dominate. Measured with Dask's own instruments, per fit and per kernel pass:
+Starts a scheduler process and ``--workers`` worker processes (``--threads`` threads each)
+on 127.0.0.1, each its own process as on a real cluster, and fits the exact (randomized
+block Krylov) solver on standard normal rows with a cheap kernel (d = 4, float32,
+recomputed every pass), so that counts, not flops, dominate. Measured with Dask's own
+instruments, per fit and per kernel pass:
 
 - tasks run (the scheduler's task stream),
 - bytes the workers sent to the client and to each other (each worker's
@@ -20,10 +21,15 @@ Results go to ``benchmarks/results/cluster-counts-<n>-<workers>x<threads>-<date>
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +37,7 @@ import numpy as np
 from _results import fresh  # noqa: E402  (benchmarks/ is on sys.path: the script's folder)
 
 HERE = Path(__file__).resolve().parent
+DASK = shutil.which("dask") or str(Path(sys.executable).with_name("dask"))
 
 
 def _outgoing_since(client, t0: float) -> list[dict]:
@@ -86,6 +93,65 @@ def measure(client, fit) -> dict:
     }
 
 
+@contextlib.contextmanager
+def _separate_processes(workers: int, threads: int):
+    """A scheduler and ``workers`` worker processes on 127.0.0.1, each its own process
+    (``dask scheduler``, ``dask worker``), as on a real cluster: the client's CPU then
+    counts the client only (a LocalCluster runs its scheduler inside the client's
+    process, on the client's event-loop thread). Yields the scheduler's address."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sfile = os.path.join(tmp, "scheduler.json")
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        procs = [
+            subprocess.Popen(
+                [
+                    DASK,
+                    "scheduler",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--dashboard-address",
+                    ":0",
+                    "--scheduler-file",
+                    sfile,
+                ],
+                **quiet,
+            )
+        ]
+        try:
+            for _ in range(600):
+                if os.path.exists(sfile) and os.path.getsize(sfile):
+                    break
+                time.sleep(0.1)
+            address = json.loads(Path(sfile).read_text())["address"]
+            procs.append(
+                subprocess.Popen(
+                    [
+                        DASK,
+                        "worker",
+                        address,
+                        "--host",
+                        "127.0.0.1",
+                        "--nworkers",
+                        str(workers),
+                        "--nthreads",
+                        str(threads),
+                        "--memory-limit",
+                        "auto",
+                        "--no-dashboard",
+                    ],
+                    **quiet,
+                )
+            )
+            yield address
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+            for p in reversed(procs):
+                p.wait(timeout=60)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=60_000)
@@ -98,12 +164,17 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from kpca_dask import KernelPCA
+    from kpca_dask.cost import EXECUTION_CONFIG, Cluster, _cpu_model, load_machine
 
-    # every transfer must stay in the workers' logs for the count (default: 1000)
-    dask.config.set({"distributed.admin.low-level-log-length": 1_000_000})
+    # every transfer must stay in the workers' logs for the count (default: 1000); the
+    # fit runs on the cluster (on one machine the estimator's rule would run it on the
+    # client's threads: a LocalCluster saves no compute, and this harness simulates one)
+    dask.config.set(
+        {"distributed.admin.low-level-log-length": 1_000_000, EXECUTION_CONFIG: "cluster"}
+    )
     X = np.random.default_rng(0).standard_normal((args.n, args.d)).astype(np.float32)
     kw = dict(
         kernel="rbf",
@@ -115,16 +186,8 @@ def main(argv=None) -> None:
     )
     if args.block_rows:
         kw["chunk_size"] = args.block_rows
-    with (
-        LocalCluster(
-            n_workers=args.workers,
-            threads_per_worker=args.threads,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with _separate_processes(args.workers, args.threads) as address, Client(address) as client:
+        client.wait_for_workers(args.workers)
         client.run(lambda: None)
 
         def fit():
@@ -137,14 +200,27 @@ def main(argv=None) -> None:
             }
 
         r = measure(client, fit)
+        res = r["result"]
+        passes = max(1, res["passes"])
+        # the cost model's counts for the same fit, at the passes it made
+        e = (
+            KernelPCA(args.components, **kw)
+            .plan(X)
+            .estimate(
+                Cluster.from_client(client),
+                load_machine(),
+                passes=passes,
+                kernel_cache="recompute",
+            )
+        )
     res = r.pop("result")
-    passes = max(1, res["passes"])
     from kpca_dask.solvers.randomized import DEFAULT_N_OVERSAMPLES
 
     nl8 = args.n * (args.components + DEFAULT_N_OVERSAMPLES) * 8  # l: one Krylov block
     out = {
         "date": datetime.date.today().isoformat(),
         "machine": platform.processor() or platform.machine(),
+        "cpu": " ".join(_cpu_model()),
         "load_avg": os.getloadavg(),
         "args": vars(args) | {"out": None},
         **res,
@@ -154,6 +230,18 @@ def main(argv=None) -> None:
             "bytes_to_client": r["bytes_to_client"] / passes,
             "bytes_to_client_over_nl8": r["bytes_to_client"] / passes / nl8,
             "bytes_worker_to_worker": r["bytes_worker_to_worker"] / passes,
+        },
+        "model_per_pass": {
+            "tasks": e.tasks_per_pass,
+            "bytes_to_client": e.bytes_to_client_per_pass,
+            "bytes_worker_to_worker": e.worker_to_worker_bytes_per_pass,
+        },
+        "measured_over_model": {
+            "tasks": r["tasks"] / passes / e.tasks_per_pass,
+            "bytes_to_client": r["bytes_to_client"] / passes / e.bytes_to_client_per_pass,
+            "bytes_worker_to_worker": (
+                r["bytes_worker_to_worker"] / passes / max(1, e.worker_to_worker_bytes_per_pass)
+            ),
         },
     }
     print(json.dumps(out, indent=2))

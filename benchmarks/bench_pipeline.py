@@ -401,6 +401,11 @@ def main() -> None:
             )
         },
         "kernel_store": manifest.get("kernel_store"),
+        # the cost model's prediction of the solve beside what it took (kpca_dask.cost)
+        "cost_model": {
+            k: (manifest.get("cost_model") or {}).get(k)
+            for k in ("measured", "predicted_at_measured_passes", "measured_over_predicted")
+        },
         "io": io,
         "output_bytes": du(out),
         "kernel_store_bytes": du(out / "work" / "kernel.zarr"),
@@ -408,6 +413,33 @@ def main() -> None:
         "ingest_store_bytes": du(out / "work" / "ingest.zarr"),
         "cpu": cpu_model(),
         "load_before": list(load_before),
+    }
+    # the whole run as `kpca plan` prices it, at the passes the solve made
+    planned = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "plan",
+            str(cfg),
+            "--json",
+            "--passes",
+            str(int(manifest["model"].get("n_passes") or 1)),
+        ],
+        cwd=HERE.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    plan = json.loads(planned.stdout)
+    result["kpca_plan"] = {
+        "stages": plan["stages"],
+        "seconds": plan["seconds"],
+        # the stages (the manifest's total against the plan less its fixed start), and the
+        # whole command
+        "stages_over_predicted": manifest["timings"]["total"]
+        / (plan["seconds"] - plan["stages"].get("start", 0.0)),
+        "wall_over_predicted": wall / plan["seconds"] if plan["seconds"] else None,
     }
     if args.case == "exact":
         result["roofline"] = roofline(

@@ -15,6 +15,8 @@ Cases (defaults as users run them, d = 64, rbf, gamma = 1/64, 16 components):
 * ``nystroem``: ``KernelPCA(eigen_solver="nystroem", n_landmarks=1024)`` on
   standard normal rows (n = 200 000; ``--nystroem-n``).
 
+``--data clustered``: the headline's rows instead (10 blobs, make_blobs, d = 64).
+
 Prints wall time, passes and the largest eigenvalue per checkout, the median
 ratio new/old, and writes ``results/versions-<old>-<new>-<date>.json``.
 """
@@ -39,8 +41,12 @@ import json, sys, time, warnings
 import numpy as np
 import dask
 from kpca_dask import KernelPCA
-case, n = sys.argv[1], int(sys.argv[2])
-X = np.random.default_rng(0).standard_normal((n, 64))
+case, n, data = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if data == "clustered":  # the headline's data (bench_headline.py): 10 blobs, d = 64
+    from sklearn.datasets import make_blobs
+    X = make_blobs(n, n_features=64, centers=10, random_state=0)[0]
+else:
+    X = np.random.default_rng(0).standard_normal((n, 64))
 if case == "exact":
     est = KernelPCA(16, kernel="rbf", gamma=1 / 64, eigen_solver="randomized", random_state=0)
 else:
@@ -57,10 +63,10 @@ print(json.dumps({"seconds": dt, "passes": int(getattr(est, "n_passes_", 0) or 0
 """
 
 
-def run(tree: Path, case: str, n: int) -> dict:
+def run(tree: Path, case: str, n: int, data: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, case, str(n)],
+        [sys.executable, "-c", CHILD, case, str(n), data],
         env=env,
         cwd=tree,
         capture_output=True,
@@ -77,6 +83,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--exact-n", type=int, default=10000)
     ap.add_argument("--nystroem-n", type=int, default=200000)
+    ap.add_argument(
+        "--data",
+        choices=["gaussian", "clustered"],
+        default="gaussian",
+        help="standard normal rows, or the headline's 10 blobs (make_blobs, d = 64)",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from bench_passes import cpu_model  # noqa: E402  (benchmarks/ is not a package)
@@ -96,7 +108,7 @@ def main() -> None:
         for r in range(args.repeat):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")
             for which in order:
-                res = run(trees[which], case, n)
+                res = run(trees[which], case, n, args.data)
                 rows[case][which].append(res)
                 print(
                     f"{case:9s} n={n:<7d} {which} ({commits[which]}): "
@@ -118,6 +130,7 @@ def main() -> None:
         "load_before": os.getloadavg()[0],
         "commits": commits,
         "repeat": args.repeat,
+        "data": args.data,
         "runs": rows,
         "summary": summary,
     }
