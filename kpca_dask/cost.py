@@ -302,14 +302,16 @@ def _block_task_seconds(kind: str, rows: int, d: int, c: int, dtype: str, reps: 
     return float(np.median(times))
 
 
-def _block_factors(client: Any, m: Machine, reps: int) -> dict[str, dict[str, float]]:
+def _block_factors(
+    client: Any, m: Machine, reps: int, rows: int | None = None
+) -> dict[str, dict[str, float]]:
     """Measured over predicted time of the block tasks with every core of ``client``'s
     cluster running one of the same kind at once (:attr:`Machine.block_factors`)."""
     import dask
 
     workers = client.scheduler_info(n_workers=-1)["workers"].values()
     threads = max(1, sum(int(w.get("nthreads", 1)) for w in workers))
-    r, d, c = FACTOR_SHAPE["rows"], FACTOR_SHAPE["features"], FACTOR_SHAPE["columns"]
+    r, d, c = rows or FACTOR_SHAPE["rows"], FACTOR_SHAPE["features"], FACTOR_SHAPE["columns"]
     evals = float(r * r)
     factors = {}
     for dt in ("float32", "float64"):
@@ -402,7 +404,10 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
     zw, zr = _zarr_rates(1 if quick else 3)
 
     def on(c: Any) -> tuple[float, float, float, dict]:
-        return (*_measure_cluster(c, 500 if quick else 2000), _block_factors(c, rates, reps))
+        # quick: blocks of 2 048 rows (a quarter of the work; its "fill_large" is then a
+        # 16 MiB block, below the mmap threshold, and under-states a large block's fill)
+        factors = _block_factors(c, rates, reps, 2048 if quick else None)
+        return (*_measure_cluster(c, 500 if quick else 2000), factors)
 
     if client is None:
         import warnings
