@@ -2,7 +2,7 @@
 
 Reads the input's shape (NPY header, zarr metadata, Parquet footer, CSV lines; or
 ``rows``/``features`` given), plans the fit as the solve stage will
-(:func:`pipeline.solve.make_planner`, the same block rule) and prices it with the cost
+(:func:`pipeline.solve.make_estimator`, the same block rule) and prices it with the cost
 model (:mod:`kpca_dask.cost`) on the cluster described, plus the pipeline's own stages
 around the fit: ingest (read the source, write the zarr store) and the embedding of
 every row (held-out rows evaluated; an exact model's training rows from its vectors).
