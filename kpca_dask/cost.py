@@ -315,10 +315,9 @@ def _block_factors(
     evals = float(r * r)
     factors = {}
     for dt in ("float32", "float64"):
-        g = m.gemm(dt)
         ev = _eval_seconds(evals, d, 1.0, m, dt)
         predicted = {
-            "recompute": ev + evals * 4 * c / (g * _eff_skinny(c)),
+            "recompute": _recompute_seconds(evals, d, c, 1.0, m, dt),
             "fill": _eval_seconds(float((r // 2) ** 2), d, 1.0, m, dt),
             "fill_large": ev,
             "stored": _stored_seconds(evals, c, m, dt),
@@ -636,11 +635,18 @@ def embed_seconds(
     return rows * cols * per_value * m.factor("recompute", dtype) / max(1, cores)
 
 
+def _recompute_seconds(evals: float, d: int, c: int, elem: float, m: Machine, dtype) -> float:
+    """Core-seconds the rates give for evaluating ``evals`` kernel values and multiplying
+    them by two ``c``-column blocks (a recomputed block task)."""
+    g = m.gemm(dtype)
+    return _eval_seconds(evals, d, elem, m, dtype) + evals * 4 * c / (g * _eff_skinny(c))
+
+
 def _pass_compute(evals: float, d: int, c: int, elem: float, m: Machine, dtype, cores: int):
     """Seconds of one exact pass's block tasks on ``cores`` cores (recompute tier)."""
-    g = m.gemm(dtype)
-    t = _eval_seconds(evals, d, elem, m, dtype) + evals * 4 * c / (g * _eff_skinny(c))
-    return t * m.factor("recompute", dtype) / cores
+    return (
+        _recompute_seconds(evals, d, c, elem, m, dtype) * m.factor("recompute", dtype) / cores
+    )
 
 
 def _auto_cache(
@@ -649,10 +655,9 @@ def _auto_cache(
     """The kernel cache tier the estimator's ``kernel_cache="auto"`` picks (the rule of
     :meth:`kpca_dask.gram.BlockKernelMatrix.plan_cache`, with the memory the workers
     already use taken as none)."""
-    from .gram import CACHE_MEMORY_FRACTION
+    from .gram import CACHE_MEMORY_FRACTION, upper_block_bytes
 
-    total = sum(chunks)
-    upper = sum(r * (total - s) for r, s in zip(chunks, np.cumsum([0, *chunks[:-1]]))) * item
+    upper = upper_block_bytes(chunks, item)
     if cl.memory is None or (passes is not None and passes <= 1):
         return "recompute"
     budget = CACHE_MEMORY_FRACTION * float(cl.memory) * max(1, cl.workers)

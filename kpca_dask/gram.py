@@ -248,6 +248,13 @@ def kernel_cache_budget() -> tuple[int, str]:
     return 0, "the scheduler keeps no data between computations"
 
 
+def upper_block_bytes(row_chunks: Sequence[int], itemsize: int) -> int:
+    """Bytes of all upper blocks ``K_IJ`` (``I <= J``, diagonal squares whole) of a
+    partition into ``row_chunks`` (the cost model prices the cache tier with it)."""
+    c = list(row_chunks)
+    return int(sum(ci * cj for i, ci in enumerate(c) for cj in c[i:]) * itemsize)
+
+
 def _diag_block(x, kernel):
     return kernel.diag(x, np.float64)
 
@@ -353,8 +360,7 @@ class BlockKernelMatrix:
     def upper_block_bytes(self) -> int:
         """Bytes of all upper blocks ``K_IJ`` (``I <= J``, diagonal squares whole) in
         the compute dtype: what the memory tier of :meth:`kernel_cache` holds."""
-        c = self.row_chunks
-        return int(sum(ci * cj for i, ci in enumerate(c) for cj in c[i:]) * self.dtype.itemsize)
+        return upper_block_bytes(self.row_chunks, self.dtype.itemsize)
 
     def plan_cache(self, mode: str = "auto", solver: str = "randomized") -> dict[str, Any]:
         """Decide where the kernel blocks come from during the passes of a solve.
