@@ -33,7 +33,7 @@ from kpca_dask.removal import (
     write_marker,
 )
 
-from .errors import UserError
+from .errors import InternalError, UserError
 from .storage_clients import install as _install_client_closing
 from .verify import checked_array
 from .verify import chunk_digest as _chunk_digest
@@ -51,6 +51,7 @@ __all__ = [
     "json_default",
     "PathEscapeError",
     "MissingBucketError",
+    "NotLocalError",
     "is_ours",
     "OUR_FILES",
     "zarr_attrs",
@@ -216,6 +217,11 @@ class PathEscapeError(UserError, ValueError):
     """A relative store path would leave its root (``..``, absolute paths)."""
 
 
+class NotLocalError(InternalError, ValueError):
+    """``local_path`` asked of an object-store location: a bug (callers check
+    ``is_local`` first)."""
+
+
 @dataclass(frozen=True)
 class Location:
     """A folder on local disk or an object-store prefix, addressed by URL or path."""
@@ -240,7 +246,7 @@ class Location:
     @property
     def local_path(self) -> Path:
         if not self.is_local:
-            raise ValueError(f"{self.url} is not a local path")
+            raise NotLocalError(f"{self.url} is not a local path")
         # parents resolved, the last part kept: a link is seen as a link, never replaced
         # by (or removed as) what it points to
         return placed_path(self.url.removeprefix("file://"))
@@ -415,6 +421,7 @@ def json_default(o: Any) -> Any:
         return o.tolist()
     if isinstance(o, Path):
         return str(o)
+    # TypeError is json.dumps's protocol for "cannot encode": a bug of ours, never the user's
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
