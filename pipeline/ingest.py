@@ -22,6 +22,7 @@ import numpy as np
 
 from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
+from .checksums import digest_blocks
 from .config import ChunkConfig, InputConfig
 from .features import record as record_features
 from .ingest_store import (
@@ -41,7 +42,7 @@ from .readers import (
     read_input,
     rows_per_chunk,
 )
-from .store import Location, _digest_blocks
+from .store import Location
 from .verify import checked_array
 
 # InputError, SourceData, read_input and detect_format live in pipeline/readers/, and
@@ -292,7 +293,7 @@ def _write_store(
         targets.append(z)
         sources.append(arr)
     stored = da.store(sources, targets, lock=False, compute=False)
-    digests = {k: _digest_blocks(a) for k, a in arrays.items()}
+    digests = {k: digest_blocks(a) for k, a in arrays.items()}
     counts = X.map_blocks(  # NaN/inf per column of each row block
         lambda x: np.count_nonzero(~np.isfinite(x), axis=0).astype(np.int64)[None, :],
         chunks=((1,) * len(X.chunks[0]), X.chunks[1]),

@@ -13,10 +13,11 @@ import numpy as np
 
 from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
+from .checksums import digest_blocks
 from .config import ChunkConfig, InputConfig
 from .errors import CorruptObjectError
 from .progress import compute
-from .store import Location, _digest_blocks
+from .store import Location
 from .verify import checked_array
 
 __all__ = [
@@ -70,7 +71,7 @@ def _content_hash(loc: Location, files: list[str]) -> str:
 
 
 def store_digests(arrays: dict[str, da.Array]) -> dict[str, da.Array]:
-    return {k: _digest_blocks(a) for k, a in arrays.items()}
+    return {k: digest_blocks(a) for k, a in arrays.items()}
 
 
 def hex_digests(digests: dict[str, np.ndarray]) -> dict[str, str]:

@@ -26,7 +26,8 @@ from kpca_dask.removal import has_marker
 
 from .errors import RunError, UserError
 from .layout import RUN_NAMES
-from .store import Location, _marked
+from .ownership import _marked
+from .store import Location
 
 __all__ = [
     "OUTPUT_MARK",
