@@ -1,7 +1,7 @@
 """Which columns of a table are features: the policy, the record, and the match at transform.
 
 The policy (docs/config.md, "Feature columns"), applied by the readers
-(pipeline/readers.py) to CSV and Parquet input:
+(pipeline/readers/) to CSV and Parquet input:
 
 - numeric columns (integer, float) are features;
 - bool columns are features, as 0/1; the log names them (a note, not a warning);

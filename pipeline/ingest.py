@@ -1,6 +1,6 @@
 """Ingest: read NPY, CSV, Parquet or zarr into a zarr v3 store of row chunks.
 
-``read_input`` (pipeline/readers.py) turns a source (local path or fsspec URL)
+``read_input`` (pipeline/readers/) turns a source (local path or fsspec URL)
 into lazy dask arrays: the float64 feature matrix, optional class labels (int
 codes plus the class names) and optional row ids. ``ingest`` validates them
 (shape, numeric columns, NaN/inf policy), writes them to ``<work>/ingest.zarr`` in
@@ -58,9 +58,6 @@ __all__ = [
     "read_input",
     "stale_ingest",
 ]
-
-#: the name pipeline/run.py imports (pipeline/readers.py: check_exists)
-_check_exists = check_exists
 
 logger = logging.getLogger("pipeline")
 

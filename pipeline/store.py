@@ -36,6 +36,8 @@ from .checksums import array_checksum, digest_blocks
 from .errors import InternalError, UserError
 from .ownership import (
     OUR_FILES,
+    OUR_PREFIXES,
+    RUN_FOLDERS,
     _remote_is_ours,
     is_ours,
     mark_folder,
@@ -62,6 +64,8 @@ __all__ = [
     "NotLocalError",
     "is_ours",
     "OUR_FILES",
+    "OUR_PREFIXES",
+    "RUN_FOLDERS",
     "zarr_attrs",
     "mark_folder",
 ]

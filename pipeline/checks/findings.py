@@ -118,7 +118,7 @@ def short(exc: BaseException) -> str:
 
 
 def input_format(cfg: PipelineConfig, fs, fs_path: str) -> str | None:
-    """The input format, as pipeline/readers.py's ``detect_format`` infers it."""
+    """The input format, as ``detect_format`` (pipeline/readers/) infers it."""
     if cfg.input.format != "auto":
         return cfg.input.format
     return infer_format(cfg.input.path, fs, fs_path)
