@@ -103,8 +103,9 @@ class Validation:
         return f"{cfg.input.path} ({self.format}): {what}; output {cfg.output.path} writable"
 
 
-class Stop(Exception):
-    """A check failed in a way that makes the later checks meaningless."""
+class Stop(UserError):
+    """A check failed in a way that makes the later checks meaningless; its message is
+    the finding (pipeline/validate.py records it, it never leaves the checks)."""
 
 
 def open_fs(path: str, options: dict[str, Any]):
