@@ -504,7 +504,7 @@ def draw_report(
     description: str | None,
 ) -> None:
     """The plots and report.md (matplotlib is imported only here)."""
-    from ..report import write_report
+    from .report import write_report
 
     idx = _sample_indices(run.n, cfg.max_scatter_points, cfg.random_state + 4)
     emb = np.asarray(run.z_emb.oindex[idx, : min(2, run.k)], dtype=np.float64)
