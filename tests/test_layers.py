@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kpca_dask", "pipeline", "flows")
 FORBIDDEN = {
@@ -268,6 +270,7 @@ def test_no_private_names_of_other_packages():
     )
 
 
+@pytest.mark.cluster  # a fresh Python process
 def test_import_pipeline_config_is_light(tmp_path):
     """pipeline.config is a leaf: reading a config loads no array library."""
     import subprocess

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
