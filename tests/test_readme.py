@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: pages whose code blocks a reader runs as written
