@@ -146,13 +146,6 @@ def read_table(
     )
 
 
-def _is_numeric(dtype) -> bool:
-    try:
-        return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_complex_dtype(dtype)
-    except TypeError:
-        return False
-
-
 def _no_rows(df) -> bool:
     try:
         return len(df.head(1, npartitions=-1, compute=True)) == 0
