@@ -38,7 +38,9 @@ The modules, each one concern (this package re-exports their public names):
 * :mod:`.cluster` -- :class:`Cluster`, the cluster a fit is priced on;
 * :mod:`.calibration` -- :func:`calibrate`, the measurements of ``kpca calibrate``;
 * :mod:`.rates` -- core-seconds of kernel work from a machine's rates;
-* :mod:`.estimation` -- :func:`estimate`, its stages one small function each;
+* :mod:`.estimation` -- :func:`estimate`: reading the input, then the solver's stages
+  (:mod:`.price_exact`, :mod:`.price_nystroem`, :mod:`.price_dense`, one small function
+  each, on what :mod:`.pricing` shares: the fit's shapes and constants);
 * :mod:`.result` -- :class:`Estimate` and :class:`Stage`, what it returns;
 * :mod:`.execution` -- :func:`choose_execution`: the cluster or the client's threads.
 """
