@@ -25,17 +25,9 @@ __all__ = [
 ]
 
 EXIT_USAGE = 2  # the user can fix it: config, input, artifacts, output location
-
-
 EXIT_FAILED = 1  # the environment failed (I/O, network, workers): re-run to resume
-
-
 EXIT_BUG = 70  # an unexpected exception (sysexits.h EX_SOFTWARE): report it
-
-
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): re-running resumes
-
-
 EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM), handled as Ctrl-C
 
 
