@@ -187,7 +187,7 @@ def main() -> None:
     from pipeline.config import PipelineConfig
     from pipeline.ingest import ingest, load_ingested
     from pipeline.layout import run_layout
-    from pipeline.solve import make_estimator
+    from pipeline.fitspec import make_estimator
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="kpca-diag-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from kpca_dask.plan import auto_block_rows, resolve_solver
+from kpca_dask.plan import resolve_kernel
 from kpca_dask.precision import centred_for_rows
 
 from .cluster import release_worker_memory
@@ -52,8 +52,9 @@ from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
 from .evaluate import make_split
 from .export import file_checksums, write_manifest, write_spectrum
+from .fitspec import FIT_FIELDS, PLAN_FIELDS, plan_fit
 from .ingest import IngestResult, InputError, ingest, stale_ingest
-from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
+from .kernel import KernelBlockReader, build_kernel_store
 from .layout import (
     EMBEDDING,
     MODEL,
@@ -74,7 +75,7 @@ from .results import (
     from_json,
     to_json,
 )
-from .solve import make_planner, solve
+from .solve import solve
 from .stage_data import ingested, read_split
 from .store import array_checksum, json_default, read_json
 
@@ -88,6 +89,7 @@ __all__ = [
     "Registry",
     "Stage",
     "checksums",
+    "config_slice",
     "evaluation_wanted",
     "files_under",
     "identity",
@@ -227,6 +229,19 @@ def _check_fields(stage: str, fields: Iterable[str]) -> None:
                 f"stage {stage!r} declares config field {f!r}, which the "
                 "pipeline config does not have"
             )
+
+
+def config_slice(*fields: str) -> tuple[str, ...]:
+    """``fields`` as a stage declares them: a section whose every field is listed is
+    named whole (``kernel``), the rest stay dotted; duplicates dropped, order kept."""
+    listed = set(fields)
+    out: list[str] = []
+    for f in fields:
+        section, _, name = f.partition(".")
+        model = PipelineConfig.model_fields[section].annotation
+        whole = not name or all(f"{section}.{n}" in listed for n in model.model_fields)
+        out.append(section if whole or section in listed else f)
+    return tuple(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------------- registry
@@ -383,29 +398,11 @@ def evaluation_wanted(cfg: Any, ing: IngestResult) -> bool:
     return bool(enabled)
 
 
-def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> tuple[da.Array, int]:
-    """Training rows of the ingested X in blocks of the kernel partition."""
+def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> da.Array:
+    """Training rows of the ingested X (in the ingest store's chunks)."""
     _, src = ingested(ing)
     mask = read_split(run_layout(cfg), split)
-    X = src.X if mask is None else src.X[mask.astype(bool)]
-    n = int(X.shape[0])
-    r = (
-        _auto_rows(cfg, n, int(X.shape[1]))
-        if cfg.chunks.block_rows == "auto"
-        else min(int(cfg.chunks.block_rows), n)
-    )
-    return X.rechunk({0: r, 1: -1}), r
-
-
-def _auto_rows(cfg: Any, n: int, d: int) -> int:
-    """The estimator's block rule (kpca_dask.plan.auto_block_rows) for this run's solver,
-    on the active cluster, with stored blocks capped when the kernel is materialised."""
-    from kpca_dask.cost import cluster_threads
-
-    solver = resolve_solver(make_planner(cfg).get_params(), n)
-    materialize, _ = plan_materialize(cfg.kernel_store.materialize, solver, d)
-    itemsize = np.dtype(cfg.solver.dtype).itemsize if materialize else None
-    return auto_block_rows(n, solver, threads=cluster_threads(), stored_itemsize=itemsize)
+    return src.X if mask is None else src.X[mask.astype(bool)]
 
 
 def _store_array(g, name: str, arr: da.Array, rows) -> None:
@@ -508,33 +505,38 @@ def _fresh_split(cfg: Any, inputs: dict, res: dict) -> str | None:
 
 
 def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResult:
-    """Decide whether to materialise K; if so, build the upper-block store (resumable)."""
-    res = ing
-    X_train, r = _training_rows(cfg, ing, split)
-    n_train = int(X_train.shape[0])
+    """Plan the fit (pipeline/fitspec.py: solver, block rows, whether to materialise K)
+    and, if K is materialised, build the upper-block store (resumable). The result
+    carries the plan to the solve."""
+    X_train = _training_rows(cfg, ing, split)
+    n_train, d = (int(s) for s in X_train.shape)
     if cfg.solver.n_components > n_train:
         raise ConfigError(
             f"solver.n_components={cfg.solver.n_components} exceeds the "
             f"{n_train} training rows; ask for fewer components."
         )
-    planner = make_planner(cfg)
-    solver = planner.plan(X_train, kernel=False).solver  # reads no data
-    materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
+    fit = plan_fit(cfg, n_train, d, plans_only=True)  # reads no data
+    r, solver = fit.block_rows, fit.solver
     logger.info(
         "plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)",
         n_train,
         r,
         solver,
-        "materialised" if materialize else "recomputed per pass",
-        why,
+        "materialised" if fit.materialize else "recomputed per pass",
+        fit.reason,
     )
-    result = KernelResult(materialized=materialize, reason=why, solver=solver, block_rows=r)
-    if materialize:
+    result = KernelResult(
+        materialized=fit.materialize, reason=fit.reason, solver=solver, block_rows=r
+    )
+    if fit.materialize:
+        X_train = X_train.rechunk({0: r, 1: -1})
         scaler = scaler_of(split)
         if scaler is not None:  # the kernel of the scaled rows, as the solve fits them
             X_train = scaler.transform(X_train)
         X_train = X_train.persist()
-        plan = planner.plan(X_train)  # gamma="scale": a sample of the persisted rows
+        # gamma="scale": resolved once, on a sample of the persisted rows; the solve
+        # fits with this number (KernelResult.gamma), the store is built with it
+        plan = resolve_kernel(fit.plan, fit.estimator.get_params(), X_train)
         store = run_layout(cfg).kernel
         ks = build_kernel_store(
             X_train,
@@ -542,7 +544,7 @@ def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResul
             centred_for_rows(plan.kernel, X_train),
             cfg.solver.dtype,
             store,
-            input_fingerprint=_kernel_input(res.fingerprint, split),
+            input_fingerprint=_kernel_input(ing.fingerprint, split),
             verify=cfg.kernel_store.verify,
         )
         built = {k: v for k, v in ks.to_dict().items() if k != "path"}
@@ -589,15 +591,21 @@ def stage_solve(
     """
     layout = run_layout(cfg)
     release_worker_memory()  # what the kernel build's buffers left on the workers' heaps
-    X_train, r = _training_rows(cfg, ing, split)
     reader = None
-    solve_cfg = cfg
+    overrides = {}
     if kernel.materialized and kernel.store is not None:
         # the store as the kernel stage wrote it (its storage options included)
         reader = KernelBlockReader(kernel.store.url, kernel.store.storage_options)
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
-            solve_cfg = cfg.model_copy(deep=True)
-            solve_cfg.kernel.gamma = float(kernel.gamma)
+            overrides["gamma"] = float(kernel.gamma)
+    # the kernel stage's plan: its solver and block rows (the partition of the store)
+    X_train = _training_rows(cfg, ing, split).rechunk({0: kernel.block_rows, 1: -1})
+    n_train, d = (int(s) for s in X_train.shape)
+    fit = plan_fit(cfg, n_train, d, overrides=overrides, block_rows=kernel.block_rows)
+    if fit.solver != kernel.solver:
+        raise InternalError(
+            f"the solve planned the {fit.solver} solver, the kernel stage {kernel.solver}"
+        )
     # the model records the table's column names (its transform then selects a DataFrame's
     # columns by name); NPY/zarr columns have none, and neither has an ingest result
     # written before the features block
@@ -606,9 +614,9 @@ def stage_solve(
         features = None
     _, info = solve(
         X_train,
-        solve_cfg,
+        cfg,
         layout.model,
-        block_rows=r,
+        fit=fit,
         block_reader=reader,
         features=features,
         scaler=scaler_of(split),
@@ -799,29 +807,6 @@ def _fresh_export(cfg: Any, inputs: dict, res: dict) -> str | None:
 
 
 # -------------------------------------------------------------------- the stages
-#: what the kernel stage plans with (pipeline.solve.make_planner reads exactly these)
-_KERNEL_FIELDS = (
-    "kernel",
-    "solver.n_components",
-    "solver.eigen_solver",
-    "solver.dtype",
-    "solver.n_oversamples",
-    "solver.random_state",
-    "solver.n_landmarks",
-    "solver.landmark_method",
-    "chunks.block_rows",
-    "kernel_store",
-)
-#: the denoise fields the solve fits the pre-image map with (pipeline.denoise.estimator_params)
-_PREIMAGE_FIELDS = (
-    "denoise.enabled",
-    "denoise.alpha",
-    "denoise.preimage",
-    "denoise.sample_size",
-    "denoise.tol",
-    "denoise.max_iter",
-)
-
 #: the ingest stage, shared by the full run and by ``kpca update`` (pipeline/update.py)
 INGEST = Stage(
     "ingest",
@@ -862,7 +847,7 @@ REGISTRY = Registry(
             inputs=("ing", "split"),
             result="kernel",
             result_type=KernelResult,
-            config=_KERNEL_FIELDS,
+            config=config_slice(*PLAN_FIELDS, "kernel_store"),
             fresh=_fresh_kernel,
             doc="plan the solve; materialise the upper kernel blocks when that pays",
         ),
@@ -872,8 +857,7 @@ REGISTRY = Registry(
             inputs=("ing", "split", "kernel"),
             result="solved",
             result_type=SolveResult,
-            config=("kernel", "solver", "chunks.block_rows", "kernel_store", "preprocess")
-            + _PREIMAGE_FIELDS,
+            config=config_slice(*FIT_FIELDS),
             publishes=(MODEL,),
             fingerprint=_fingerprint_solve,
             fresh=_fresh_solve,
