@@ -14,7 +14,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -322,7 +322,9 @@ def _estimator_rule(section: str) -> Any:
     def check(cls: Any, v: Any, info: ValidationInfo) -> Any:
         from .fitspec import check_field
 
-        return check_field(f"{section}.{info.field_name}", v)
+        field = cls.model_fields[info.field_name]
+        nullable = field.annotation is None or type(None) in get_args(field.annotation)
+        return check_field(f"{section}.{info.field_name}", v, nullable=nullable)
 
     return field_validator("*")(classmethod(check))
 

@@ -233,10 +233,11 @@ def plan_fit(
     return Fit(est, make_plan(est.get_params(), n, d), materialize, why)
 
 
-def check_field(field: str, value: Any) -> Any:
+def check_field(field: str, value: Any, *, nullable: bool = True) -> Any:
     """Check one config field's value by the estimator's rule for the parameter it sets
     (:data:`PARAMS`); raises ValueError in the estimator's words (pydantic names the
-    field). Fields the table does not map are returned unchecked."""
+    field; ``nullable=False``: the field cannot be null, so the words do not offer
+    None). Fields the table does not map are returned unchecked."""
     p = _BY_FIELD.get(field)
     if p is None:
         return value
@@ -245,5 +246,7 @@ def check_field(field: str, value: Any) -> Any:
         check_params(params)
     except InvalidParameterError as exc:
         msg = str(exc).removeprefix(f"The {p.param!r} parameter of KernelPCA ")
+        if not nullable:
+            msg = msg.replace(" or None.", ".", 1)
         raise ValueError(msg) from None
     return value
