@@ -330,8 +330,7 @@ def _estimator_rule(section: str) -> Any:
 
 
 class KernelConfig(_Model):
-    """The kernel (names as in scikit-learn; the default is rbf with gamma 'scale',
-    where scikit-learn's is the linear kernel)."""
+    """The kernel (names as in scikit-learn; default rbf with gamma 'scale', not linear)."""
 
     name: Literal["linear", "poly", "rbf", "laplacian", "sigmoid", "cosine"] = Field(
         "rbf", description="Kernel function."
