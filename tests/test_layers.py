@@ -488,11 +488,7 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/solvers/randomized.py:certify",
     "kpca_dask/solvers/randomized.py:randomized_eigh",
     "pipeline/config.py",
-    "pipeline/kernel.py:build_kernel_store",
-    "pipeline/solve.py:solve",
     "pipeline/stages.py",
-    "pipeline/update.py",
-    "pipeline/update.py:stage_drift",
 }
 
 
