@@ -12,10 +12,20 @@ n x n array is ever formed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import scipy.linalg
 
-__all__ = ["COND_CHOLQR", "_Columns", "_next_block", "_orth", "_rank_revealing_orth"]
+__all__ = [
+    "COND_CHOLQR",
+    "_Columns",
+    "_krylov_residuals",
+    "_next_block",
+    "_orth",
+    "_rank_revealing_orth",
+    "_subspace_residuals",
+]
 
 
 def _orth(R: np.ndarray, gram: np.ndarray | None = None) -> np.ndarray:
@@ -139,3 +149,33 @@ class _Columns:
     @property
     def view(self) -> np.ndarray:
         return self._buf[:, : self.width]
+
+
+def _krylov_residuals(
+    Q_next: np.ndarray, Y: np.ndarray, U_last: np.ndarray, drop2: float
+) -> tuple[np.ndarray, Callable[[int, int], float]]:
+    """Residual bounds of block Krylov's Ritz pairs, free: ``A W - W M = Q_next H +
+    E`` with ``H = Q_next^T A Q_last`` and ``E`` the dropped directions, so pair i's
+    residual is at most ``||H u_i(last block)|| + ||E||`` (``U_last``: the last
+    block's rows of the Ritz coordinates). Memory: l x L."""
+    B = (Q_next.T @ Y) @ U_last
+    res = np.linalg.norm(B, axis=0) + np.sqrt(drop2)
+    drop = float(np.sqrt(drop2))
+
+    def block_res(a, b):
+        return (np.linalg.norm(B[:, a:b], 2) if B.size else 0.0) + drop
+
+    return res, block_res
+
+
+def _subspace_residuals(
+    Y: np.ndarray, W: np.ndarray, U: np.ndarray, theta: np.ndarray
+) -> tuple[np.ndarray, Callable[[int, int], float]]:
+    """Exact residuals of subspace iteration's Ritz pairs (``W`` is the block ``Q``,
+    ``Y = A Q``). Memory: n x l."""
+    Rm = Y @ U - W @ (U * theta)
+
+    def block_res(a, b):
+        return np.linalg.norm(Rm[:, a:b], 2)
+
+    return np.linalg.norm(Rm, axis=0), block_res

@@ -75,11 +75,19 @@ from ..exceptions import ConvergenceWarning
 from ..threads import blas_threads_for_driver
 from ._common import EigResult, deterministic_signs
 from .certificate import Certificate, certify, not_converged_message
-from .krylov_basis import _Columns, _next_block, _orth, _rank_revealing_orth
+from .krylov_basis import (
+    _Columns,
+    _krylov_residuals,
+    _next_block,
+    _orth,
+    _rank_revealing_orth,
+    _subspace_residuals,
+)
 from .randomized_setup import (
     DEFAULT_N_OVERSAMPLES,
     _first_block,
     _generator,  # noqa: F401  (kpca_dask._solve and _preimage_fit import it from here)
+    _n_existing,
     _Settings,
     _settings,
     default_max_basis,
@@ -156,6 +164,7 @@ def randomized_eigh(
     tail_tol: float | None = None,
     warn: bool = True,
     v0: np.ndarray | None = None,
+    certification_pass: bool = True,
 ) -> EigResult:
     """Leading eigenpairs of a symmetric operator by randomized iteration, certified.
 
@@ -226,6 +235,13 @@ def randomized_eigh(
         rest. The certificate and the stopping rule are the same as from a
         random start: a good start only makes it hold after fewer passes. The
         number of columns used is ``info["warm_start"]``.
+    certification_pass : bool, default=True
+        Spend one more pass on ``A V`` for the returned vectors, to measure their
+        residuals (``residuals``) and re-check the certificate on them. False:
+        return the last iteration's Ritz pairs with its certificate (the same
+        proven bounds, from ``A W - W M = Q_next H + E``; the measured residuals
+        differ from them by rounding) and one pass fewer; ``residuals`` are then
+        those bounds (upper bounds of the measured ones).
 
     Memory (driver): the basis ``W`` (n x L float64, L <= ``max_basis`` + l),
     one product ``A Q`` (n x l) and its projection residual (n x l), and
@@ -266,17 +282,20 @@ def randomized_eigh(
         if (not s.fixed and cert["ok"]) or p == s.n_passes or step.exhausted:
             break
         Q = _advance(kry, step)
-    fin = _certification_pass(op, kry, step)
+    if certification_pass:
+        fin, n_passes = _certification_pass(op, kry, step), p + 1
+    else:
+        fin, n_passes = _from_last_pass(kry, step, cert), p
     converged = bool(fin.cert["ok"])
     if not converged and warn:
         warnings.warn(
-            not_converged_message(fin.cert, p + 1, tol), ConvergenceWarning, stacklevel=2
+            not_converged_message(fin.cert, n_passes, tol), ConvergenceWarning, stacklevel=2
         )
     info = {
         "solver": "randomized",
         "method": method,
         "block_columns": s.l,
-        "finish": "rayleigh_ritz",
+        "finish": "rayleigh_ritz" if certification_pass else "last_pass",
         "basis_columns": int(kry.M.shape[0]),
         "rank_found": int(fin.k),
         "exhausted": bool(step.exhausted),
@@ -289,7 +308,7 @@ def randomized_eigh(
         eigenvalues=fin.theta,
         eigenvectors=fin.vectors,
         residuals=fin.residuals,
-        n_passes=p + 1,
+        n_passes=n_passes,
         converged=converged,
         info=info,
     )
@@ -357,36 +376,6 @@ def _iterate(op: SymmetricOperator, kry: _Krylov, Q: np.ndarray) -> _Step:
     # the rest of the spectrum is zero (to tau) once the basis holds range(A)
     below = tau if spans_range else None
     return _Step(theta, U, res, block_res, Y, Q_next, tau, exhausted, below)
-
-
-def _krylov_residuals(
-    Q_next: np.ndarray, Y: np.ndarray, U_last: np.ndarray, drop2: float
-) -> tuple[np.ndarray, Callable[[int, int], float]]:
-    """Residual bounds of block Krylov's Ritz pairs, free: ``A W - W M = Q_next H +
-    E`` with ``H = Q_next^T A Q_last`` and ``E`` the dropped directions, so pair i's
-    residual is at most ``||H u_i(last block)|| + ||E||`` (``U_last``: the last
-    block's rows of the Ritz coordinates). Memory: l x L."""
-    B = (Q_next.T @ Y) @ U_last
-    res = np.linalg.norm(B, axis=0) + np.sqrt(drop2)
-    drop = float(np.sqrt(drop2))
-
-    def block_res(a, b):
-        return (np.linalg.norm(B[:, a:b], 2) if B.size else 0.0) + drop
-
-    return res, block_res
-
-
-def _subspace_residuals(
-    Y: np.ndarray, W: np.ndarray, U: np.ndarray, theta: np.ndarray
-) -> tuple[np.ndarray, Callable[[int, int], float]]:
-    """Exact residuals of subspace iteration's Ritz pairs (``W`` is the block ``Q``,
-    ``Y = A Q``). Memory: n x l."""
-    Rm = Y @ U - W @ (U * theta)
-
-    def block_res(a, b):
-        return np.linalg.norm(Rm[:, a:b], 2)
-
-    return np.linalg.norm(Rm, axis=0), block_res
 
 
 def _certify_step(step: _Step, s: _Settings) -> Certificate:
@@ -491,9 +480,15 @@ def _certification_pass(op: SymmetricOperator, kry: _Krylov, step: _Step) -> _Fi
     return _Final(k_ret, th2, deterministic_signs(Vr), residuals, cert)
 
 
-def _n_existing(theta: np.ndarray, k: int, rank_rtol: float, tau: float) -> int:
-    """How many of the leading k Ritz values are (numerically) non-zero eigenvalues."""
-    if theta.size == 0 or theta[0] <= 0:
-        return 0
-    cut = max(rank_rtol * theta[0], tau)
-    return int(min(k, np.count_nonzero(theta > cut)))
+def _from_last_pass(kry: _Krylov, step: _Step, cert: Certificate) -> _Final:
+    """The last pass's Ritz pairs as the result, without a certification pass: the
+    vectors ``W u_i``, their Ritz values, and as residuals the proven bounds
+    ``||H u_i(last block)|| + ||E||`` that ``cert`` was computed from. Memory: V
+    (n x k)."""
+    s = kry.s
+    k_ret = _n_existing(step.theta, s.k, s.rank_rtol, step.tau)
+    V = kry.W.view[:, : kry.M.shape[0]] @ step.U[:, :k_ret]
+    theta = step.theta[:k_ret].copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        residuals = step.res[:k_ret] / np.abs(theta)
+    return _Final(k_ret, theta, deterministic_signs(V), residuals, cert)

@@ -180,3 +180,11 @@ def _generator(random_state: Any) -> np.random.Generator:
     if isinstance(random_state, np.random.RandomState):
         return np.random.default_rng(random_state.randint(0, 2**31 - 1))
     return np.random.default_rng(random_state)
+
+
+def _n_existing(theta: np.ndarray, k: int, rank_rtol: float, tau: float) -> int:
+    """How many of the leading k Ritz values are (numerically) non-zero eigenvalues."""
+    if theta.size == 0 or theta[0] <= 0:
+        return 0
+    cut = max(rank_rtol * theta[0], tau)
+    return int(min(k, np.count_nonzero(theta > cut)))
