@@ -490,20 +490,11 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/solvers/randomized.py:randomized_eigh",
     "kpca_dask/validation.py",
     "pipeline/config.py",
-    "pipeline/denoise.py:_denoise_to_store",
-    "pipeline/features.py:select",
-    "pipeline/ingest.py:ingest",
     "pipeline/kernel.py:build_kernel_store",
-    "pipeline/readers.py",
     "pipeline/solve.py:solve",
     "pipeline/stages.py",
-    "pipeline/transform.py:_transform_to_store",
     "pipeline/update.py",
     "pipeline/update.py:stage_drift",
-    "pipeline/validate.py",
-    "pipeline/validate.py:_check_table",
-    "pipeline/visibility.py",
-    "pipeline/visibility.py:check_locations",
 }
 
 
