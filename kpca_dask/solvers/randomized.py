@@ -142,7 +142,6 @@ def _driver_blas(fn):
     return wrapper
 
 
-# Over 80 lines only by its numpydoc parameters: its code is about 60 lines.
 @_driver_blas
 def randomized_eigh(
     op: SymmetricOperator,
@@ -247,6 +246,7 @@ def randomized_eigh(
     one product ``A Q`` (n x l) and its projection residual (n x l), and
     L x L matrices; the certification pass adds ``V`` and ``A V`` (n x k each).
     """
+    # long: its numpydoc parameter list; the code below is about 60 lines
     s = _settings(
         op.n,
         n_components,
