@@ -23,14 +23,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kpca_dask import KernelPCA
 from kpca_dask.exceptions import InvalidParameterError
-from kpca_dask.plan import FitPlan, auto_block_rows, check_params, make_plan, resolve_solver
-from kpca_dask.validation import check_min_samples
+from kpca_dask.params import check_param, check_params
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kpca_dask import KernelPCA
+    from kpca_dask.plan import FitPlan
+
+# Loading a config checks its values here (check_field) before anything starts, so this
+# module's top imports only the estimator's light parameter rules (kpca_dask/params.py):
+# the estimator and its planner (dask) are imported where a fit is built.
 
 __all__ = [
     "FIT_FIELDS",
@@ -147,6 +153,8 @@ def make_estimator(
     params = estimator_params(cfg, plans_only=plans_only, overrides=overrides)
     if block_rows is not None:
         params["chunk_size"] = block_rows
+    from kpca_dask import KernelPCA
+
     return KernelPCA().set_params(**params)
 
 
@@ -184,6 +192,8 @@ def auto_rows(
     is materialised (``stored``; default: as ``kernel_store.materialize`` decides)."""
     if cfg.chunks.block_rows != "auto":
         return min(int(cfg.chunks.block_rows), int(n))
+    from kpca_dask.plan import auto_block_rows, resolve_solver
+
     if solver is None:
         solver = resolve_solver(make_estimator(cfg, plans_only=True).get_params(), int(n))
     if stored is None:
@@ -214,6 +224,9 @@ def plan_fit(
     (``kernel_store=False``: never, e.g. an update). ``block_rows``: already planned
     (the kernel stage's, carried to the solve), else resolved here. Invalid parameters
     and impossible combinations raise the estimator's own errors, before any pass."""
+    from kpca_dask.plan import make_plan, resolve_solver
+    from kpca_dask.validation import check_min_samples
+
     from .kernel import plan_materialize
 
     n, d = int(n), int(d)
@@ -241,9 +254,8 @@ def check_field(field: str, value: Any, *, nullable: bool = True) -> Any:
     p = _BY_FIELD.get(field)
     if p is None:
         return value
-    params = {**KernelPCA().get_params(), p.param: value}
     try:
-        check_params(params)
+        check_param(p.param, value)
     except InvalidParameterError as exc:
         msg = str(exc).removeprefix(f"The {p.param!r} parameter of KernelPCA ")
         if not nullable:

@@ -484,8 +484,6 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/estimator.py:_fit_on",
     "kpca_dask/gram.py",
     "kpca_dask/kernels.py",
-    "kpca_dask/plan.py",
-    "kpca_dask/validation.py",
     "pipeline/config.py",
     "pipeline/kernel.py:build_kernel_store",
     "pipeline/solve.py:solve",

@@ -14,7 +14,7 @@ __all__ = ["cmd_info", "feature_lines"]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from pipeline.export import open_run
+    from pipeline.export import open_run, read_spectrum
     from pipeline.store import Location
 
     run = open_run(
@@ -26,22 +26,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(m if run.pointer is None or args.version else run.pointer, indent=2))
         return 0
-    spectrum = _read_spectrum(run.location)
+    spectrum = read_spectrum(run.location)
     _print_run(args, run)
     _print_fit(m, spectrum)
     _print_record(m)
     _print_files(run, len(spectrum["eigenvalues"]))
     return 0
-
-
-def _read_spectrum(out) -> dict[str, np.ndarray]:
-    """The run's spectrum arrays by name (``eigenvalues``, ``explained_variance_ratio``,
-    ``residuals``), at the paths pipeline/layout.py names. (Its place is beside
-    pipeline.export.write_spectrum, as a ``read_spectrum`` the pipeline owns.)"""
-    from pipeline.layout import SPECTRUM_ARRAYS
-
-    g = out.open_group("r")
-    return {path.rsplit("/", 1)[-1]: np.asarray(g[path][...]) for path in SPECTRUM_ARRAYS}
 
 
 def _print_run(args: argparse.Namespace, run) -> None:

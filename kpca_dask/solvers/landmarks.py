@@ -53,6 +53,7 @@ import scipy.linalg
 from threadpoolctl import threadpool_limits
 
 from ..kernels import Kernel
+from ..params import LANDMARK_METHODS
 from ..threads import blas_threads_for_dask
 
 __all__ = [
@@ -69,7 +70,6 @@ __all__ = [
 
 logger = logging.getLogger("kpca_dask")
 
-LANDMARK_METHODS = ("uniform", "kmeans++", "rpcholesky")
 
 #: Proposals per round of accelerated RPCholesky. Rejection wastes at most
 #: ``b^2`` kernel entries per round, negligible next to the ``s x b`` columns;
