@@ -484,9 +484,6 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/estimator.py:_fit_on",
     "kpca_dask/gram.py",
     "kpca_dask/kernels.py",
-    "kpca_dask/solvers/randomized.py",
-    "kpca_dask/solvers/randomized.py:certify",
-    "kpca_dask/solvers/randomized.py:randomized_eigh",
     "pipeline/config.py",
     "pipeline/stages.py",
 }
