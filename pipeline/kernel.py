@@ -392,8 +392,6 @@ def build_kernel_store(
     for another input, kernel, dtype or chunking is refused for resuming and
     rebuilt from scratch.
     """
-    from zarr.codecs import Crc32cCodec
-
     t0 = time.perf_counter()
     dtype = np.dtype(dtype)
     rows = X.chunks[0]
@@ -409,56 +407,10 @@ def build_kernel_store(
         "n": n,
         "marker": MARKER_CHECKSUM,
     }
-    fresh = True
-    if store.exists():
-        try:
-            g = store.open_group("r")
-            if all(g.attrs.get(k) == v for k, v in identity.items()) and "done" in g:
-                fresh, build_id = False, str(g.attrs["build_id"])
-        except Exception:
-            fresh = True
-        if fresh:
-            logger.info("kernel store %s belongs to another input or kernel: rebuilding", store)
-            store.remove()
-    if fresh:
-        g = store.open_group("w")
-        g.create_array(
-            "K",
-            shape=(n, n),
-            chunks=(r, r),
-            dtype=dtype,
-            compressors=[Crc32cCodec()],
-            fill_value=0,
-        )
-        g.create_array("done", shape=(nb, nb), chunks=(1, 1), dtype="uint64", fill_value=0)
-        build_id = uuid.uuid4().hex
-        g.attrs.update(
-            {
-                **identity,
-                "build_id": build_id,
-                "kind": "kpca-dask-kernel-store",
-                "layout": "upper blocks I <= J of K, one chunk each; "
-                "done[I, J] = 2**32 | crc32c(block) once written",
-            }
-        )
-    xb = X.to_delayed()[:, 0]
-    so = store.storage_options
-    tasks = [
-        dask.delayed(_ensure_block, pure=False)(
-            store.url,
-            so,
-            build_id,
-            i,
-            j,
-            xb[i],
-            None if i == j else xb[j],
-            kernel,
-            dtype.name,
-            verify,
-        )
-        for i in range(nb)
-        for j in range(i, nb)
-    ]
+    build_id = _resumable_build(store, identity)
+    if build_id is None:
+        build_id = _create_store(store, identity, n, nb, r, dtype)
+    tasks = _block_tasks(X, kernel, dtype, store, build_id, verify)
     logger.info(
         "kernel store: %d upper blocks of %d rows (%s) -> %s", len(tasks), r, dtype.name, store
     )
@@ -486,3 +438,58 @@ def build_kernel_store(
         res.seconds,
     )
     return res
+
+
+def _resumable_build(store: Location, identity: dict[str, Any]) -> str | None:
+    """The build id of a store built for this ``identity`` (input, kernel, dtype, chunking)
+    to resume; None when there is none (a store built for another is removed, logged)."""
+    if not store.exists():
+        return None
+    try:
+        g = store.open_group("r")
+        if all(g.attrs.get(k) == v for k, v in identity.items()) and "done" in g:
+            return str(g.attrs["build_id"])
+    except Exception:
+        pass
+    logger.info("kernel store %s belongs to another input or kernel: rebuilding", store)
+    store.remove()
+    return None
+
+
+def _create_store(
+    store: Location, identity: dict[str, Any], n: int, nb: int, r: int, dtype: np.dtype
+) -> str:
+    """A new, empty store: ``K`` (n x n, r x r chunks) and its ``done`` markers; the new
+    build id."""
+    from zarr.codecs import Crc32cCodec
+
+    g = store.open_group("w")
+    g.create_array(
+        "K", shape=(n, n), chunks=(r, r), dtype=dtype, compressors=[Crc32cCodec()], fill_value=0
+    )
+    g.create_array("done", shape=(nb, nb), chunks=(1, 1), dtype="uint64", fill_value=0)
+    build_id = uuid.uuid4().hex
+    g.attrs.update(
+        {
+            **identity,
+            "build_id": build_id,
+            "kind": "kpca-dask-kernel-store",
+            "layout": "upper blocks I <= J of K, one chunk each; "
+            "done[I, J] = 2**32 | crc32c(block) once written",
+        }
+    )
+    return build_id
+
+
+def _block_tasks(
+    X: da.Array, kernel: Kernel, dtype: np.dtype, store: Location, build_id: str, verify: bool
+) -> list[Any]:
+    """One delayed :func:`_ensure_block` per upper block ``I <= J`` of ``k(X, X)``."""
+    xb = X.to_delayed()[:, 0]
+    ensure = dask.delayed(_ensure_block, pure=False)
+    head = (store.url, store.storage_options, build_id)
+    return [
+        ensure(*head, i, j, xb[i], None if i == j else xb[j], kernel, dtype.name, verify)
+        for i in range(len(xb))
+        for j in range(i, len(xb))
+    ]

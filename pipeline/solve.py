@@ -212,54 +212,17 @@ def solve(
     if block_reader is None and nystroem:
         X_train, reading = nystroem_rows(X_train.rechunk({0: fit.block_rows, 1: -1}))
     predicted = _predict(est, X_train, block_reader, reading)
-    fit_kw: dict[str, Any] = {}
-    if v0 is not None and nystroem:
-        logger.info("solve: no warm start: the fit resolved to the Nyström solver")
-    elif v0 is not None:
-        fit_kw["v0"] = v0
-    if scaler is not None:
-        fit_kw["scaler"] = scaler
-    if block_reader is not None:
-        fit_kw["kernel_blocks"] = block_reader
-    with warnings.catch_warnings(record=True) as caught:
-        # fewer components than asked is an error here (check_fit), not a warning;
-        # an uncertified solve is logged and then judged by check_fit (max_residual)
-        warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
-        warnings.simplefilter("always", ConvergenceWarning)
-        warnings.simplefilter("always", PrecisionWarning)
-        try:
-            # the pipeline's cluster is the one its config names: every fit runs there
-            with dask.config.set({EXECUTION_CONFIG: "cluster"}):
-                est.fit(X_train, **fit_kw)
-        except ConstantKernelError as e:
-            raise SolveError(CONSTANT_KERNEL) from e
+    fit_kw = _fit_kwargs(v0, nystroem, scaler, block_reader)
+    caught = _fit_caught(est, X_train, fit_kw)
     del X_train  # rows kept in the workers' memory are released with it
-    for w in caught:
-        # an uncertified solve, or a precision the data/kernel cannot support: the log's
-        # warning line (the run goes on; check_fit judges the residuals)
-        if issubclass(w.category, (ConvergenceWarning, PrecisionWarning)):
-            logger.warning("solve: %s", w.message)
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _report_warnings(caught)
     fit_s = time.perf_counter() - t0
     check_fit(est, cfg)
     if features is not None:
         info_ = {k: v for k, v in features.items() if k not in ("names", "dtypes")}
         est.record_features(features["names"], dtypes=features.get("dtypes"), **info_)
     save_model(est, model_loc)
-    info = {
-        "solver": est.eigen_solver_,
-        "n_components": int(est.n_components_),
-        "n_passes": int(getattr(est, "n_passes_", 0)),
-        "converged": bool(getattr(est, "converged_", True)),
-        "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
-        "gamma": est.gamma_,
-        "kernel": est.kernel_.to_dict(),
-        "preprocess": None if scaler is None else scaler.method,
-        "fit_seconds": fit_s,
-        "seconds": time.perf_counter() - t0,
-        **reading,
-    }
+    info = _solve_info(est, scaler, reading, fit_s, time.perf_counter() - t0)
     if predicted is not None:
         info["cost_model"] = _measured(predicted, est, fit_s)
     if "v0" in fit_kw:
@@ -273,6 +236,68 @@ def solve(
         fit_s,
     )
     return est, info
+
+
+def _fit_kwargs(v0: Any, nystroem: bool, scaler: Any, block_reader: Any) -> dict[str, Any]:
+    """The estimator's ``fit`` keywords: the warm start (not for Nyström: logged), the
+    scaler, the kernel store's block reader."""
+    fit_kw: dict[str, Any] = {}
+    if v0 is not None and nystroem:
+        logger.info("solve: no warm start: the fit resolved to the Nyström solver")
+    elif v0 is not None:
+        fit_kw["v0"] = v0
+    if scaler is not None:
+        fit_kw["scaler"] = scaler
+    if block_reader is not None:
+        fit_kw["kernel_blocks"] = block_reader
+    return fit_kw
+
+
+def _fit_caught(est: KernelPCA, X_train: da.Array, fit_kw: dict[str, Any]) -> list[Any]:
+    """``est.fit`` on the pipeline's cluster; the warnings it raised (SolveError for a
+    constant kernel)."""
+    with warnings.catch_warnings(record=True) as caught:
+        # fewer components than asked is an error here (check_fit), not a warning;
+        # an uncertified solve is logged and then judged by check_fit (max_residual)
+        warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
+        warnings.simplefilter("always", ConvergenceWarning)
+        warnings.simplefilter("always", PrecisionWarning)
+        try:
+            # the pipeline's cluster is the one its config names: every fit runs there
+            with dask.config.set({EXECUTION_CONFIG: "cluster"}):
+                est.fit(X_train, **fit_kw)
+        except ConstantKernelError as e:
+            raise SolveError(CONSTANT_KERNEL) from e
+    return caught
+
+
+def _report_warnings(caught: list[Any]) -> None:
+    """An uncertified solve, or a precision the data/kernel cannot support: the log's
+    warning line (the run goes on; check_fit judges the residuals); others re-emitted."""
+    for w in caught:
+        if issubclass(w.category, (ConvergenceWarning, PrecisionWarning)):
+            logger.warning("solve: %s", w.message)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _solve_info(
+    est: KernelPCA, scaler: Any, reading: dict[str, Any], fit_s: float, seconds: float
+) -> dict[str, Any]:
+    """The fitted model's record in the manifest (solver, passes, residual, kernel...)."""
+    return {
+        "solver": est.eigen_solver_,
+        "n_components": int(est.n_components_),
+        "n_passes": int(getattr(est, "n_passes_", 0)),
+        "converged": bool(getattr(est, "converged_", True)),
+        "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
+        "gamma": est.gamma_,
+        "kernel": est.kernel_.to_dict(),
+        "preprocess": None if scaler is None else scaler.method,
+        "fit_seconds": fit_s,
+        "seconds": seconds,
+        **reading,
+    }
 
 
 def _predict(

@@ -485,11 +485,7 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/gram.py",
     "kpca_dask/kernels.py",
     "pipeline/config.py",
-    "pipeline/kernel.py:build_kernel_store",
-    "pipeline/solve.py:solve",
     "pipeline/stages.py",
-    "pipeline/update.py",
-    "pipeline/update.py:stage_drift",
 }
 
 
