@@ -53,10 +53,17 @@ def _strip_rows(ncols: int, itemsize: int) -> int:
     return int(max(16, min(4096, STRIP_BYTES // max(1, ncols * itemsize))))
 
 
-def kernel_block(kernel: Kernel, xi: np.ndarray, xj: np.ndarray, dtype: Any) -> np.ndarray:
-    """The whole block ``k(xi, xj)`` in ``dtype`` (used to materialise K)."""
+def kernel_block(
+    kernel: Kernel, xi: np.ndarray, xj: np.ndarray, dtype: Any, eval_dtype: Any = None
+) -> np.ndarray:
+    """The whole block ``k(xi, xj)`` in ``dtype`` (used to materialise K).
+
+    ``eval_dtype``: evaluate in this dtype, then round to ``dtype`` (mixed precision:
+    float64 values rounded to float32 are within float32's unit roundoff of the kernel,
+    entry by entry; a float32 evaluation is not -- the expanded distance cancels)."""
     dtype = np.dtype(dtype)
-    return np.asarray(kernel(xi, xj, dtype=dtype), dtype=dtype)
+    ev = dtype if eval_dtype is None else np.dtype(eval_dtype)
+    return np.asarray(kernel(xi, xj, dtype=ev), dtype=dtype)
 
 
 def pair_products(
@@ -302,9 +309,20 @@ class BlockKernelMatrix:
         ``block_reader(I, J) -> ndarray`` returning a stored upper block
         ``K_IJ`` (``I <= J``); when given, products read the stored blocks
         instead of evaluating the kernel (a materialised kernel store).
+    cache_eval_dtype : {"float32", "float64"}, optional
+        Precision in which the memory tier of :meth:`kernel_cache` evaluates its
+        blocks before keeping them in ``dtype`` (default ``dtype``). Mixed precision
+        (kpca_dask.mixed) evaluates in float64 and keeps float32 blocks.
     """
 
-    def __init__(self, X: da.Array, kernel: Kernel, dtype: Any = np.float64, block_reader=None):
+    def __init__(
+        self,
+        X: da.Array,
+        kernel: Kernel,
+        dtype: Any = np.float64,
+        block_reader=None,
+        cache_eval_dtype: Any = None,
+    ):
         if X.ndim != 2:
             raise InvalidInputError(f"Expected a 2-D array, got {X.ndim} dimensions.")
         if len(X.chunks[1]) != 1:
@@ -321,6 +339,7 @@ class BlockKernelMatrix:
         self.kernel = kernel
         self.dtype = np.dtype(dtype)
         self.block_reader = block_reader
+        self.cache_eval_dtype = np.dtype(cache_eval_dtype or dtype)
         self._products = 0  # products computed: the stored path alternates their order
         self._cache: dict[tuple[int, int], Any] | None = None  # (I, J) -> persisted block
         self._cache_pending = False  # fill the cache at the next product
@@ -361,6 +380,16 @@ class BlockKernelMatrix:
         """Bytes of all upper blocks ``K_IJ`` (``I <= J``, diagonal squares whole) in
         the compute dtype: what the memory tier of :meth:`kernel_cache` holds."""
         return upper_block_bytes(self.row_chunks, self.dtype.itemsize)
+
+    def products_in(self, dtype: Any) -> BlockKernelMatrix:
+        """The same matrix with products in ``dtype``, sharing this one's cached blocks
+        (float32 blocks are then multiplied in float64: exact products of the rounded
+        blocks). Without a cache, blocks are evaluated in ``dtype``."""
+        other = BlockKernelMatrix(
+            self.X, self.kernel, dtype, self.block_reader, self.cache_eval_dtype
+        )
+        other._cache = self._cache
+        return other
 
     def plan_cache(self, mode: str = "auto", solver: str = "randomized") -> dict[str, Any]:
         """Decide where the kernel blocks come from during the passes of a solve.
@@ -417,6 +446,7 @@ class BlockKernelMatrix:
             self.X.name,
             self.kernel,
             self.dtype.str,
+            self.cache_eval_dtype.str,
             self.block_reader if self.block_reader is not None else "eval",
         )
         pairs = self.upper_blocks()
@@ -435,6 +465,7 @@ class BlockKernelMatrix:
                     xb[i],
                     xb[j],
                     self.dtype.str,
+                    self.cache_eval_dtype.str,
                     dask_key_name=f"kpca-kblock-{token}-{i}-{j}",
                 )
                 for i, j in pairs
