@@ -1,7 +1,7 @@
 """Where a benchmark writes its results by default: never over an earlier file.
 
 Result files are named by date (``<name>-<date>.json``); a second run the same day got
-the same name and replaced the first, which README tables may cite. :func:`fresh`
+the same name and replaced the first, which docs/benchmarks.md may cite. :func:`fresh`
 returns the name itself when it is free, else the same name with ``-2``, ``-3``, ...
 before the suffix. An explicit ``--out`` is the user's choice and is written as given.
 """

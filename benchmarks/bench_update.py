@@ -17,7 +17,7 @@ scheduler (BLAS threads as the estimator sets them):
 Accuracy: max relative eigenvalue difference and max embedding difference (relative to
 the embedding's largest entry, on a 20 000-row sample) between update and (3); between
 update and (4) the eigenvalue difference says what refreshing the landmarks changes.
-Results are printed as a markdown table (the README quotes it).
+Results are printed as a markdown table (docs/benchmarks.md quotes it).
 """
 
 from __future__ import annotations

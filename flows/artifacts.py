@@ -185,7 +185,7 @@ def publish_run_artifacts(
         ),
     }
     if evaluation:
-        from pipeline.report import artifact_summary
+        from pipeline.evaluate.report import artifact_summary
 
         report = published.child("report")
         summary = artifact_summary(evaluation, report_dir=location_link(report))

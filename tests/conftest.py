@@ -1,8 +1,20 @@
-"""Shared fixtures: data sets and a real multi-process Dask cluster on 127.0.0.1."""
+"""Shared fixtures: data sets and a real multi-process Dask cluster on 127.0.0.1.
+
+The ``cluster`` marker: a test that starts other processes (a dask cluster, a Prefect
+server, an object-store server, a ``kpca`` command, a fresh Python). ``pytest -m "not slow
+and not cluster"`` is the fast loop. The marker is added here to every test that uses a
+process-starting fixture or lives in a folder whose tests all do, and declared with
+``pytestmark`` in the other modules that need it; a test without it that starts a
+process fails (``_no_process_unless_marked``), so the fast loop stays what it says.
+"""
 
 from __future__ import annotations
 
 import logging
+import multiprocessing.process
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +32,63 @@ def _datasets(n: int = 300, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 DATASETS = _datasets()
+
+#: Fixtures that start processes, and folders whose every test does.
+PROCESS_FIXTURES = {
+    "dask_cluster", "dask_client", "s3_server", "s3_proxy", "gcs_emulator", "gcs_proxy",
+    "azurite", "az_proxy", "object_store",
+}  # fmt: skip
+PROCESS_FOLDERS = ("objectstore", "deploy", "flows")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
+        if folder in PROCESS_FOLDERS or PROCESS_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.cluster)
+
+
+class ProcessStarted(AssertionError):
+    """A test without the ``cluster`` marker started a process."""
+
+
+_guard = {"on": False}
+
+
+def _refuse(what: str) -> None:
+    if _guard["on"]:
+        _guard["on"] = False  # one report; the test fails here
+        raise ProcessStarted(
+            f"this test starts a process ({what}): mark it `cluster` (tests/conftest.py)"
+        )
+
+
+def _audit(event: str, args) -> None:
+    if event in ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn"):
+        _refuse(event)
+
+
+_start = multiprocessing.process.BaseProcess.start
+
+
+def _checked_start(self):
+    _refuse(f"multiprocessing {type(self).__name__}")
+    return _start(self)
+
+
+sys.addaudithook(_audit)
+multiprocessing.process.BaseProcess.start = _checked_start
+assert subprocess.Popen  # the audit event above is subprocess.Popen's
+
+
+@pytest.fixture(autouse=True)
+def _no_process_unless_marked(request):
+    _guard["on"] = request.node.get_closest_marker("cluster") is None
+    try:
+        yield
+    finally:
+        _guard["on"] = False
 
 
 @pytest.fixture(params=sorted(DATASETS))

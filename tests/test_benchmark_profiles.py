@@ -15,6 +15,8 @@ import pytest
 
 from kpca_dask.solvers import randomized_eigh
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

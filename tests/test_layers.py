@@ -29,11 +29,6 @@ FORBIDDEN = {
 }
 UNSAFE = {"pickle", "cPickle", "joblib", "cloudpickle", "dill", "shelve", "marshal"}
 
-#: Known violations another change of issue 16 removes (kpca_dask's estimator/persistence
-#: split and public names for what the pipeline uses). Each entry must still occur: when
-#: its fix lands, ``test_pending_entries_still_exist`` fails until the entry is deleted.
-PENDING_CYCLES: set[frozenset[str]] = set()
-PENDING_PRIVATE: set[tuple[str, str]] = set()
 #: underscore names the standard library documents as public API
 DOCUMENTED_PUBLIC = {"os._exit"}  # end a process now (flows/runtime.py: Ctrl-C's deadline)
 
@@ -256,15 +251,9 @@ def describe_private(imp: Import) -> str:
     return f"{imp.file}:{imp.line} uses {offence(imp)}"
 
 
-def _key(imp: Import) -> tuple[str, str]:
-    return imp.file, offence(imp)
-
-
 # ------------------------------------------------------------------ the checks
 def test_no_import_cycles():
-    cycles = [
-        c for c in import_cycles(ROOT) if frozenset(i.module for i in c) not in PENDING_CYCLES
-    ]
+    cycles = import_cycles(ROOT)
     assert not cycles, (
         f"{len(cycles)} import cycle(s); make the shared part its own module (or move the "
         "function-level import's user) so imports form a DAG:\n  "
@@ -273,11 +262,7 @@ def test_no_import_cycles():
 
 
 def test_no_private_names_of_other_packages():
-    bad = [
-        imp
-        for imp in private_imports(ROOT)
-        if _key(imp) not in PENDING_PRIVATE and offence(imp) not in DOCUMENTED_PUBLIC
-    ]
+    bad = [imp for imp in private_imports(ROOT) if offence(imp) not in DOCUMENTED_PUBLIC]
     assert not bad, (
         "imports of another package's private names (give them a public name in their "
         "package, or keep the code inside it):\n  "
@@ -285,14 +270,7 @@ def test_no_private_names_of_other_packages():
     )
 
 
-def test_pending_entries_still_exist():
-    cycles = {frozenset(i.module for i in c) for c in import_cycles(ROOT)}
-    private = {_key(imp) for imp in private_imports(ROOT)}
-    gone = [sorted(c) for c in PENDING_CYCLES if c not in cycles]
-    gone += [list(p) for p in PENDING_PRIVATE if p not in private]
-    assert not gone, f"fixed: delete these from PENDING_* in tests/test_layers.py: {gone}"
-
-
+@pytest.mark.cluster  # a fresh Python process
 def test_import_pipeline_config_is_light(tmp_path):
     """pipeline.config is a leaf: reading a config loads no array library."""
     import subprocess
@@ -416,22 +394,172 @@ def imported_modules(path: Path) -> set[str]:
     return mods
 
 
-@pytest.mark.parametrize("pkg", sorted(FORBIDDEN))
-def test_imports_point_down(pkg):
-    bad = {
-        str(f.relative_to(ROOT)): sorted(imported_modules(f) & FORBIDDEN[pkg])
-        for f in package_files(ROOT, (pkg,))
-    }
-    assert not {f: m for f, m in bad.items() if m}
+def upward_imports(root: Path, forbidden: dict[str, set[str]] = FORBIDDEN) -> dict[str, list]:
+    """Files importing a package their layer must not know, with those packages."""
+    bad = {}
+    for pkg, banned in forbidden.items():
+        for f in package_files(root, (pkg,)):
+            if hits := sorted(imported_modules(f) & banned):
+                bad[str(f.relative_to(root))] = hits
+    return bad
 
 
-@pytest.mark.parametrize("pkg", sorted(FORBIDDEN))
-def test_no_pickle_or_eval_on_any_path(pkg):
-    for f in package_files(ROOT, (pkg,)):
-        assert not imported_modules(f) & UNSAFE, f
-        tree = ast.parse(f.read_text())
-        for node in ast.walk(tree):
+def unsafe_uses(root: Path, packages=PACKAGES) -> list[str]:
+    """Pickle-like imports, eval/exec calls and ``allow_pickle`` not literally False."""
+    found = []
+    for f in package_files(root, packages):
+        rel = str(f.relative_to(root))
+        found += [f"{rel}: import {m}" for m in sorted(imported_modules(f) & UNSAFE)]
+        for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                assert node.func.id not in ("eval", "exec"), f"{f}: {node.func.id}()"
+                if node.func.id in ("eval", "exec"):
+                    found.append(f"{rel}:{node.lineno}: {node.func.id}()")
             if isinstance(node, ast.keyword) and node.arg == "allow_pickle":
-                assert isinstance(node.value, ast.Constant) and node.value.value is False, f
+                if not (isinstance(node.value, ast.Constant) and node.value.value is False):
+                    found.append(f"{rel}:{node.value.lineno}: allow_pickle not False")
+    return found
+
+
+def test_imports_point_down():
+    assert not upward_imports(ROOT)
+
+
+def test_no_pickle_or_eval_on_any_path():
+    assert not unsafe_uses(ROOT)
+
+
+def test_checker_finds_upward_imports_and_unsafe_calls(tmp_path):
+    """Deliberate violations in a toy tree: each check must fail on them."""
+    _write(
+        tmp_path,
+        {
+            "kpca_dask/__init__.py": "",
+            "kpca_dask/ok.py": "import numpy\nfrom . import other\n",
+            "kpca_dask/up.py": "from pipeline.layout import Layout\n",
+            "pipeline/__init__.py": "",
+            "pipeline/orch.py": "import prefect.flows\nimport kpca_dask\n",
+            "flows/__init__.py": "",
+            "flows/cli.py": """\
+                import pickle
+                import numpy as np
+                def f(text, path):
+                    eval(text)
+                    return np.load(path, allow_pickle=True)
+            """,
+        },
+    )
+    assert upward_imports(tmp_path) == {
+        "kpca_dask/up.py": ["pipeline"],
+        "pipeline/orch.py": ["prefect"],
+    }
+    assert unsafe_uses(tmp_path) == [
+        "flows/cli.py: import pickle",
+        "flows/cli.py:4: eval()",
+        "flows/cli.py:5: allow_pickle not False",
+    ]
+    (tmp_path / "kpca_dask/up.py").write_text("import numpy\n")
+    (tmp_path / "pipeline/orch.py").write_text("import kpca_dask\n")
+    (tmp_path / "flows/cli.py").write_text(
+        "import numpy as np\nnp.load('x', allow_pickle=0 > 1)\n"
+    )
+    assert unsafe_uses(tmp_path) == ["flows/cli.py:2: allow_pickle not False"]
+    (tmp_path / "flows/cli.py").write_text(
+        "import numpy as np\nnp.load('x', allow_pickle=False)\n"
+    )
+    assert upward_imports(tmp_path) == {} and unsafe_uses(tmp_path) == []
+
+
+# ------------------------------------------------------------------ sizes
+#: A product module over this many lines, or a function over ``MAX_FUNCTION_LINES``, says
+#: why at its top: a comment ``# long: <reason>`` in the module's first five lines, or as
+#: the first line of the function's body (after its docstring).
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
+REASON = "# long:"
+
+#: Not yet split (issue 30's renovation is in progress). Each entry must still be over
+#: its limit: when one is split, ``test_sizes`` fails until it is deleted here.
+NOT_YET_SPLIT: set[str] = {
+    "flows/cli.py",
+    "flows/cli.py:cmd_info",
+    "kpca_dask/_solve.py:_solve_nystroem",
+    "kpca_dask/cost.py",
+    "kpca_dask/cost.py:calibrate",
+    "kpca_dask/cost.py:estimate",
+    "kpca_dask/estimator.py",
+    "kpca_dask/estimator.py:_fit_on",
+    "kpca_dask/gram.py",
+    "kpca_dask/kernels.py",
+    "kpca_dask/plan.py",
+    "kpca_dask/solvers/landmarks.py:rpcholesky_landmarks",
+    "kpca_dask/solvers/nystroem.py",
+    "kpca_dask/solvers/randomized.py",
+    "kpca_dask/solvers/randomized.py:certify",
+    "kpca_dask/solvers/randomized.py:randomized_eigh",
+    "kpca_dask/validation.py",
+    "pipeline/config.py",
+    "pipeline/denoise.py:_denoise_to_store",
+    "pipeline/features.py:select",
+    "pipeline/ingest.py:ingest",
+    "pipeline/kernel.py:build_kernel_store",
+    "pipeline/readers.py",
+    "pipeline/solve.py:solve",
+    "pipeline/stages.py",
+    "pipeline/transform.py:_transform_to_store",
+    "pipeline/update.py",
+    "pipeline/update.py:stage_drift",
+    "pipeline/validate.py",
+    "pipeline/validate.py:_check_table",
+    "pipeline/visibility.py",
+    "pipeline/visibility.py:check_locations",
+}
+
+
+def _has_reason(lines: list[str], start: int, stop: int) -> bool:
+    return any(line.strip().startswith(REASON) for line in lines[start:stop])
+
+
+def oversized(root: Path, packages=PACKAGES) -> set[str]:
+    """``path`` for long modules and ``path:function`` for long functions without a reason."""
+    found = set()
+    for f in package_files(root, packages):
+        rel, text = str(f.relative_to(root)), f.read_text()
+        lines = text.splitlines()
+        if len(lines) > MAX_MODULE_LINES and not _has_reason(lines, 0, 5):
+            found.add(rel)
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if node.end_lineno - node.lineno + 1 <= MAX_FUNCTION_LINES:
+                continue
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            stop = body[0].lineno - 1 if body else node.end_lineno  # comments before it
+            if not _has_reason(lines, node.lineno, stop):
+                found.add(f"{rel}:{node.name}")
+    return found
+
+
+def test_sizes():
+    found = oversized(ROOT)
+    new, split = sorted(found - NOT_YET_SPLIT), sorted(NOT_YET_SPLIT - found)
+    assert not new, (
+        f"over {MAX_MODULE_LINES} lines (module) or {MAX_FUNCTION_LINES} (function), with no "
+        f"'{REASON} <reason>' at its top; split it or say why:\n  " + "\n  ".join(new)
+    )
+    assert not split, f"split now: delete from NOT_YET_SPLIT in tests/test_layers.py: {split}"
+
+
+def test_size_checker_finds_long_modules_and_functions(tmp_path):
+    long_fn = "def f():\n" + "    x = 1\n" * 80
+    reasoned = 'def g():\n    """Doc."""\n    # long: one table\n' + "    x = 1\n" * 80
+    _write(
+        tmp_path,
+        {
+            "kpca_dask/__init__.py": "",
+            "kpca_dask/big.py": "x = 1\n" * 501,
+            "kpca_dask/big_ok.py": "# A table.\n# long: generated\n" + "x = 1\n" * 501,
+            "kpca_dask/short.py": "def f():\n" + "    x = 1\n" * 79,
+            "pipeline/__init__.py": "",
+            "pipeline/fn.py": long_fn + reasoned,
+        },
+    )
+    assert oversized(tmp_path) == {"kpca_dask/big.py", "pipeline/fn.py:f"}

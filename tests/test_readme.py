@@ -1,4 +1,5 @@
-"""The README's code blocks run as written.
+"""The code blocks of the README and of docs/pipeline.md (the README's pipeline section,
+moved there whole) run as written.
 
 Every ```python block runs in a fresh interpreter in a temporary folder. Every line of a
 ```bash block is either run (the quick ones: ``kpca --version``, ``kpca validate`` on the
@@ -17,8 +18,12 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: pages whose code blocks a reader runs as written
+PAGES = (README, ROOT / "docs" / "pipeline.md")
 
 #: command prefixes that are not run here, and why
 NOT_RUN = {
@@ -29,36 +34,41 @@ NOT_RUN = {
     "kpca unlock ": "needs a locked run; tests/reliability/test_lock.py covers it",
     "kpca update ": "needs a published run; tests/pipeline/test_update_pipeline.py runs it",
     "kpca demo": "the whole demo job (about a minute); tests/flows/test_cli.py runs it",
-    "python benchmarks/": "a benchmark (minutes to hours); its results are in the README",
+    "python benchmarks/": "a benchmark (minutes to hours); results in docs/benchmarks.md",
     "kpca calibrate": "measures this machine (20 s) and writes the user's calibration file; "
     "tests/flows/test_plan_cli.py runs `kpca calibrate --quick` into a temporary file",
     "python -m pytest": "the test suite itself",
 }
 
 
-def _blocks(lang: str) -> list[tuple[int, str]]:
-    """(first line number, text) of every fenced block in ``lang``."""
-    out, lines = [], README.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        if lines[i].strip() == f"```{lang}":
-            j = i + 1
-            while not lines[j].startswith("```"):
-                j += 1
-            out.append((i + 2, "\n".join(lines[i + 1 : j])))
-            i = j
-        i += 1
+def _blocks(lang: str) -> list[tuple[str, str]]:
+    """("page line", text) of every fenced block in ``lang``, its first line's place."""
+    out = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            if lines[i].strip() == f"```{lang}":
+                j = i + 1
+                while not lines[j].startswith("```"):
+                    j += 1
+                out.append(
+                    (f"{page.relative_to(ROOT)} line {i + 2}", "\n".join(lines[i + 1 : j]))
+                )
+                i = j
+            i += 1
     return out
 
 
-def _commands() -> list[tuple[int, str]]:
+def _commands() -> list[tuple[str, str]]:
     cmds = []
     for start, text in _blocks("bash"):
+        page, _, first = start.rpartition(" line ")
         joined = text.replace("\\\n", " ")
         for k, line in enumerate(joined.splitlines()):
             cmd = line.split("  #", 1)[0].strip()
             if cmd and not cmd.startswith("#"):
-                cmds.append((start + k, re.sub(r"\s+", " ", cmd)))
+                cmds.append((f"{page} line {int(first) + k}", re.sub(r"\s+", " ", cmd)))
     return cmds
 
 
@@ -76,7 +86,7 @@ def test_python_block_runs(start, code, tmp_path):
         text=True,
         timeout=600,
     )
-    assert res.returncode == 0, f"README.md line {start}:\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, f"{start}:\n{res.stderr[-3000:]}"
 
 
 def _example_input(folder: Path) -> None:
@@ -101,7 +111,7 @@ def test_every_command_is_run_here_or_has_a_reason():
     """A new README command fails here until it is run below or listed in NOT_RUN (the
     ones not run are listed, not skipped: nothing is skipped to get green)."""
     unclassified = [
-        f"README.md line {line}: `{cmd}`"
+        f"{line}: `{cmd}`"
         for line, cmd in _commands()
         if _reason(cmd) is None and not cmd.startswith(RUN_HERE)
     ]
@@ -128,7 +138,7 @@ def test_bash_command(line, cmd, tmp_path):
         text=True,
         timeout=300,
     )
-    assert res.returncode == 0, f"README.md line {line}: `{cmd}`:\n{res.stderr[-2000:]}"
+    assert res.returncode == 0, f"{line}: `{cmd}`:\n{res.stderr[-2000:]}"
     if cmd.startswith("kpca validate"):
         assert res.stdout.startswith(
             "kpca validate: ok: kpca-demo-output-data/digits.parquet (parquet)"
@@ -140,24 +150,26 @@ def test_bash_command(line, cmd, tmp_path):
 
 
 def _named_files() -> dict[str, str]:
-    """Blocks the README introduces with a file name ("`wine.yaml`:"), by that name."""
-    lines, files = README.read_text().splitlines(), {}
-    for i, line in enumerate(lines[:-1]):
-        m = re.fullmatch(r"`([\w.-]+\.(?:yaml|yml|json))`:", line.strip())
-        if m and i + 2 < len(lines) and lines[i + 2].startswith("```"):
-            j = i + 3
-            while not lines[j].startswith("```"):
-                j += 1
-            files[m.group(1)] = "\n".join(lines[i + 3 : j]) + "\n"
+    """Blocks the pages introduce with a file name ("`wine.yaml`:"), by that name."""
+    files = {}
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines[:-1]):
+            m = re.fullmatch(r"`([\w.-]+\.(?:yaml|yml|json))`:", line.strip())
+            if m and i + 2 < len(lines) and lines[i + 2].startswith("```"):
+                j = i + 3
+                while not lines[j].startswith("```"):
+                    j += 1
+                files[m.group(1)] = "\n".join(lines[i + 3 : j]) + "\n"
     return files
 
 
 def test_the_real_data_example_validates(tmp_path):
-    """The README's own-table section as a reader follows it: its python block writes the
-    data, its config goes to the file it names, and `kpca validate` accepts the pair
+    """The own-table section (docs/pipeline.md) as a reader follows it: its python block
+    writes the data, its config goes to the file it names, and `kpca validate` accepts the pair
     (`kpca run` on it is left to the scaling tests)."""
     files = _named_files()
-    assert files, "the README's own-table section names no config file"
+    assert files, "the own-table section (docs/pipeline.md) names no config file"
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     for _, code in _blocks("python"):

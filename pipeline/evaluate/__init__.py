@@ -18,12 +18,15 @@ their own data, in the same run that produced the embedding:
    cross-validation on (a subsample of) the training split;
 5. ``<out>/report/metrics.json`` is written (the typed model
    :class:`~pipeline.evaluate.metrics.Metrics`; its generated JSON schema is
-   :data:`METRICS_SCHEMA`) and :func:`pipeline.report.write_report` draws the plots.
+   :data:`METRICS_SCHEMA`) and :func:`pipeline.evaluate.report.write_report` draws
+   the plots and report.md.
 
 Modules: ``split`` (the seeded train/test split), ``classify`` (classifiers,
 confusion matrices, metrics, the component sweep), ``baseline`` (linear PCA),
-``gamma`` (the cross-validated gamma sweep), ``metrics`` (the metrics.json model)
-and ``stage`` (:func:`evaluate_run`: the steps above over one run folder). The
+``gamma`` (the cross-validated gamma sweep), ``metrics`` (the metrics.json model),
+``run_folder`` (what the stage reads from a run folder, checked), ``stage``
+(:func:`evaluate_run`: the steps above over one run folder) and ``report`` (the
+plots, report.md and the Prefect artifact summary). The
 array-level functions (:func:`make_split`, :func:`evaluate_embeddings`,
 :func:`linear_pca_baseline`, :func:`component_sweep`, :func:`gamma_cv_sweep`)
 work on numpy or dask arrays and know nothing about run folders;

@@ -50,7 +50,7 @@ def linear_pca_baseline(
     info : dict with ``method`` ("pca" or "incremental_pca"), ``n_components``,
         ``n_fit_rows`` and ``explained_variance_ratio``.
     """
-    from sklearn.decomposition import PCA, IncrementalPCA
+    from sklearn.decomposition import PCA
 
     n_train, d = int(X_train.shape[0]), int(X_train.shape[1])
     k = int(min(n_components, d, n_train))
@@ -67,22 +67,8 @@ def linear_pca_baseline(
         if isinstance(X_train, da.Array):
             train_emb = da.from_array(train_emb, chunks=(X_train.chunks[0], (k,)))
     else:
-        if batch_rows is None:
-            batch_rows = max(2 * k, int(64 * 2**20 // (8 * d)))
-        batch_rows = max(int(batch_rows), k)
-        Xd = X_train if isinstance(X_train, da.Array) else da.from_array(np.asarray(X_train))
-        Xd = Xd.rechunk({0: _batch_chunks(n_train, batch_rows), 1: -1})
-        pca = IncrementalPCA(n_components=k)
-        for xb, _ in row_blocks(Xd):
-            pca.partial_fit(xb)
+        pca, train_emb = _incremental_pca(X_train, k, batch_rows)
         method = "incremental_pca"
-        if isinstance(X_train, da.Array):
-            Xw = X_train.rechunk({1: -1})
-            train_emb = Xw.map_blocks(
-                pca.transform, chunks=(Xw.chunks[0], (k,)), dtype=np.float64
-            )
-        else:
-            train_emb = np.vstack([pca.transform(xb) for xb, _ in row_blocks(X_train)])
     if isinstance(X_test, da.Array):
         Xt = X_test.rechunk({1: -1})
         test_emb: Any = Xt.map_blocks(
@@ -99,6 +85,28 @@ def linear_pca_baseline(
         "explained_variance_ratio": [float(v) for v in pca.explained_variance_ratio_],
     }
     return train_emb, test_emb, info
+
+
+def _incremental_pca(X_train: Any, k: int, batch_rows: int | None) -> tuple[Any, Any]:
+    """IncrementalPCA streamed over row batches (one batch in memory at a time); the
+    fitted PCA and the training rows' embedding (lazy for dask input)."""
+    from sklearn.decomposition import IncrementalPCA
+
+    n_train, d = int(X_train.shape[0]), int(X_train.shape[1])
+    if batch_rows is None:
+        batch_rows = max(2 * k, int(64 * 2**20 // (8 * d)))
+    batch_rows = max(int(batch_rows), k)
+    Xd = X_train if isinstance(X_train, da.Array) else da.from_array(np.asarray(X_train))
+    Xd = Xd.rechunk({0: _batch_chunks(n_train, batch_rows), 1: -1})
+    pca = IncrementalPCA(n_components=k)
+    for xb, _ in row_blocks(Xd):
+        pca.partial_fit(xb)
+    if isinstance(X_train, da.Array):
+        Xw = X_train.rechunk({1: -1})
+        train_emb = Xw.map_blocks(pca.transform, chunks=(Xw.chunks[0], (k,)), dtype=np.float64)
+    else:
+        train_emb = np.vstack([pca.transform(xb) for xb, _ in row_blocks(X_train)])
+    return pca, train_emb
 
 
 def _batch_chunks(n: int, rows: int) -> tuple[int, ...]:

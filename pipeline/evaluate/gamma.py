@@ -63,29 +63,82 @@ def gamma_cv_sweep(
     kept fewer components), ``best`` ({gamma, n_components, cv_accuracy}),
     ``cv_folds``, ``n_rows``.
     """
-    from sklearn.base import clone
     from sklearn.model_selection import StratifiedKFold
 
     cfg = as_config(config)
     X = np.asarray(X_train, dtype=np.float64)
     y = np.asarray(y_train, dtype=np.int64)
+    folds = _fold_count(y, cfg.cv_folds)
+    ks = _fittable_ks(components, X.shape[0], folds)
+    skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=cfg.random_state)
+    splits = list(skf.split(X, y))
+    kind = "logistic" if cfg.classifier in ("auto", "sgd") else cfg.classifier
+    acc, dropped = _fold_accuracies(X, y, estimator, gammas, ks, splits, cfg, kind, progress)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells
+        mean = np.nanmean(acc, axis=2)
+        std = np.nanstd(acc, axis=2)
+    mean[np.isnan(acc).any(axis=2)] = np.nan
+    if np.all(np.isnan(mean)):
+        raise EvaluationError(
+            "gamma cross-validation produced no usable fit: every gamma "
+            "kept fewer components than asked"
+        )
+    bi, bk = np.unravel_index(int(np.nanargmax(mean)), mean.shape)
+    return {
+        "gamma": [float(g) for g in gammas],
+        "n_components": ks,
+        "cv_accuracy": _lists(mean),
+        "cv_std": _lists(std),
+        "best": {
+            "gamma": float(gammas[bi]),
+            "n_components": int(ks[bk]),
+            "cv_accuracy": float(mean[bi, bk]),
+        },
+        "cv_folds": folds,
+        "n_rows": int(X.shape[0]),
+        "dropped_component_warnings": dropped,
+        "classifier": kind,
+    }
+
+
+def _fold_count(y: np.ndarray, cv_folds: int) -> int:
+    """``cv_folds``, fewer when the rarest class has fewer rows; at least 2."""
     counts = np.bincount(y)
-    folds = min(cfg.cv_folds, int(counts[counts > 0].min()))
+    folds = min(cv_folds, int(counts[counts > 0].min()))
     if folds < 2:
         raise EvaluationError(
             "gamma cross-validation needs at least 2 training rows of every "
             "class in the subsample; raise evaluate.cv_max_rows"
         )
+    return folds
+
+
+def _fittable_ks(components: Sequence[int], n_rows: int, folds: int) -> list[int]:
+    """The swept k smaller than a fold's training part (or one that is)."""
     ks = sorted({int(k) for k in components})
-    fold_size = X.shape[0] - math.ceil(X.shape[0] / folds)
-    ks = [k for k in ks if k < fold_size] or [max(1, fold_size - 1)]
-    kmax = ks[-1]
-    skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=cfg.random_state)
-    splits = list(skf.split(X, y))
-    n_cls = int(y.max()) + 1
+    fold_size = n_rows - math.ceil(n_rows / folds)
+    return [k for k in ks if k < fold_size] or [max(1, fold_size - 1)]
+
+
+def _fold_accuracies(
+    X: np.ndarray,
+    y: np.ndarray,
+    estimator: Any,
+    gammas: Sequence[float],
+    ks: list[int],
+    splits: list[tuple[np.ndarray, np.ndarray]],
+    cfg: EvaluateConfig,
+    kind: str,
+    progress: Any,
+) -> tuple[np.ndarray, int]:
+    """Accuracy per (gamma, k, fold), NaN where a fit kept fewer than k components; and
+    how many DroppedComponents warnings the fits raised."""
+    from sklearn.base import clone
+
+    folds, kmax, n_cls = len(splits), ks[-1], int(y.max()) + 1
     acc = np.full((len(gammas), len(ks), folds), np.nan)
     dropped = 0
-    kind = "logistic" if cfg.classifier in ("auto", "sgd") else cfg.classifier
     # One BLAS thread: the fits are small (<= cv_max_rows rows) and a
     # multi-threaded eigh on a busy 2-core machine was measured 10-60x slower
     # (threads spinning for cores) than a single-threaded one (0.13 s, n=900).
@@ -113,33 +166,8 @@ def gamma_cv_sweep(
                 conf, _ = confusions(Etr, y[tr], Eva, y[va], kk, n_cls, cfg, kind)
                 for k in kk:
                     acc[gi, ks.index(k), fi] = np.trace(conf[k]) / conf[k].sum()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells
-        mean = np.nanmean(acc, axis=2)
-        std = np.nanstd(acc, axis=2)
-    mean[np.isnan(acc).any(axis=2)] = np.nan
-    if np.all(np.isnan(mean)):
-        raise EvaluationError(
-            "gamma cross-validation produced no usable fit: every gamma "
-            "kept fewer components than asked"
-        )
-    bi, bk = np.unravel_index(int(np.nanargmax(mean)), mean.shape)
+    return acc, dropped
 
-    def _lists(a: np.ndarray) -> list[list[float | None]]:
-        return [[None if np.isnan(v) else float(v) for v in row] for row in a]
 
-    return {
-        "gamma": [float(g) for g in gammas],
-        "n_components": ks,
-        "cv_accuracy": _lists(mean),
-        "cv_std": _lists(std),
-        "best": {
-            "gamma": float(gammas[bi]),
-            "n_components": int(ks[bk]),
-            "cv_accuracy": float(mean[bi, bk]),
-        },
-        "cv_folds": folds,
-        "n_rows": int(X.shape[0]),
-        "dropped_component_warnings": dropped,
-        "classifier": kind,
-    }
+def _lists(a: np.ndarray) -> list[list[float | None]]:
+    return [[None if np.isnan(v) else float(v) for v in row] for row in a]

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import time
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
 from ..config import EvaluateConfig
-from ..errors import EvaluationError
 from ..preprocess import preprocess_report
 from ..progress import Steps
-from ..store import Location, atomic_write_json
+from ..store import atomic_write_json
 from .baseline import linear_pca_baseline
 from .classify import (
     as_config,
@@ -42,32 +39,11 @@ from .metrics import (
     Spectrum,
     Sweep,
 )
+from .run_folder import RunFolder, as_location, open_run_folder, read_rows, sample_indices
 
 logger = logging.getLogger("pipeline.evaluate")
 
 __all__ = ["evaluate_run"]
-
-
-def _location(out_dir: Any) -> Location:
-    if isinstance(out_dir, Location):
-        return out_dir
-    return Location(str(out_dir))
-
-
-def _sample_indices(n: int, m: int, seed: int, within: np.ndarray | None = None) -> np.ndarray:
-    """Sorted seeded sample of at most ``m`` row indices (of ``within`` if given)."""
-    pool = np.arange(n) if within is None else np.asarray(within)
-    if pool.size <= m:
-        return pool
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(pool, size=m, replace=False))
-
-
-def _rows(z: Any, idx: np.ndarray) -> np.ndarray:
-    """Rows ``idx`` (sorted) of a zarr array, reading only the chunks that hold them."""
-    if idx.size == 0:
-        return np.empty((0,) + tuple(z.shape[1:]), dtype=z.dtype)
-    return np.asarray(z.oindex[(idx,) + (slice(None),) * (len(z.shape) - 1)])
 
 
 def _skipped(reason: str) -> dict[str, Any]:
@@ -107,7 +83,7 @@ def evaluate_run(
     gamma sweep) and ``<out>/work/ingest.zarr/X`` (for the linear PCA
     baseline). Writes ``<out>/report/metrics.json`` atomically and, unless
     ``config.report`` (or ``write_report``) is false, the plots and
-    ``report.md`` (:func:`pipeline.report.write_report`).
+    ``report.md`` (:func:`pipeline.evaluate.report.write_report`).
 
     Idempotent: re-running overwrites the report with the same numbers
     (every random choice is seeded by ``config.random_state``).
@@ -140,9 +116,52 @@ def evaluate_run(
     if cfg.enabled is False:
         return _skipped("evaluate.enabled is false")
     t_start = time.perf_counter()
-    run = open_run(_location(out_dir), cfg)
+    run = open_run_folder(as_location(out_dir), cfg)
     if isinstance(run, str):
         return _skipped(run)
+    report = cfg.report if write_report is None else write_report
+    steps = Steps("evaluate", 3 + (cfg.gamma_sweep is not None) + bool(report))
+    measured = _measure(run, cfg, steps)
+    metrics = _metrics(run, cfg, measured).to_json_dict()
+    logger.info(
+        "evaluate: kernel PCA accuracy %.4f vs linear PCA %.4f at k=%d (margin %+.4f)",
+        measured.kpca.accuracy,
+        measured.pca.accuracy,
+        run.k,
+        metrics["margin"],
+    )
+    if report:
+        t = time.perf_counter()
+        metrics["timings"]["total"] = t - t_start
+        with steps.step("report"):
+            draw_report(
+                run, cfg, metrics, measured.scores, title=title, description=description
+            )
+        metrics["timings"]["report"] = time.perf_counter() - t
+    metrics["timings"]["total"] = time.perf_counter() - t_start
+    Metrics.model_validate(metrics)  # what is written is what the schema says
+    atomic_write_json(run.loc.child("report", "metrics.json"), metrics)
+    return metrics
+
+
+@dataclass
+class _Measured:
+    """What the evaluate steps measured, before it becomes :class:`Metrics`."""
+
+    kind: str
+    model: Any
+    scaler: Any
+    kpca: Classification
+    conf_k: dict[int, np.ndarray]
+    pca: Baseline
+    sweep: Sweep
+    novelty: Novelty
+    scores: tuple[np.ndarray, np.ndarray]
+    gamma_sweep: GammaSweep | GammaSkipped | None
+
+
+def _measure(run: RunFolder, cfg: EvaluateConfig, steps: Steps) -> _Measured:
+    """The timed steps: both classifiers, the sweep, novelty scores, the gamma sweep."""
     kind = resolve_classifier(cfg.classifier, int(run.train_idx.size), cfg.sgd_min_rows)
     ks, skipped = resolve_sweep(cfg.sweep_components, run.k)
     logger.info(
@@ -153,9 +172,6 @@ def evaluate_run(
         kind,
         ks,
     )
-
-    report = cfg.report if write_report is None else write_report
-    steps = Steps("evaluate", 3 + (cfg.gamma_sweep is not None) + bool(report))
     with run.timed("kpca_classifier"), steps.step("%s on the kernel PCA embedding", kind):
         kpca, conf_k = classify_embedding(run, cfg, kind, ks)
     model = load_model(run)
@@ -169,12 +185,19 @@ def evaluate_run(
     if cfg.gamma_sweep is not None:
         with run.timed("gamma_sweep"), steps.step("gamma cross-validation"):
             gamma_sweep = cross_validate_gamma(run, model, cfg, ks, steps=steps)
+    return _Measured(
+        kind, model, scaler, kpca, conf_k, pca, sweep, novelty, scores, gamma_sweep
+    )
 
-    metrics = Metrics(
+
+def _metrics(run: RunFolder, cfg: EvaluateConfig, m: _Measured) -> Metrics:
+    """The metrics.json record of what was measured (timings without the report yet)."""
+    model, kind = m.model, m.kind
+    return Metrics(
         schema_version=METRICS_SCHEMA_VERSION,
         status="complete",
         created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        data=data_summary(run, conf_k[run.k]),
+        data=data_summary(run, m.conf_k[run.k]),
         model=ModelSummary(
             kernel=model.kernel_.to_dict() if hasattr(model.kernel_, "to_dict") else {},
             n_components=run.k,
@@ -189,165 +212,22 @@ def evaluate_run(
             sgd_epochs=cfg.sgd_epochs if kind == "sgd" else None,
         ),
         n_components=run.k,
-        kpca_accuracy=kpca.accuracy,
-        pca_accuracy=pca.accuracy,
-        margin=kpca.accuracy - pca.accuracy,
-        kpca=kpca,
-        pca=pca,
-        sweep=sweep,
-        gamma_sweep=gamma_sweep,
-        novelty=novelty,
+        kpca_accuracy=m.kpca.accuracy,
+        pca_accuracy=m.pca.accuracy,
+        margin=m.kpca.accuracy - m.pca.accuracy,
+        kpca=m.kpca,
+        pca=m.pca,
+        sweep=m.sweep,
+        gamma_sweep=m.gamma_sweep,
+        novelty=m.novelty,
         spectrum=spectrum(run, model),
-        preprocess=preprocess_report(scaler),
+        preprocess=preprocess_report(m.scaler),
         config=cfg.model_dump(mode="json"),
         timings=run.timings,
-    ).to_json_dict()
-    logger.info(
-        "evaluate: kernel PCA accuracy %.4f vs linear PCA %.4f at k=%d (margin %+.4f)",
-        kpca.accuracy,
-        pca.accuracy,
-        run.k,
-        metrics["margin"],
     )
-
-    if report:
-        t = time.perf_counter()
-        metrics["timings"]["total"] = t - t_start
-        with steps.step("report"):
-            draw_report(run, cfg, metrics, scores, title=title, description=description)
-        metrics["timings"]["report"] = time.perf_counter() - t
-    metrics["timings"]["total"] = time.perf_counter() - t_start
-    Metrics.model_validate(metrics)  # what is written is what the schema says
-    atomic_write_json(run.loc.child("report", "metrics.json"), metrics)
-    return metrics
 
 
 # ------------------------------------------------------------------ the steps
-@dataclass
-class RunFolder:
-    """What the evaluate stage reads from a run folder (zarr arrays, opened lazily)."""
-
-    loc: Location
-    root: Any  # the run's zarr group
-    z_emb: Any
-    z_lab: Any
-    classes: list[str]
-    split: np.ndarray  # bool, True = training row (1 byte per row)
-    emb: da.Array
-    labels: da.Array
-    timings: dict[str, float] = field(default_factory=dict)
-    _z_X: Any = None
-
-    @property
-    def n(self) -> int:
-        return int(self.z_emb.shape[0])
-
-    @property
-    def k(self) -> int:
-        return int(self.z_emb.shape[1])
-
-    @property
-    def train_idx(self) -> np.ndarray:
-        return np.flatnonzero(self.split)
-
-    @property
-    def test_idx(self) -> np.ndarray:
-        return np.flatnonzero(~self.split)
-
-    @property
-    def z_X(self) -> Any:
-        """The ingested features ``<out>/work/ingest.zarr/X``, checked against the rows."""
-        if self._z_X is None:
-            ingest_loc = _work_of(self.loc).child("ingest.zarr")
-            try:
-                z_X = ingest_loc.open_group("r")["X"]
-            except Exception as exc:
-                raise EvaluationError(
-                    f"the linear PCA baseline reads the ingested features from "
-                    f"{ingest_loc}/X, which cannot be opened ({exc}); keep the work "
-                    "folder until evaluate has run"
-                ) from exc
-            if int(z_X.shape[0]) != self.n:
-                raise EvaluationError(
-                    f"{ingest_loc}/X has {z_X.shape[0]} rows but the "
-                    f"embedding has {self.n}; the run folder is inconsistent"
-                )
-            self._z_X = z_X
-        return self._z_X
-
-    @contextlib.contextmanager
-    def timed(self, step: str) -> Iterator[None]:
-        t = time.perf_counter()
-        yield
-        self.timings[step] = time.perf_counter() - t
-
-
-def _work_of(loc: Location) -> Location:
-    """The ``work/`` folder of the run whose arrays are at ``loc``: beside the arrays, or
-    -- ``loc`` a version of an output (``<out>/versions/<id>``) -- at the output's root."""
-    url = loc.url.rstrip("/")
-    head, _, _vid = url.rpartition("/")
-    parent, _, name = head.rpartition("/")
-    if name == "versions" and parent:
-        return Location(parent, loc.storage_options).child("work")
-    return loc.child("work")
-
-
-def open_run(loc: Location, cfg: EvaluateConfig) -> RunFolder | str:
-    """The run's embedding, labels and split, checked; or why evaluation is skipped."""
-    try:
-        root = loc.open_group("r")
-    except Exception as exc:
-        raise EvaluationError(
-            f"{loc} is not a readable run folder (zarr group): {exc}"
-        ) from exc
-    # Membership tests look names up directly; listing the group would trip over
-    # the plain work/ folder beside the arrays.
-    if "embedding" not in root:
-        raise EvaluationError(
-            f"{loc} has no 'embedding' array; run the pipeline's project stage before evaluate"
-        )
-    if "labels" not in root:
-        if cfg.enabled == "auto":
-            return "the input has no label column"
-        raise EvaluationError(
-            f"evaluate.enabled is true but {loc} has no 'labels' array; set "
-            "input.label_column, or set evaluate.enabled to 'auto' or false"
-        )
-    if "split" not in root:
-        if cfg.enabled == "auto":
-            return "the run holds out no rows (no 'split' array)"
-        raise EvaluationError(
-            f"{loc} has no 'split' array: held-out evaluation needs rows "
-            "held out before fitting (the pipeline writes <out>/split when "
-            "evaluation is enabled and labels exist)"
-        )
-
-    z_emb, z_lab, z_split = root["embedding"], root["labels"], root["split"]
-    n = int(z_emb.shape[0])
-    classes = [str(c) for c in z_lab.attrs.get("classes", [])]
-    if z_lab.shape != (n,) or z_split.shape != (n,):
-        raise EvaluationError(
-            f"embedding has {n} rows but labels has shape {z_lab.shape} and "
-            f"split {z_split.shape}; the run folder is inconsistent (re-run "
-            "the project stage)"
-        )
-    split = np.asarray(z_split[...]).astype(bool)
-    n_train = int(split.sum())
-    if n_train == 0 or n_train == n:
-        raise EvaluationError(
-            f"the split holds {n_train} training and {n - n_train} "
-            "held-out rows; both must be non-empty (check "
-            "evaluate.test_fraction)"
-        )
-    emb = da.from_zarr(z_emb)
-    labels = da.from_zarr(z_lab).rechunk({0: emb.chunks[0]})
-    if not classes:
-        top = int(labels.max().compute())
-        classes = [str(i) for i in range(top + 1)]
-    return RunFolder(loc, root, z_emb, z_lab, classes, split, emb, labels)
-
-
 def classify_embedding(
     run: RunFolder, cfg: EvaluateConfig, kind: str, ks: list[int]
 ) -> tuple[Classification, dict[int, np.ndarray]]:
@@ -428,12 +308,12 @@ def novelty_scores(
     """``score_samples`` of sampled held-out and training rows; the share of held-out rows
     above the training rows' 99th percentile."""
     seed = cfg.random_state
-    test_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 1, run.test_idx)
-    train_idx = _sample_indices(run.n, cfg.max_novelty_points, seed + 2, run.train_idx)
+    test_idx = sample_indices(run.n, cfg.max_novelty_points, seed + 1, run.test_idx)
+    train_idx = sample_indices(run.n, cfg.max_novelty_points, seed + 2, run.train_idx)
     with warnings.catch_warnings():  # rows of the ingest store: in the model's feature order
         warnings.filterwarnings("ignore", "X does not have valid feature names", UserWarning)
-        test = np.asarray(model.score_samples(_rows(run.z_X, test_idx)), dtype=np.float64)
-        train = np.asarray(model.score_samples(_rows(run.z_X, train_idx)), dtype=np.float64)
+        test = np.asarray(model.score_samples(read_rows(run.z_X, test_idx)), dtype=np.float64)
+        train = np.asarray(model.score_samples(read_rows(run.z_X, train_idx)), dtype=np.float64)
     threshold = float(np.quantile(train, 0.99)) if train.size else None
     novelty = Novelty(
         n_test_scored=int(test.size),
@@ -461,10 +341,10 @@ def cross_validate_gamma(
         if cfg.gamma_sweep == "auto"
         else list(cfg.gamma_sweep)
     )
-    cv_idx = _sample_indices(run.n, cfg.cv_max_rows, cfg.random_state + 3, run.train_idx)
+    cv_idx = sample_indices(run.n, cfg.cv_max_rows, cfg.random_state + 3, run.train_idx)
     y = np.asarray(run.z_lab.oindex[cv_idx], dtype=np.int64)
     result = gamma_cv_sweep(
-        _rows(run.z_X, cv_idx), y, model, gammas, ks, config=cfg, progress=steps
+        read_rows(run.z_X, cv_idx), y, model, gammas, ks, config=cfg, progress=steps
     )
     return GammaSweep(**result, fitted_gamma=float(model.gamma_))
 
@@ -504,9 +384,9 @@ def draw_report(
     description: str | None,
 ) -> None:
     """The plots and report.md (matplotlib is imported only here)."""
-    from ..report import write_report
+    from .report import write_report
 
-    idx = _sample_indices(run.n, cfg.max_scatter_points, cfg.random_state + 4)
+    idx = sample_indices(run.n, cfg.max_scatter_points, cfg.random_state + 4)
     emb = np.asarray(run.z_emb.oindex[idx, : min(2, run.k)], dtype=np.float64)
     lab = np.asarray(run.z_lab.oindex[idx], dtype=np.int64)
     write_report(

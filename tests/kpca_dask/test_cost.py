@@ -200,6 +200,7 @@ def test_small_fit_runs_on_local_threads_and_matches_the_cluster(dask_cluster):
     np.testing.assert_allclose(emb, ref_emb, atol=1e-10)
 
 
+@pytest.mark.cluster  # a fresh Python process
 def test_large_fit_on_a_wider_cluster_uses_it():
     """A fit whose compute dwarfs the cluster's overhead goes to the cluster: n = 400 000
     Nyström on a cluster of 2 x 4 threads (the decision only; nothing is fitted)."""

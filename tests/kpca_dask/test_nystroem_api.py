@@ -202,6 +202,7 @@ def test_saved_model_holds_landmarks_not_data(model, tmp_path):
         assert arr.dtype.kind in "fi"
 
 
+@pytest.mark.cluster  # a fresh Python process
 def test_round_trip_in_a_fresh_process(model, tmp_path):
     path = tmp_path / "model.zarr"
     model.save(path)

@@ -36,6 +36,7 @@ def test_round_trip_transforms_identically(model, tmp_path):
     )
 
 
+@pytest.mark.cluster  # a fresh Python process
 def test_round_trip_in_a_fresh_process(model, tmp_path):
     """A model saved here transforms identically in another interpreter."""
     path = tmp_path / "model.zarr"

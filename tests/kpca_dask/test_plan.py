@@ -152,6 +152,7 @@ def test_auto_block_rows_balances_small_inputs():
     assert auto_block_rows(300) == 300  # one block below 2 x 256 rows
 
 
+@pytest.mark.cluster  # a fresh Python process
 def test_persistence_is_pure_io(tmp_path):
     """A state round-trips through save_state/load_state, checksummed, with no estimator:
     importing kpca_dask.persistence loads neither the estimator nor scikit-learn."""

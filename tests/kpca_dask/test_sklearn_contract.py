@@ -296,6 +296,7 @@ def test_not_fitted_error_is_sklearn_s():
         m.inverse_transform(m.transform(X))
 
 
+@pytest.mark.cluster  # a fresh Python process
 def test_importing_kpca_dask_does_not_import_sklearn():
     """Dask workers import kpca_dask.gram and kpca_dask.kernels: scikit-learn (~2 s, ~100 MB
     per process) comes only with the first use of a class that subclasses its own."""

@@ -16,6 +16,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 import sklearn
 
 ORIGINAL_IMPORT = "from sklearn.decomposition import PCA, KernelPCA"
@@ -108,6 +109,7 @@ def test_kernel_pca_import_is_the_only_change():
     assert "from kpca_dask import KernelPCA" in swapped
 
 
+@pytest.mark.cluster  # a fresh Python process
 def test_sklearn_own_kernel_pca_tests_pass_against_ours(tmp_path):
     outcomes = run_suite(tmp_path)
     failed = sorted(t for t, o in outcomes.items() if o == "failed")

@@ -25,6 +25,8 @@ import zarr
 import kpca_dask
 from tests.published import version_dir
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 ROOT = Path(__file__).resolve().parents[2]
 N, D, GAMMA, K, OFFSET = 500, 8, 0.2, 4, 1e8
 

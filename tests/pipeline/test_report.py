@@ -12,7 +12,7 @@ import zarr
 from PIL import Image
 
 from pipeline.evaluate import evaluate_run
-from pipeline.report import (
+from pipeline.evaluate.report import (
     FIGSIZES,
     artifact_summary,
     plot_accuracy,

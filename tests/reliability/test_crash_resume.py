@@ -28,7 +28,7 @@ from .helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.cluster]
 
 N_BLOCKS = 12 * 13 // 2  # 2400 rows in blocks of 200: upper blocks
 

@@ -31,6 +31,8 @@ from .helpers import (
     write_config,
 )
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 
 def cli(*args) -> tuple[int, str, str]:
     from flows.cli import main

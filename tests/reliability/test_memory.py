@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import cloudpickle
 import numpy as np
+import pytest
 
 from pipeline.config import load_config
 from pipeline.ingest import read_input
+
+pytestmark = pytest.mark.cluster  # its tests start processes
 
 
 def test_npy_input_graph_holds_the_path_not_the_array(tmp_path):

@@ -26,6 +26,8 @@ from pipeline.store import Location, PathEscapeError
 
 from .helpers import ROOT, blobs, env, external_cluster, small_config
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 PACKAGES = ("kpca_dask", "pipeline", "flows")
 
 #: calls that deserialise code or evaluate text: never on a load path (anywhere in the packages)
