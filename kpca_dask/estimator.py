@@ -777,11 +777,14 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         return hasattr(self, "eigenvectors_")
 
     @property
-    def block_dtype_(self) -> str:
+    def block_dtype_(self) -> str | None:
         """The precision of the kernel blocks the fitted eigenpairs come from
-        ("float32": mixed precision certified; ``block_dtype`` resolved by ``fit``)."""
+        ("float32": mixed precision, certified for the kernel itself; docs/precision.md).
+        None for a loaded model: ``solver_info_`` is not saved."""
         self._check_fitted()
-        info = getattr(self, "solver_info_", None) or {}
+        info = getattr(self, "solver_info_", None)
+        if info is None:
+            return None
         return str(info.get("block_dtype", np.dtype(self._dtype).name))
 
     @property
