@@ -63,7 +63,20 @@ def kernel_block(
     entry by entry; a float32 evaluation is not -- the expanded distance cancels)."""
     dtype = np.dtype(dtype)
     ev = dtype if eval_dtype is None else np.dtype(eval_dtype)
-    return np.asarray(kernel(xi, xj, dtype=ev), dtype=dtype)
+    if ev == dtype:
+        return np.asarray(kernel(xi, xj, dtype=dtype), dtype=dtype)
+    # strip by strip into the rounded block: no whole block in the evaluation dtype
+    A = kernel.prepare(np.asarray(xi), ev, "left")
+    B = kernel.prepare(np.asarray(xj), ev, "right")
+    out = np.empty((A.shape[0], B.shape[0]), dtype=dtype)
+    step = _strip_rows(B.shape[0], ev.itemsize)
+    buf = np.empty(step * B.shape[0], dtype=ev)
+    for a in range(0, A.shape[0], step):
+        b = min(a + step, A.shape[0])
+        out[a:b] = kernel.evaluate(
+            A[a:b], B, out=buf[: (b - a) * B.shape[0]].reshape(b - a, -1)
+        )
+    return out
 
 
 def pair_products(
@@ -118,6 +131,8 @@ def stored_pair_products(
     A stored diagonal block (``zj is None``) holds its full square.
     """
     dtype = np.dtype(dtype)
+    if np.dtype(block.dtype).itemsize < dtype.itemsize:
+        return _upcast_pair_products(block, zi, zj, dtype)
     blk = _aligned(block, dtype)
     zi_c = _aligned(zi, dtype)
     if zj is None:
@@ -136,6 +151,26 @@ def stored_pair_products(
         np.matmul(blk[a:b], zj_c, out=yi[a:b])
         yjT += zi_c[a:b].T @ blk[a:b]
     return yi, np.ascontiguousarray(yjT.T)
+
+
+def _upcast_pair_products(block, zi, zj, dtype):
+    """:func:`stored_pair_products` of a float32 block in float64 (mixed precision's
+    certifying pass): strips of the block converted in cache, never the whole block."""
+    zi_c = _aligned(zi, dtype)
+    zj_c = zi_c if zj is None else _aligned(zj, dtype)
+    ri, rj = block.shape
+    yi = np.empty((ri, zi_c.shape[1]), dtype=dtype)
+    yjT = None if zj is None else np.zeros((zi_c.shape[1], rj), dtype=dtype)
+    step = max(16, STORED_STRIP_BYTES // max(1, rj * dtype.itemsize))
+    buf = np.empty(step * rj, dtype=dtype)
+    for a in range(0, ri, step):
+        b = min(ri, a + step)
+        s = buf[: (b - a) * rj].reshape(b - a, rj)
+        s[...] = block[a:b]
+        np.matmul(s, zj_c, out=yi[a:b])
+        if yjT is not None:
+            yjT += zi_c[a:b].T @ s
+    return yi, None if yjT is None else np.ascontiguousarray(yjT.T)
 
 
 def _accumulate(strip_fn, ri, rj, zi, zj, diagonal, dtype):
