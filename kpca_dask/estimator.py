@@ -290,13 +290,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Precision of the kernel blocks of a float64 model (randomized solver,
         rbf or laplacian kernel): "float32" is mixed precision -- blocks
         evaluated in float64 and kept (and multiplied) in float32, half the
-        kernel cache, with the basis, Rayleigh-Ritz and results in float64 and
-        one float64 pass that certifies the eigenpairs for the kernel itself,
-        the blocks' rounding included; when that certificate does not hold at
-        the requested levels the fit solves again on float64 blocks (warm
-        start). "auto": float32 blocks from 8192 rows on when ``tol`` is at
-        least 1e-9, else float64. "float64" forces float64 blocks. What was
-        used: ``block_dtype_`` and ``solver_info_["mixed_precision"]``
+        kernel cache, with the basis, Rayleigh-Ritz and results in float64;
+        then one pass on the kernel evaluated afresh in float64 gives the
+        eigenpairs and certifies them for the kernel itself; when that
+        certificate does not hold at the requested levels the fit solves again
+        on float64 blocks (warm start). "auto": float32 blocks from 8192 rows
+        on when ``tol`` is at least 1e-9, else float64. "float64" forces
+        float64 blocks. What was used: ``block_dtype_`` and ``solver_info_["mixed_precision"]``
         (docs/precision.md). A float32 model always has float32 blocks.
     preprocess : {"none", "standard", "robust"}, default="none"
         Feature scaling fitted on the training rows and kept in the model

@@ -8,32 +8,29 @@ How the certificate accounts for the blocks (docs/precision.md):
 
 1. The iteration runs on float32 blocks with float32 in-block products, and the
    solver is told so (``eps`` = float32's: its rounding level ``tau = eps sqrt(n)
-   ||A||`` is the noise of those products). It only has to get close.
-2. One more pass multiplies the same blocks in float64 (``K~ V`` exact for the
-   rounded blocks ``K~``), with a column of ones for exact row means, and a
-   Rayleigh-Ritz step on the returned vectors gives the eigenpairs and their exact
-   residuals ``r`` for ``Kc~ = H K~ H``.
-3. The rounding of the blocks is a fixed perturbation ``E = K~ - K``. The memory
-   tier evaluates each block in float64 and rounds it to float32, so ``|E_ij| <= u
-   K_ij`` (``u`` float32's unit roundoff) and, the kernel's values being
-   non-negative (rbf, laplacian), ``||E||_2 <= u ||K||_2 <= u max_i sum_j K_ij``
-   (Perron-Frobenius: a non-negative matrix's norm is monotone in its entries and
-   at most its largest row sum). ``delta = u n max(row_means) / (1 - u)`` bounds it
-   from the exact row means. The recompute tier evaluates the last pass's blocks in
-   float64: ``delta = 0``.
-4. ``||H E H|| <= ||E|| <= delta``. The certificate
-   (:func:`kpca_dask.solvers.randomized.certify`, the same levels as the float64
-   solver: ``tol``, ``tol**0.75`` in clusters, ``tail_tol`` in a flat tail, against
-   float64's rounding level) bounds the eigenvalues of ``Kc~`` from the exact
-   residuals (Weyl or the quadratic gap bound), then adds ``delta`` (Weyl for the
-   fixed perturbation: linear in ``delta``, never squared); subspace and vector
-   angles use Davis-Kahan with the true kernel's residuals, at most ``r + delta``.
-   The bounds are for the kernel itself, not for its rounded blocks: a lone
-   eigenvalue ``theta`` is certifiable to ``tol`` only when ``delta <= tol theta``.
+   ||A||`` is the noise of those products). It only has to get close. With the
+   kernel cache, each block is evaluated in float64 and rounded to float32.
+2. The float32 blocks are released, and one more pass evaluates the kernel afresh in
+   float64 and multiplies the returned vectors ``V`` (with a column of ones for exact
+   row means). A Rayleigh-Ritz step on ``V`` gives the eigenpairs and their exact
+   residuals ``r`` for the float64 kernel itself: the float32 blocks only shaped the
+   subspace, and their rounding reaches the eigenvalues at second order.
+3. :func:`recertify` certifies those pairs with the float64 solver's levels
+   (``tol``, ``tol**0.75`` in clusters, ``tail_tol`` in a flat tail) and rounding
+   level. What it does not know is the spectrum below the returned pairs, so a lone
+   last pair is bounded by its residual alone.
 
-If that certificate does not hold (a lone eigenvalue asked to ``tol = 1e-8`` when
-``delta`` is ``6e-8 ||K||``, say), the fit falls back to float64 blocks, warm-started
+If that certificate does not hold, the fit falls back to float64 blocks, warm-started
 from the float32 result, and records why in ``solver_info_["mixed_precision"]``.
+
+:func:`recertify` can also certify on the rounded blocks themselves (``rounded=True``,
+no fresh evaluation): the blocks' rounding ``E = K~ - K`` is then a fixed perturbation
+with ``|E_ij| <= u K_ij`` (``u`` float32's unit roundoff), so for kernels with
+non-negative values (rbf, laplacian) ``||E||_2 <= u max_i sum_j K_ij``
+(:func:`block_rounding`, from the exact row means), added to every eigenvalue bound
+(Weyl: linear in ``delta``) and to the residuals of the angle bounds (Davis-Kahan).
+It was measured and not chosen: 5e-11 relative error left in the cluster eigenvalues
+at n = 10 000 (against 1e-14), and no lone eigenvalue certifiable to 1e-8.
 """
 
 from __future__ import annotations
