@@ -79,6 +79,27 @@ def kernel_block(
     return out
 
 
+def cache_block(
+    kernel: Kernel, xi: np.ndarray, xj: np.ndarray, dtype: Any, eval_dtype: Any = None
+) -> np.ndarray:
+    """:func:`kernel_block` for the memory tier of :meth:`BlockKernelMatrix.kernel_cache`,
+    float32 subnormals flushed to zero (:func:`_flush_subnormal`)."""
+    return _flush_subnormal(kernel_block(kernel, xi, xj, dtype, eval_dtype))
+
+
+def _flush_subnormal(block: np.ndarray) -> np.ndarray:
+    """Zero the subnormal values of a float32 block, in place (returned).
+
+    rbf values between far clusters (``exp(-88)`` and below) are float32 subnormals,
+    and a GEMM on subnormals runs at a fraction of its speed: a pass over the cached
+    float32 blocks of the clustered headline data took 0.17 s against 0.11 s for
+    float64 blocks (n = 10 000). The values changed are below ``1.2e-38`` in absolute
+    value: far below any level the certificate works at."""
+    if block.dtype == np.float32:
+        np.putmask(block, np.abs(block) < np.finfo(np.float32).tiny, 0.0)
+    return block
+
+
 def pair_products(
     kernel: Kernel,
     xi: np.ndarray,
@@ -495,7 +516,7 @@ class BlockKernelMatrix:
         else:
             xb = self.X.to_delayed()[:, 0]
             tasks = [
-                dask.delayed(kernel_block, pure=True)(
+                dask.delayed(cache_block, pure=True)(
                     self.kernel,
                     xb[i],
                     xb[j],
