@@ -185,9 +185,9 @@ def main() -> None:
     from kpca_dask.plan import auto_block_rows
     from kpca_dask.solvers.landmarks import select_landmarks
     from pipeline.config import PipelineConfig
+    from pipeline.fitspec import make_estimator
     from pipeline.ingest import ingest, load_ingested
     from pipeline.layout import run_layout
-    from pipeline.solve import make_estimator
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="kpca-diag-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from .exceptions import InvalidInputError
 from .kernels import Kernel
+from .params import KERNEL_CACHE_MODES  # noqa: F401  (what kernel_cache accepts)
 
 __all__ = [
     "KERNEL_CACHE_MODES",
@@ -237,9 +238,6 @@ def _cluster_threads() -> int:
 
         return cpu_count()
 
-
-#: What ``kernel_cache`` accepts (the estimator's parameter).
-KERNEL_CACHE_MODES = ("auto", "memory", "recompute")
 
 #: Share of the memory the cached upper blocks may take: of each worker's
 #: ``memory_limit`` (less what the worker already uses) on a distributed

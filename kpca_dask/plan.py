@@ -36,10 +36,8 @@ import numpy as np
 
 from . import validation as V
 from .exceptions import InvalidInputError, InvalidParameterError
-from .gram import KERNEL_CACHE_MODES
 from .kernels import Kernel, make_kernel
-from .preimage import PREIMAGE_METHODS
-from .solvers.landmarks import LANDMARK_METHODS
+from .params import PREIMAGE_METHODS, _is_precomputed, check_params
 
 __all__ = [
     "FitPlan",
@@ -88,50 +86,6 @@ NYSTROEM_BLOCK_ROWS = 8192
 #: Nyström solver when they must be rechunked; larger ones are re-read from
 #: their source at every pass, so memory stays at a few blocks.
 NYSTROEM_PERSIST_BYTES = 256 << 20
-
-KERNEL_NAMES = ("linear", "poly", "polynomial", "rbf", "laplacian", "sigmoid", "cosine")
-
-#: Rules of the parameters scikit-learn's KernelPCA has and this estimator took over.
-_SKLEARN_PARAM_RULES = {
-    "remove_zero_eig": V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_))),
-    "iterated_power": V.int_range(0, allow=("auto",)),
-    "copy_X": V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_))),
-    "n_jobs": [V.int_range(-1 << 30), V.Rule("None", lambda v: v is None)],
-}
-
-_NONE = V.Rule("None", lambda v: v is None)
-_BOOL = V.Rule("a bool", lambda v: isinstance(v, (bool, np.bool_)))
-
-_PARAM_RULES = {
-    "n_components": [V.int_range(1), _NONE],
-    "kernel": [V.options(*KERNEL_NAMES, "precomputed"), V.Rule("a callable", callable)],
-    "gamma": [V.real_range(0, lo_open=True, allow=("scale",)), _NONE],
-    "degree": V.real_range(0, lo_open=True),
-    "coef0": V.real_range(-np.inf),
-    "kernel_params": [V.Rule("a dict", lambda v: isinstance(v, dict)), _NONE],
-    "eigen_solver": V.options("auto", "dense", "arpack", "randomized", "nystroem"),
-    "n_oversamples": V.int_range(0),
-    "n_power_iter": V.int_range(0, allow=("auto",)),
-    "tol": [V.real_range(0), _NONE],
-    "max_iter": [V.int_range(1), _NONE],
-    "randomized_method": V.options("block_krylov", "subspace"),
-    "chunk_size": V.int_range(1, allow=("auto",)),
-    "n_landmarks": [V.int_range(1), _NONE],
-    "landmark_method": V.options(*LANDMARK_METHODS),
-    "landmark_sample_size": V.int_range(1, allow=("auto",)),
-    "nystroem_method": V.options("auto", "randomized", "covariance"),
-    "keep_statistics": [V.options("auto"), _BOOL],
-    "fit_inverse_transform": _BOOL,
-    "alpha": V.real_range(0),
-    "preimage": V.options(*PREIMAGE_METHODS),
-    "preimage_sample_size": V.int_range(1, allow=("auto",)),
-    "preimage_tol": V.real_range(0, lo_open=True),
-    "preimage_max_iter": V.int_range(1),
-    "kernel_cache": V.options(*KERNEL_CACHE_MODES),
-    "block_dtype": V.options("auto", "float32", "float64"),
-    "preprocess": V.options("none", "standard", "robust"),
-    **_SKLEARN_PARAM_RULES,
-}
 
 
 @dataclass(frozen=True)
@@ -292,37 +246,6 @@ def auto_block_rows(
     if nb < 6:
         nb = max(nb, min(6, n // min_rows))
     return math.ceil(n / nb)
-
-
-def _is_precomputed(params: Mapping[str, Any]) -> bool:
-    return isinstance(params["kernel"], str) and params["kernel"] == "precomputed"
-
-
-def check_params(params: Mapping[str, Any]) -> None:
-    """Refuse invalid parameters (and combinations scikit-learn refuses), before any data."""
-    V.validate_params("KernelPCA", dict(params), _PARAM_RULES)
-    V.resolve_dtype(params["dtype"])
-    if _is_precomputed(params):
-        if params["fit_inverse_transform"]:
-            raise InvalidParameterError(
-                "Cannot fit_inverse_transform with a precomputed kernel: the pre-image "
-                "map needs the input rows. Pass the rows with a named kernel instead."
-            )
-        if params["eigen_solver"] == "nystroem":
-            raise InvalidParameterError(
-                "eigen_solver='nystroem' evaluates the kernel at landmarks and cannot use "
-                "kernel='precomputed'; use 'dense', 'arpack' or 'randomized'."
-            )
-    if params["iterated_power"] != "auto" and params["n_power_iter"] != "auto":
-        raise InvalidParameterError(
-            "iterated_power (scikit-learn's name) and n_power_iter set the same thing; "
-            "pass only one of them."
-        )
-    if params["kernel_params"] is not None and not callable(params["kernel"]):
-        raise InvalidParameterError(
-            f"kernel_params is only used with a callable kernel; for kernel="
-            f"{params['kernel']!r} pass gamma, degree and coef0 directly."
-        )
 
 
 def resolve_preimage(kernel: Any, method: str) -> str:

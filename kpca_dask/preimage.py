@@ -66,6 +66,7 @@ from . import exceptions as _exc
 from .exceptions import InvalidInputError
 from .gram import cross_products
 from .kernels import Kernel
+from .params import PREIMAGE_METHODS
 
 __all__ = [
     "PREIMAGE_METHODS",
@@ -84,8 +85,6 @@ __all__ = [
     "warn_not_converged",
 ]
 
-#: Values of the ``preimage`` parameter.
-PREIMAGE_METHODS = ("auto", "learned", "fixed_point", "exact")
 
 #: Rows the learned pre-image is trained on when ``preimage_sample_size="auto"``
 #: and the model is exact (Nyström models use their landmarks): a cheap solve

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -313,8 +314,23 @@ class InputConfig(_Model):
         return v
 
 
+def _estimator_rule(section: str) -> Any:
+    """A validator that checks a section's fields by the estimator's own rules for the
+    parameters they set (pipeline/fitspec.py; kpca_dask/plan.py): one validation system
+    for estimator parameters, run when the file is loaded; pydantic checks the types."""
+
+    def check(cls: Any, v: Any, info: ValidationInfo) -> Any:
+        from .fitspec import check_field
+
+        field = cls.model_fields[info.field_name]
+        nullable = field.annotation is None or type(None) in get_args(field.annotation)
+        return check_field(f"{section}.{info.field_name}", v, nullable=nullable)
+
+    return field_validator("*")(classmethod(check))
+
+
 class KernelConfig(_Model):
-    """The kernel (names and defaults as in scikit-learn)."""
+    """The kernel (names as in scikit-learn; default rbf with gamma 'scale', not linear)."""
 
     name: Literal["linear", "poly", "rbf", "laplacian", "sigmoid", "cosine"] = Field(
         "rbf", description="Kernel function."
@@ -324,21 +340,16 @@ class KernelConfig(_Model):
         description="Kernel coefficient: a positive number, null for 1/n_features, "
         "or 'scale' for the median heuristic.",
     )
-    degree: float = Field(3, gt=0, description="Degree of the polynomial kernel.")
+    degree: float = Field(3, description="Degree of the polynomial kernel.")
     coef0: float = Field(1.0, description="Independent term of the poly/sigmoid kernels.")
 
-    @field_validator("gamma")
-    @classmethod
-    def _positive_gamma(cls, v):
-        if isinstance(v, float) and not v > 0:
-            raise ValueError("gamma must be > 0 (or null, or 'scale')")
-        return v
+    _estimator_rules = _estimator_rule("kernel")
 
 
 class SolverConfig(_Model):
     """Which eigensolver, how many components, and its accuracy knobs."""
 
-    n_components: int = Field(16, ge=1, description="Number of principal components.")
+    n_components: int = Field(16, description="Number of principal components.")
     eigen_solver: Literal["auto", "dense", "randomized", "nystroem"] = Field(
         "auto",
         description="'dense' (n <= ~20k), 'randomized' (exact, implicit kernel "
@@ -349,7 +360,7 @@ class SolverConfig(_Model):
         description="Precision of kernel evaluation (float32 is 2-3x faster, "
         "eigenvalues typically within 1e-7 relative).",
     )
-    n_oversamples: int = Field(16, ge=0, description="Extra columns of the randomized block.")
+    n_oversamples: int = Field(16, description="Extra columns of the randomized block.")
     n_power_iter: int | Literal["auto"] = Field(
         "auto", description="Randomized passes after the first, or 'auto' (stop at tol)."
     )
@@ -358,7 +369,7 @@ class SolverConfig(_Model):
         gt=0,
         description="Convergence tolerance of the randomized solver (default by dtype).",
     )
-    max_iter: int = Field(20, ge=1, description="Cap on randomized passes.")
+    max_iter: int = Field(20, description="Cap on randomized passes.")
     random_state: int | None = Field(0, description="Seed (test matrix, landmarks, split).")
     max_residual: float | None = Field(
         1e-2,
@@ -368,7 +379,7 @@ class SolverConfig(_Model):
         "a fit above it is refused, not published. null disables.",
     )
     n_landmarks: int | None = Field(
-        None, ge=1, description="Nyström landmarks m (default chosen by the solver)."
+        None, description="Nyström landmarks m (default chosen by the solver)."
     )
     landmark_method: Literal["uniform", "kmeans++", "rpcholesky"] = Field(
         "rpcholesky", description="How Nyström landmarks are chosen."
@@ -380,6 +391,8 @@ class SolverConfig(_Model):
         "solve use one covariance pass; 'auto' keeps them only when that method is chosen "
         "anyway.",
     )
+
+    _estimator_rules = _estimator_rule("solver")
 
 
 class ChunkConfig(_Model):
@@ -397,12 +410,7 @@ class ChunkConfig(_Model):
         "50 000 rows, larger beyond ~350 000; docs/scaling.md).",
     )
 
-    @field_validator("block_rows")
-    @classmethod
-    def _positive_rows(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError("block_rows must be >= 1 (or 'auto')")
-        return v
+    _estimator_rules = _estimator_rule("chunks")
 
 
 class KernelStoreConfig(_Model):
@@ -778,7 +786,7 @@ class DenoiseConfig(BaseModel):
         "kernel, learned otherwise.",
     )
     alpha: float = Field(
-        1.0, ge=0, description="Ridge term of the learned pre-image (scikit-learn's alpha)."
+        1.0, description="Ridge term of the learned pre-image (scikit-learn's alpha)."
     )
     sample_size: int | Literal["auto"] = Field(
         "auto",
@@ -789,13 +797,11 @@ class DenoiseConfig(BaseModel):
     )
     tol: float = Field(
         1e-5,
-        gt=0,
         description="Fixed point: converged when a step moves a row "
         "by at most tol times the data scale.",
     )
     max_iter: int = Field(
         100,
-        ge=1,
         description="Fixed point: iteration cap; rows that do not "
         "converge keep the learned pre-image.",
     )
@@ -816,12 +822,7 @@ class DenoiseConfig(BaseModel):
         "goes to '<output_name>_rows'.",
     )
 
-    @field_validator("sample_size")
-    @classmethod
-    def _positive_sample(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError("sample_size must be >= 1 (or 'auto')")
-        return v
+    _estimator_rules = _estimator_rule("denoise")
 
     @field_validator("output_name")
     @classmethod

@@ -283,6 +283,36 @@ def denoise_to_store(
         )
 
 
+def _denoise_config(model, method: str | None) -> DenoiseConfig:
+    """The pre-image settings of a saved model (its parameters), with ``method``."""
+    params = model.get_params()
+    return DenoiseConfig(
+        enabled=True,
+        preimage=method or "auto",
+        alpha=params["alpha"],
+        sample_size=params["preimage_sample_size"],
+        tol=params["preimage_tol"],
+        max_iter=params["preimage_max_iter"],
+    )
+
+
+def _write_denoised(target: Location, den, status, src, attrs: dict) -> np.ndarray:
+    """Write the denoised rows (and the rows' ids and labels) into a new output version,
+    marked with ``attrs``; the counts of the fixed-point statuses (0 converged, 1 and 2
+    not)."""
+    from .transform import row_array_stores
+
+    g = target.open_group("a")
+    rows = int(src.X.chunks[0][0])
+    z = _write(g, "denoised", den, rows)
+    z.attrs["columns"] = list(src.columns)
+    stores = [da.store(den, z, lock=False, compute=False), *row_array_stores(g, src, rows)]
+    *_, st = compute(*stores, status, label="denoise")
+    counts = np.bincount(np.asarray(st, dtype=np.int64), minlength=3)
+    g.attrs.update(attrs)
+    return counts
+
+
 def _denoise_to_store(
     model_path,
     input_cfg,
@@ -295,63 +325,36 @@ def _denoise_to_store(
     ignore_extra,
     keep_versions=None,
 ) -> dict[str, Any]:
-    from .transform import open_transform
+    from .publish import check_transform_output, publish_output
+    from .transform import open_transform, verify_transform_output
 
     t0 = time.perf_counter()
     if output.rstrip("/").endswith(".parquet"):
         raise DenoiseError(
-            "denoised rows are written as zarr; give an output path that does "
-            "not end in .parquet."
+            "denoised rows are written as zarr; give an output path that does not end in "
+            ".parquet."
         )
-    from .publish import check_transform_output, publish_output
-    from .transform import verify_transform_output
-
     out, model, src = open_transform(  # columns by name (pipeline/transform.py)
         model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra
     )
-    dcfg = DenoiseConfig(
-        enabled=True,
-        preimage=method or "auto",
-        alpha=model.get_params()["alpha"],
-        sample_size=model.get_params()["preimage_sample_size"],
-        tol=model.get_params()["preimage_tol"],
-        max_iter=model.get_params()["preimage_max_iter"],
-    )
+    dcfg = _denoise_config(model, method)
     den, status, _ = denoise_rows(model, src.X, dcfg, where=model_path, training_data=False)
     counts_box: list = []
 
     def write(target: Location) -> None:
-        g = target.open_group("a")
-        rows = int(src.X.chunks[0][0])
-        z = _write(g, "denoised", den, rows)
-        z.attrs["columns"] = list(src.columns)
-        stores = [da.store(den, z, lock=False, compute=False)]
-        for name, arr in (("ids", src.ids), ("labels", src.labels)):
-            if arr is not None:
-                dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-                za = g.create_array(
-                    name, shape=arr.shape, dtype=dtype, chunks=(rows,), config=DENSE
-                )
-                stores.append(da.store(arr, za, lock=False, compute=False))
-        *_, st = compute(*stores, status, label="denoise")
-        counts_box.append(np.bincount(np.asarray(st, dtype=np.int64), minlength=3))
-        g.attrs.update(
-            {
-                "kind": "kpca-dask-denoised",
-                "model": model_path,
-                "input": input_cfg.path,
-                "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
-                "status": "complete",
-            }
-        )
+        attrs = {
+            "kind": "kpca-dask-denoised",
+            "model": model_path,
+            "input": input_cfg.path,
+            "method": model.preimage_ if dcfg.preimage == "auto" else dcfg.preimage,
+            "status": "complete",
+        }
+        counts_box.append(_write_denoised(target, den, status, src, attrs))
 
     def verify(target: Location) -> None:
+        n = int(src.X.shape[0])
         verify_transform_output(
-            target,
-            n_rows=int(src.X.shape[0]),
-            n_components=None,
-            parquet=False,
-            array="denoised",
+            target, n_rows=n, n_components=None, parquet=False, array="denoised"
         )
 
     def recheck() -> None:  # under the lock: another writer may have published meanwhile

@@ -4,7 +4,11 @@
   wrong. The message names the problem and the fix; trying again cannot help. The CLI
   prints that one line and exits with status 2; the flow never retries it.
 - :class:`TransientError`: the environment failed (I/O, network, a lost worker). The
-  same command may succeed when run again; the flow retries it.
+  same command may succeed when run again; the flow retries it, the CLI exits with 1.
+  It is raised as its specific kinds: :class:`StoreError` (a store operation failed:
+  pipeline/verify.py words it) and ``WorkerTimeoutError`` (pipeline/liveness.py: a
+  worker did not answer); other I/O and network errors are classified by
+  :func:`is_transient` without being wrapped.
 - :class:`InternalError`, and anything else unexpected, is a bug: the CLI keeps its
   traceback and exits with its own status, so it is reported rather than mistaken for
   bad input.
@@ -48,7 +52,10 @@ class UserError(PipelineError):
 
 
 class TransientError(PipelineError):
-    """The environment failed (I/O, network, a lost worker): running again may succeed."""
+    """The environment failed (I/O, network, a lost worker): running again may succeed.
+
+    The base of StoreError and liveness.WorkerTimeoutError; raise a subclass that names
+    what failed."""
 
 
 class InternalError(PipelineError):

@@ -20,7 +20,7 @@ from kpca_dask.persistence import read_model_group
 
 from .completeness import DENSE, check_complete
 from .errors import RunCorruptError, RunError, RunExistsError, RunIncompleteError
-from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST, MODEL
+from .layout import CHECKSUMMED, CHECKSUMMED_FILES, MANIFEST, MODEL, SPECTRUM_ARRAYS
 from .store import Location, array_checksum, atomic_write_json, read_json
 from .verify import (
     INTEGRITY_VERSION,
@@ -138,6 +138,13 @@ def write_spectrum(out: Location, model: Any) -> None:
         s.create_array(name, shape=arr.shape, dtype="f8", chunks=arr.shape, config=DENSE)[
             ...
         ] = arr
+
+
+def read_spectrum(out: Location) -> dict[str, np.ndarray]:
+    """The spectrum :func:`write_spectrum` wrote, by name (``eigenvalues``,
+    ``explained_variance_ratio``, ``residuals``)."""
+    g = out.open_group("r")
+    return {path.rsplit("/", 1)[-1]: np.asarray(g[path][...]) for path in SPECTRUM_ARRAYS}
 
 
 def _file_sha256(loc: Location, path: str) -> str:

@@ -1,7 +1,7 @@
 """Which columns of a table are features: the policy, the record, and the match at transform.
 
 The policy (docs/config.md, "Feature columns"), applied by the readers
-(pipeline/readers.py) to CSV and Parquet input:
+(pipeline/readers/) to CSV and Parquet input:
 
 - numeric columns (integer, float) are features;
 - bool columns are features, as 0/1; the log names them (a note, not a warning);
@@ -127,49 +127,10 @@ def select(
             f"available: {_names(available, 20)}."
         )
     if columns:
-        missing = [c for c in columns if c not in available]
-        if missing:
-            raise FeatureError(
-                f"input.columns {_names(missing)} are not in {path}; available: "
-                f"{_names(available, 20)}"
-            )
-        both = [c for c in columns if c in reserved or c in exclude]
-        if both:
-            raise FeatureError(
-                f"input.columns {_names(both)} are also the id, label or an excluded column; "
-                "a column is either a feature or not: remove it from one of the lists."
-            )
-        twice = sorted({c for c in columns if columns.count(c) > 1})
-        if twice:
-            raise FeatureError(f"input.columns lists {_names(twice)} more than once.")
-        features = list(columns)
-        ignored = []
-        bad = [c for c in features if kind_of(dtypes[c]) not in ("numeric", "bool")]
-        if bad:
-            raise FeatureError(
-                f"input.columns {_names(bad)} are not numeric "
-                f"({[str(dtypes[c]) for c in bad]}); drop them from input.columns or "
-                "encode them as numbers."
-            )
+        features, ignored = _listed(path, available, dtypes, columns, reserved, exclude), []
         selection = "columns"
     else:
-        candidates = [c for c in available if c not in reserved and c not in exclude]
-        bad = [c for c in candidates if kind_of(dtypes[c]) not in ("numeric", "bool")]
-        if len(bad) == len(candidates):  # none, or none numeric
-            raise FeatureError(
-                f"{path} has no numeric feature columns (columns: {_names(available, 20)}); "
-                "set input.columns."
-            )
-        if bad:
-            logger.warning(
-                "ingest: leaving out non-numeric column(s) %s: not features (encode them as "
-                "numbers to use them; list input.columns, or input.exclude_columns to leave "
-                "them out without this warning)",
-                _kinds(bad[:10], dtypes)
-                + (f", ... ({len(bad)} in all)" if len(bad) > 10 else ""),
-            )
-        ignored = bad
-        features = [c for c in candidates if c not in set(bad)]
+        features, ignored = _numeric(path, available, dtypes, reserved, exclude)
         selection = "all"
     bools = [c for c in features if kind_of(dtypes[c]) == "bool"]
     if bools:
@@ -187,6 +148,67 @@ def select(
         ignored=[str(c) for c in ignored],
         ignored_dtypes=[str(dtypes[c]) for c in ignored],
     )
+
+
+def _listed(
+    path: str,
+    available: list[str],
+    dtypes: dict[str, Any],
+    columns: list[str],
+    reserved: list[str],
+    exclude: list[str],
+) -> list[str]:
+    """input.columns, checked: present, neither reserved nor excluded, listed once,
+    numeric or bool."""
+    missing = [c for c in columns if c not in available]
+    if missing:
+        raise FeatureError(
+            f"input.columns {_names(missing)} are not in {path}; available: "
+            f"{_names(available, 20)}"
+        )
+    both = [c for c in columns if c in reserved or c in exclude]
+    if both:
+        raise FeatureError(
+            f"input.columns {_names(both)} are also the id, label or an excluded column; "
+            "a column is either a feature or not: remove it from one of the lists."
+        )
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        raise FeatureError(f"input.columns lists {_names(twice)} more than once.")
+    bad = [c for c in columns if kind_of(dtypes[c]) not in ("numeric", "bool")]
+    if bad:
+        raise FeatureError(
+            f"input.columns {_names(bad)} are not numeric "
+            f"({[str(dtypes[c]) for c in bad]}); drop them from input.columns or "
+            "encode them as numbers."
+        )
+    return list(columns)
+
+
+def _numeric(
+    path: str,
+    available: list[str],
+    dtypes: dict[str, Any],
+    reserved: list[str],
+    exclude: list[str],
+) -> tuple[list[str], list[str]]:
+    """Every numeric or bool column not reserved or excluded, and the others (left out
+    with a warning); FeatureError when there is none."""
+    candidates = [c for c in available if c not in reserved and c not in exclude]
+    bad = [c for c in candidates if kind_of(dtypes[c]) not in ("numeric", "bool")]
+    if len(bad) == len(candidates):  # none, or none numeric
+        raise FeatureError(
+            f"{path} has no numeric feature columns (columns: {_names(available, 20)}); "
+            "set input.columns."
+        )
+    if bad:
+        logger.warning(
+            "ingest: leaving out non-numeric column(s) %s: not features (encode them as "
+            "numbers to use them; list input.columns, or input.exclude_columns to leave "
+            "them out without this warning)",
+            _kinds(bad[:10], dtypes) + (f", ... ({len(bad)} in all)" if len(bad) > 10 else ""),
+        )
+    return [c for c in candidates if c not in set(bad)], bad
 
 
 def record(

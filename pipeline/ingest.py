@@ -1,6 +1,6 @@
 """Ingest: read NPY, CSV, Parquet or zarr into a zarr v3 store of row chunks.
 
-``read_input`` (pipeline/readers.py) turns a source (local path or fsspec URL)
+``read_input`` (pipeline/readers/) turns a source (local path or fsspec URL)
 into lazy dask arrays: the float64 feature matrix, optional class labels (int
 codes plus the class names) and optional row ids. ``ingest`` validates them
 (shape, numeric columns, NaN/inf policy), writes them to ``<work>/ingest.zarr`` in
@@ -11,8 +11,6 @@ store's attributes record both).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -24,9 +22,16 @@ import numpy as np
 
 from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 
+from .checksums import digest_blocks
 from .config import ChunkConfig, InputConfig
-from .errors import CorruptObjectError
 from .features import record as record_features
+from .ingest_store import (
+    fingerprint_from_digests,
+    hex_digests,
+    source_signature,
+    stale_ingest,
+    store_problem,
+)
 from .progress import compute
 from .readers import (
     InputError,
@@ -37,11 +42,12 @@ from .readers import (
     read_input,
     rows_per_chunk,
 )
-from .store import Location, _digest_blocks
+from .store import Location
 from .verify import checked_array
 
-# InputError, SourceData, read_input and detect_format live in pipeline/readers.py; they
-# are re-exported here for the callers that import them from the stage
+# InputError, SourceData, read_input and detect_format live in pipeline/readers/, and
+# stale_ingest in pipeline/ingest_store.py; they are re-exported here for the callers that
+# import them from the stage
 __all__ = [
     "IngestResult",
     "InputError",
@@ -52,9 +58,6 @@ __all__ = [
     "read_input",
     "stale_ingest",
 ]
-
-#: the name pipeline/run.py imports (pipeline/readers.py: check_exists)
-_check_exists = check_exists
 
 logger = logging.getLogger("pipeline")
 
@@ -113,95 +116,6 @@ def _nonfinite_rows(x: np.ndarray) -> np.ndarray:
     return (~np.isfinite(x)).any(axis=1)
 
 
-def _source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
-    loc = Location(cfg.path, cfg.storage_options)
-    fs, path = loc.fs, loc.fs_path
-    files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
-    stats = sorted(
-        (
-            str(k),
-            v.get("size"),
-            str(
-                v.get("mtime")
-                or v.get("LastModified")
-                or v.get("ETag")
-                or v.get("created")
-                or ""
-            ),
-        )
-        for k, v in files.items()
-    )
-    sig = {
-        "config": cfg.model_dump(mode="json"),
-        "target_chunk_mb": chunks.target_chunk_mb,
-        "files": stats,
-        "content": _content_hash(loc, sorted(files)) if loc.is_local else None,
-    }
-    return json.loads(json.dumps(sig))  # the form it takes once stored in zarr attributes
-
-
-def _content_hash(loc: Location, files: list[str]) -> str:
-    """BLAKE2b of a local source's bytes (names relative to it): a file edited in place with
-    its size and modification time kept is not taken for the ingested one."""
-    h = hashlib.blake2b(digest_size=20)
-    root = loc.fs_path.rstrip("/")
-    for f in files:
-        h.update(str(f)[len(root) :].encode() + b"\0")
-        with loc.fs.open(f, "rb") as fh:
-            while block := fh.read(1 << 22):
-                h.update(block)
-    return "blake2b:" + h.hexdigest()
-
-
-def _store_digests(arrays: dict[str, da.Array]) -> dict[str, da.Array]:
-    return {k: _digest_blocks(a) for k, a in arrays.items()}
-
-
-def _hex(digests: dict[str, np.ndarray]) -> dict[str, str]:
-    return {k: np.ascontiguousarray(v).tobytes().hex() for k, v in sorted(digests.items())}
-
-
-def _store_problem(store: Location, attrs: dict[str, Any]) -> str | None:
-    """Why a complete ingest store cannot be reused as it is (None: it is intact): a chunk
-    file missing (zarr would read zeros) or a chunk whose content changed."""
-    g = store.open_group("r")
-    want = attrs.get("digests")
-    if not isinstance(want, dict) or set(want) != set(g.array_keys()):
-        return "it records no chunk digests (written by an older version)"
-    arrays = {}
-    for name in sorted(want):
-        missing = missing_zarr_chunks(g[name])
-        if missing:
-            return f"array {name!r}: {describe_missing_chunks(g[name], missing)}"
-        arrays[name] = checked_array(g[name])
-    try:
-        got = (
-            _hex(dict(zip(arrays, compute(*_store_digests(arrays).values(), label="verify"))))
-            if arrays
-            else {}
-        )
-    except CorruptObjectError as exc:  # a chunk that cannot be decoded: rebuilt
-        return str(exc)
-    bad = sorted(k for k in want if got.get(k) != want[k])
-    return f"the content of {bad} differs from what was written" if bad else None
-
-
-def stale_ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location) -> str | None:
-    """Why the ingest store cannot stand for this input now (None: it can): incomplete,
-    built from other input or config, or damaged (a chunk missing or changed). The same
-    test the ingest stage applies before reusing it; the flows' cache asks it too."""
-    try:
-        attrs = dict(store.open_group("r").attrs)
-    except Exception as exc:  # noqa: BLE001 - absent or unreadable: not reusable
-        return f"the ingest store cannot be opened ({type(exc).__name__})"
-    if attrs.get("status") != "complete":
-        return "the ingest store is incomplete"
-    if attrs.get("source") != _source_signature(cfg, chunks):
-        return "the input or its config changed since it was ingested"
-    problem = _store_problem(store, attrs)
-    return f"the ingest store is damaged: {problem}" if problem else None
-
-
 def ingest(
     cfg: InputConfig,
     chunks: ChunkConfig,
@@ -220,32 +134,13 @@ def ingest(
     """
     t0 = time.perf_counter()
     check_exists(cfg)
-    signature = _source_signature(cfg, chunks)
+    signature = source_signature(cfg, chunks)
     if not force and store.exists():
-        try:
-            g = store.open_group("r")
-            attrs = dict(g.attrs)
-            if attrs.get("status") == "complete" and attrs.get("source") == signature:
-                problem = _store_problem(store, attrs)
-                if problem is None:
-                    # the store where it is now (a copied run folder reuses its own copy)
-                    res = replace(
-                        IngestResult.from_dict(attrs["result"]), store=store, reused=True
-                    )
-                    logger.info(
-                        "ingest: reusing %s (unchanged source, fingerprint %s)",
-                        store,
-                        res.fingerprint,
-                    )
-                    return res
-                logger.warning(
-                    "ingest: not reusing %s: %s; rebuilding it from the input", store, problem
-                )
-        except Exception as exc:  # unreadable or partial store: rebuild it
-            logger.info("ingest: not reusing %s (%s: %s)", store, type(exc).__name__, exc)
+        reused = _reuse(store, signature)
+        if reused is not None:
+            return reused
     src = read_input(cfg, chunks, min_classes=min_classes)
-    X = src.X
-    n, d = (int(s) for s in X.shape)
+    n, d = (int(s) for s in src.X.shape)
     if n == 0 or d == 0:
         raise InputError(f"{cfg.path} is empty: {n} rows x {d} feature columns.")
     logger.info(
@@ -254,56 +149,130 @@ def ingest(
         store,
         n,
         d,
-        X.chunks[0][0],
+        src.X.chunks[0][0],
     )
-
-    bad_rows = X.map_blocks(_nonfinite_rows, drop_axis=1, dtype=bool)
-    label_bad = (src.labels < 0) if src.labels is not None else None
-    checks = [bad_rows] + ([label_bad] if label_bad is not None else [])
-    dropped = 0
-    if cfg.nonfinite == "drop" or label_bad is not None:
-        masks = dask.compute(*checks)
-        bad = masks[0].copy()
-        if label_bad is not None:
-            nl = int(masks[1].sum())
-            if nl and cfg.nonfinite != "drop":
-                first = int(np.flatnonzero(masks[1])[0])
-                raise InputError(
-                    f"label column {cfg.label_column!r} is missing in {nl} rows "
-                    f"(first: row {first}); fill them or set input.nonfinite: drop."
-                )
-            bad |= masks[1]
-        if bad.any() and cfg.nonfinite == "error":
-            first = int(np.flatnonzero(bad)[0])
-            (row,) = dask.compute(X[first])
-            cols = np.flatnonzero(~np.isfinite(row))
-            where = f", column {_columns(cols, src.columns)}" if cols.size else ""
-            raise InputError(
-                f"{cfg.path} contains NaN or infinity in "
-                f"{_count(int(bad.sum()), 'row')} "
-                f"(first: row {first}{where}); clean the data or set input.nonfinite: drop."
-            )
-        dropped = int(bad.sum())
-        if dropped:
-            keep = ~bad
-            logger.warning(
-                "ingest: dropping %d of %d rows with NaN/inf or missing labels", dropped, n
-            )
-            X = X[keep]
-            src.labels = src.labels[keep] if src.labels is not None else None
-            src.ids = src.ids[keep] if src.ids is not None else None
-            rows = X.chunks[0][0] if X.chunks[0] else 1
-            X = X.rechunk({0: max(rows, rows_per_chunk(d, chunks.target_chunk_mb))})
-            n = int(X.shape[0])
-            if n == 0:
-                raise InputError(f"every row of {cfg.path} has NaN/inf: nothing left to fit.")
+    dropped = _drop_bad_rows(cfg, chunks, src)
+    X = src.X
     arrays = {"X": X}
     if src.labels is not None:
         arrays["labels"] = src.labels.rechunk({0: X.chunks[0]})
     if src.ids is not None:
         arrays["ids"] = src.ids.rechunk({0: X.chunks[0]})
+    g, digest_values = _write_store(cfg, store, arrays, src.columns)
+    fingerprint = fingerprint_from_digests(
+        arrays, digest_values, {"columns": src.columns, "classes": src.classes}
+    )
+    if src.classes is not None:
+        g["labels"].attrs["classes"] = src.classes
+    res = _result(cfg, store, src, fingerprint, dropped, time.perf_counter() - t0)
+    # the result as stored: its location is wherever the store is when it is reused
+    g.attrs.update(
+        {
+            "status": "complete",
+            "kind": "kpca-dask-ingest",
+            "source": signature,
+            "result": {**res.to_dict(), "path": "", "storage_options": {}},
+            "columns": src.columns,
+            "digests": hex_digests({k: digest_values[k] for k in arrays}),
+        }
+    )
+    logger.info(
+        "ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)",
+        res.n_rows,
+        d,
+        res.seconds,
+        fingerprint,
+    )
+    return res
 
-    # One pass over the input: write every array, count NaN/inf, digest chunks.
+
+def _reuse(store: Location, signature: dict) -> IngestResult | None:
+    """The result of the complete, intact ingest of the same source in ``store``; None
+    (logged why) when it must be rebuilt."""
+    try:
+        g = store.open_group("r")
+        attrs = dict(g.attrs)
+        if attrs.get("status") == "complete" and attrs.get("source") == signature:
+            problem = store_problem(store, attrs)
+            if problem is None:
+                # the store where it is now (a copied run folder reuses its own copy)
+                reused = replace(
+                    IngestResult.from_dict(attrs["result"]), store=store, reused=True
+                )
+                logger.info(
+                    "ingest: reusing %s (unchanged source, fingerprint %s)",
+                    store,
+                    reused.fingerprint,
+                )
+                return reused
+            logger.warning(
+                "ingest: not reusing %s: %s; rebuilding it from the input", store, problem
+            )
+    except Exception as exc:  # unreadable or partial store: rebuild it
+        logger.info("ingest: not reusing %s (%s: %s)", store, type(exc).__name__, exc)
+    return None
+
+
+def _drop_bad_rows(cfg: InputConfig, chunks: ChunkConfig, src: SourceData) -> int:
+    """Apply input.nonfinite to rows with NaN/inf and rows without a label: refuse them
+    (``error``: one pass over the labels; NaN/inf values are counted in the write pass)
+    or drop them from ``src`` (``drop``: one pass). Returns the rows dropped."""
+    X = src.X
+    label_bad = (src.labels < 0) if src.labels is not None else None
+    if cfg.nonfinite != "drop" and label_bad is None:
+        return 0
+    bad_rows = X.map_blocks(_nonfinite_rows, drop_axis=1, dtype=bool)
+    masks = dask.compute(*([bad_rows] + ([label_bad] if label_bad is not None else [])))
+    bad = masks[0].copy()
+    if label_bad is not None:
+        nl = int(masks[1].sum())
+        if nl and cfg.nonfinite != "drop":
+            first = int(np.flatnonzero(masks[1])[0])
+            raise InputError(
+                f"label column {cfg.label_column!r} is missing in {nl} rows "
+                f"(first: row {first}); fill them or set input.nonfinite: drop."
+            )
+        bad |= masks[1]
+    if bad.any() and cfg.nonfinite == "error":
+        raise InputError(_nonfinite_rows_message(cfg, src, bad))
+    dropped = int(bad.sum())
+    if dropped:
+        n, d = (int(s) for s in X.shape)
+        keep = ~bad
+        logger.warning(
+            "ingest: dropping %d of %d rows with NaN/inf or missing labels", dropped, n
+        )
+        X = X[keep]
+        src.labels = src.labels[keep] if src.labels is not None else None
+        src.ids = src.ids[keep] if src.ids is not None else None
+        rows = X.chunks[0][0] if X.chunks[0] else 1
+        src.X = X.rechunk({0: max(rows, rows_per_chunk(d, chunks.target_chunk_mb))})
+        if int(src.X.shape[0]) == 0:
+            raise InputError(f"every row of {cfg.path} has NaN/inf: nothing left to fit.")
+    return dropped
+
+
+def _nonfinite_rows_message(cfg: InputConfig, src: SourceData, bad: np.ndarray) -> str:
+    """The refusal of rows with NaN/inf (or no label): how many, the first row and its
+    columns."""
+    first = int(np.flatnonzero(bad)[0])
+    (row,) = dask.compute(src.X[first])
+    cols = np.flatnonzero(~np.isfinite(row))
+    where = f", column {_columns(cols, src.columns)}" if cols.size else ""
+    return (
+        f"{cfg.path} contains NaN or infinity in "
+        f"{_count(int(bad.sum()), 'row')} "
+        f"(first: row {first}{where}); clean the data or set input.nonfinite: drop."
+    )
+
+
+def _write_store(
+    cfg: InputConfig, store: Location, arrays: dict[str, da.Array], columns: list[str]
+):
+    """One pass over the input: write every array to a new ``store``, digest its chunks
+    and count NaN/inf per column. Returns the open group and the digests; refuses (and
+    removes the store) when the input is damaged or holds NaN/inf."""
+    X = arrays["X"]
     store.remove()
     g = store.open_group("w")
     targets, sources = [], []
@@ -321,7 +290,7 @@ def ingest(
         targets.append(z)
         sources.append(arr)
     stored = da.store(sources, targets, lock=False, compute=False)
-    digests = {k: _digest_blocks(a) for k, a in arrays.items()}
+    digests = {k: digest_blocks(a) for k, a in arrays.items()}
     counts = X.map_blocks(  # NaN/inf per column of each row block
         lambda x: np.count_nonzero(~np.isfinite(x), axis=0).astype(np.int64)[None, :],
         chunks=((1,) * len(X.chunks[0]), X.chunks[1]),
@@ -336,25 +305,40 @@ def ingest(
         raise InputError(_damaged_message(cfg.path, exc)) from exc
     if int(nonfinite.sum()):
         store.remove()
-        offs = np.concatenate([[0], np.cumsum(X.chunks[0])])
-        per_block = nonfinite.sum(axis=1)
-        b = int(np.flatnonzero(per_block)[0])
-        cols = np.flatnonzero(nonfinite[b])
-        raise InputError(
-            f"{cfg.path} contains NaN or infinity ({_count(int(nonfinite.sum()), 'value')}; "
-            "the first in "
-            f"rows {offs[b]}-{offs[b + 1] - 1}) in column {_columns(cols, src.columns)}; "
-            "clean the data or set input.nonfinite: drop."
-        )
-    fingerprint = _fingerprint_from_digests(
-        arrays, digest_values, {"columns": src.columns, "classes": src.classes}
+        raise InputError(_nonfinite_values_message(cfg, X, nonfinite, columns))
+    return g, digest_values
+
+
+def _nonfinite_values_message(
+    cfg: InputConfig, X: da.Array, nonfinite: np.ndarray, columns: list[str]
+) -> str:
+    """The refusal of NaN/inf found while writing: how many, the first row block and
+    column."""
+    offs = np.concatenate([[0], np.cumsum(X.chunks[0])])
+    per_block = nonfinite.sum(axis=1)
+    b = int(np.flatnonzero(per_block)[0])
+    cols = np.flatnonzero(nonfinite[b])
+    return (
+        f"{cfg.path} contains NaN or infinity ({_count(int(nonfinite.sum()), 'value')}; "
+        "the first in "
+        f"rows {offs[b]}-{offs[b + 1] - 1}) in column {_columns(cols, columns)}; "
+        "clean the data or set input.nonfinite: drop."
     )
-    if src.classes is not None:
-        g["labels"].attrs["classes"] = src.classes
-    res = IngestResult(
+
+
+def _result(
+    cfg: InputConfig,
+    store: Location,
+    src: SourceData,
+    fingerprint: str,
+    dropped: int,
+    seconds: float,
+) -> IngestResult:
+    X = src.X
+    return IngestResult(
         store=store,
-        n_rows=n,
-        n_features=d,
+        n_rows=int(X.shape[0]),
+        n_features=int(X.shape[1]),
         columns=src.columns,
         rows_per_chunk=int(X.chunks[0][0]),
         fingerprint=fingerprint,
@@ -370,27 +354,8 @@ def ingest(
             source_format=detect_format(cfg),
         ),
         source={"path": cfg.path},
-        seconds=time.perf_counter() - t0,
+        seconds=seconds,
     )
-    # the result as stored: its location is wherever the store is when it is reused
-    g.attrs.update(
-        {
-            "status": "complete",
-            "kind": "kpca-dask-ingest",
-            "source": signature,
-            "result": {**res.to_dict(), "path": "", "storage_options": {}},
-            "columns": src.columns,
-            "digests": _hex({k: digest_values[k] for k in arrays}),
-        }
-    )
-    logger.info(
-        "ingest: wrote %d rows x %d features in %.1f s (fingerprint %s)",
-        n,
-        d,
-        res.seconds,
-        fingerprint,
-    )
-    return res
 
 
 def _columns(cols: np.ndarray, names: list[str]) -> str:
@@ -417,16 +382,6 @@ def _damaged_message(path: str, exc: BaseException) -> str:
         f"reading {path} failed part way ({type(exc).__name__}: {msg}): the input is "
         "damaged (a corrupt chunk or a truncated file?); restore it from a good copy."
     )
-
-
-def _fingerprint_from_digests(arrays, digest_values, extra) -> str:
-    h = hashlib.blake2b(digest_size=20)
-    for k in sorted(arrays):
-        a = arrays[k]
-        h.update(f"{k}:{a.shape}:{a.dtype.str}".encode())
-        h.update(np.ascontiguousarray(digest_values[k]).tobytes())
-    h.update(json.dumps(extra, sort_keys=True).encode())
-    return "blake2b:" + h.hexdigest()
 
 
 def load_ingested(res: IngestResult) -> SourceData:

@@ -76,13 +76,19 @@ class WorkerTimeoutError(TransientError, TimeoutError):
 
 
 # ------------------------------------------------------------------ what the run does
-_STATE: dict[str, Any] = {"activity": None, "watch": None}
+_STATE: dict[str, Any] = {"watch": None}
+#: The activities in progress, oldest first, each under its own token: threads (two
+#: transforms at once, a stage's helpers) enter and leave in any order, and each leaves
+#: only its own entry (restoring "the one before" left a finished label behind).
+_ACTIVE: list[tuple[object, str]] = []
 _LOCK = threading.Lock()
 
 
 def current_activity() -> str | None:
-    """What the run is doing now (``visibility probe``, ``stage 'solve'``...), or None."""
-    return _STATE["activity"]
+    """What the run is doing now (``visibility probe``, ``stage 'solve'``...; the newest
+    when several threads are inside one), or None."""
+    with _LOCK:
+        return _ACTIVE[-1][1] if _ACTIVE else None
 
 
 def current_timeout() -> float | None:
@@ -105,13 +111,14 @@ def activity(what: str) -> Iterator[None]:
     """Mark the block as ``what`` (named in the line about a worker that stopped
     answering or paused); refuses to start it once the watch has tripped."""
     check_not_tripped()
+    entry = (object(), what)
     with _LOCK:
-        old, _STATE["activity"] = _STATE["activity"], what
+        _ACTIVE.append(entry)
     try:
         yield
     finally:
         with _LOCK:
-            _STATE["activity"] = old
+            _ACTIVE.remove(entry)
 
 
 # ------------------------------------------------------------------ Client.run, bounded

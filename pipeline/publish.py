@@ -24,15 +24,17 @@ from typing import Any
 
 from kpca_dask.removal import has_marker
 
-from .errors import UserError
+from .errors import RunError, UserError
 from .layout import RUN_NAMES
-from .store import Location, _marked
+from .ownership import _marked
+from .store import Location
 
 __all__ = [
     "OUTPUT_MARK",
     "RUN_NAMES",
     "TRANSFORM_KINDS",
     "TransformOutputError",
+    "TransformOutputExistsError",
     "check_not_overlapping",
     "check_output_folder",
     "check_transform_output",
@@ -46,12 +48,6 @@ OUTPUT_MARK = "output"
 # RUN_NAMES: top-level names a run writes (and may replace) in its output folder
 
 
-def _run_error(msg: str) -> Exception:
-    from .errors import RunError
-
-    return RunError(msg)
-
-
 def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> None:
     """Refuse (RunError, one line) an output folder where a run would replace what is not
     its own: under a name a run writes, a symbolic link, or -- in a folder that is not a
@@ -62,14 +58,12 @@ def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> Non
     if not os.path.lexists(p):
         return
     if stat.S_ISLNK(os.lstat(p).st_mode):
-        raise _run_error(
+        raise RunError(
             f"output path {p} is a symbolic link (kpca never writes through "
             f"links); set output.path to the real folder, {os.path.realpath(p)}."
         )
     if not p.is_dir():
-        raise _run_error(
-            f"output path {p} is a file, not a folder; choose another output.path."
-        )
+        raise RunError(f"output path {p} is a file, not a folder; choose another output.path.")
     names = RUN_NAMES | set(extra_names)
     # a transform's output (its pointer says so) is not a run's to replace
     not_a_run = TRANSFORM_KINDS
@@ -80,12 +74,12 @@ def check_output_folder(out: Location, extra_names: tuple[str, ...] = ()) -> Non
         if e.name not in names and not e.name.startswith(".kpca-"):
             continue  # the user's own file beside the run: never touched
         if e.is_symlink():
-            raise _run_error(
+            raise RunError(
                 f"output {p} holds {e.name}, a symbolic link: kpca never writes through or "
                 "removes links; remove the link or choose another output.path."
             )
         if not ours and not e.name.startswith(".kpca-"):  # the lock: judged by its content
-            raise _run_error(
+            raise RunError(
                 f"output {p} is not a kpca-dask run folder but holds {e.name!r}, which a run "
                 "would replace; choose an empty or new output.path (your files are left as "
                 "they are)."
@@ -116,7 +110,7 @@ def check_not_overlapping(out: Location, inputs: list, what: str = "output.path"
             a, b = out.url.rstrip("/"), q.rstrip("/")
             hit = a == b or a.startswith(b + "/") or b.startswith(a + "/")
         if hit:
-            raise _run_error(
+            raise RunError(
                 f"{what} {out} is, holds or lies inside {label} {q}; write the "
                 f"output somewhere else ({label} is never overwritten)."
             )
@@ -128,6 +122,10 @@ TRANSFORM_KINDS = ("kpca-dask-transform", "kpca-dask-denoised")
 
 class TransformOutputError(UserError, ValueError):
     """A transform's output path is unsafe or not ours to replace; the message says why."""
+
+
+class TransformOutputExistsError(TransformOutputError, FileExistsError):
+    """A transform's output is already there and --overwrite was not given."""
 
 
 def _model_root(model_path: str) -> str:
@@ -212,7 +210,7 @@ def check_transform_output(
             [(_model_root(model_path), "the model's run or folder"), *inputs],
             what="output",
         )
-    except ValueError as exc:
+    except RunError as exc:
         raise TransformOutputError(str(exc)) from None
     if out.is_local:
         p = out.local_path
@@ -236,7 +234,7 @@ def check_transform_output(
     kind = _pointer_kind(out)
     if kind in TRANSFORM_KINDS:
         if not overwrite:
-            raise FileExistsError(f"{raw} exists; pass --overwrite to replace it.")
+            raise TransformOutputExistsError(f"{raw} exists; pass --overwrite to replace it.")
         return out
     if (
         kind is not None

@@ -19,11 +19,11 @@ from typing import Any
 from . import stages
 from .config import PipelineConfig, with_absolute_paths
 from .export import RunError, begin_run, check_not_complete
-from .ingest import _check_exists
 from .layout import WRITING, run_layout
 from .liveness import activity
 from .lock import RunLock, check_unlocked
 from .publish import OUTPUT_MARK, check_not_overlapping, check_output_folder
+from .readers import check_exists as _check_exists
 from .stages import Registry, Stage
 from .store import Location
 from .visibility import check_visibility, missing_folders, remove_created

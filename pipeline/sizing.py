@@ -1,11 +1,12 @@
 """``kpca plan``: what a configured run will need and how long it will take, before it runs.
 
 Reads the input's shape (NPY header, zarr metadata, Parquet footer, CSV lines; or
-``rows``/``features`` given), plans the fit as the solve stage will
-(:func:`pipeline.solve.make_estimator`, the same block rule) and prices it with the cost
-model (:mod:`kpca_dask.cost`) on the cluster described, plus the pipeline's own stages
-around the fit: ingest (read the source, write the zarr store) and the embedding of
-every row (held-out rows evaluated; an exact model's training rows from its vectors).
+``rows``/``features`` given), plans the fit as the kernel and solve stages do
+(:func:`pipeline.fitspec.plan_fit`: the same estimator, solver and block rule) and
+prices it with the cost model (:mod:`kpca_dask.cost`) on the cluster described, plus
+the pipeline's own stages around the fit: ingest (read the source, write the zarr
+store) and the embedding of every row (held-out rows evaluated; an exact model's
+training rows from its vectors).
 Nothing is written and no cluster is started. The run's fixed start (imports, the
 Prefect API, starting the cluster) is the machine's ``run_start_seconds`` (given: 17.5 s
 measured on the development machine).
@@ -17,7 +18,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import dask.array as da
 import numpy as np
 
 from kpca_dask import cost as _cost
@@ -121,25 +121,15 @@ def plan_run(
     passes: int | None = None,
 ) -> RunPlan:
     """The run's prediction on ``cluster`` (see the module docstring)."""
-    from kpca_dask.plan import auto_block_rows, resolve_solver
-
-    from .kernel import plan_materialize
-    from .solve import make_estimator
+    from .fitspec import plan_fit
 
     n, d = (rows, features) if rows and features else input_shape(cfg)
     n, d = int(rows or n), int(features or d)
     labelled = cfg.input.label_column is not None and cfg.evaluate.enabled is not False
     n_train = int(math.floor(n * (1 - cfg.evaluate.test_fraction))) if labelled else n
-    planner = make_estimator(cfg)  # the fit's own parameters (keep_statistics too)
-    solver = resolve_solver(planner.get_params(), n_train)
-    materialize, _ = plan_materialize(cfg.kernel_store.materialize, solver, d)
-    itemsize = np.dtype(cfg.solver.dtype).itemsize if materialize else None
-    if cfg.chunks.block_rows == "auto":
-        r = auto_block_rows(n_train, solver, threads=cluster.cores, stored_itemsize=itemsize)
-    else:
-        r = min(int(cfg.chunks.block_rows), n_train)
-    planner.set_params(chunk_size=r)
-    plan = planner.plan(da.zeros((n_train, d), chunks=(min(n_train, 1 << 20), d)), kernel=False)
+    # the fit's own parameters (keep_statistics too), on the described cluster's threads
+    planned = plan_fit(cfg, n_train, d, threads=cluster.cores)
+    plan, materialize = planned.plan, planned.materialize
     fit = plan.estimate(
         cluster,
         machine,

@@ -20,17 +20,14 @@ from kpca_dask.exceptions import (
     DroppedComponentsWarning,
     PrecisionWarning,
 )
-from kpca_dask.plan import auto_block_rows, resolve_solver
 
 from .config import PipelineConfig
-from .denoise import estimator_params
 from .errors import UserError
+from .fitspec import Fit, plan_fit
 from .store import Location
 
 __all__ = [
     "save_model",
-    "make_estimator",
-    "make_planner",
     "solve",
     "SolveError",
     "check_fit",
@@ -108,47 +105,6 @@ def _above(est: KernelPCA, res: np.ndarray, lim: float) -> bool:
     return bool(np.any(r > lim * lam + floor))
 
 
-def _model_params(cfg: Any) -> dict[str, Any]:
-    """The kernel and the fields that choose the solver and its kernel partition: what
-    both the fit and the kernel stage's plan read (and so the plan's cache key)."""
-    s, k = cfg.solver, cfg.kernel
-    params: dict[str, Any] = dict(
-        n_components=s.n_components,
-        kernel=k.name,
-        gamma=k.gamma,
-        degree=k.degree,
-        coef0=k.coef0,
-        eigen_solver=s.eigen_solver,
-        n_oversamples=s.n_oversamples,
-        random_state=s.random_state,
-        dtype=s.dtype,
-        # the pipeline's contract: only positive components (check_fit says when fewer)
-        remove_zero_eig=True,
-        landmark_method=s.landmark_method,
-    )
-    if s.n_landmarks is not None:
-        params["n_landmarks"] = s.n_landmarks
-    return params
-
-
-def make_estimator(cfg: PipelineConfig, block_rows: int | str = "auto") -> KernelPCA:
-    """The estimator the config describes (parameters are validated by it at fit)."""
-    s = cfg.solver
-    params = _model_params(cfg)
-    params.update(
-        n_power_iter=s.n_power_iter,
-        tol=s.tol,
-        max_iter=s.max_iter,
-        chunk_size=block_rows,
-        keep_statistics=s.keep_statistics,  # Nyström: for `kpca update` (pipeline/update.py)
-    )
-    params.update(estimator_params(cfg.denoise))  # the pre-image map, when denoising
-    # the scaling a refit (the evaluate stage's gamma cross-validation clones the model)
-    # fits on its own training rows; the solve passes the split stage's fitted scaler
-    params["preprocess"] = cfg.preprocess.scale
-    return KernelPCA().set_params(**params)
-
-
 #: Share of the workers' memory (all workers' memory limits together; without a cluster,
 #: the memory available now) that the Nyström solve may fill with the training rows, read
 #: once from the ingest store, instead of re-reading the store at every pass.
@@ -177,24 +133,16 @@ def memory_budget(fraction: float | None = None) -> int:
     return int(fraction * psutil.virtual_memory().available)
 
 
-def nystroem_rows(
-    X: da.Array, cfg: PipelineConfig, *, budget: int | None = None
-) -> tuple[da.Array, dict[str, Any]]:
-    """The training rows as the Nyström passes read them, and how.
+def nystroem_rows(X: da.Array, *, budget: int | None = None) -> tuple[da.Array, dict[str, Any]]:
+    """The training rows as the Nyström passes read them (in the planned blocks: the
+    estimator's Nyström size, about 8192 rows, or ``chunks.block_rows``), and how.
 
-    Blocks of the estimator's own Nyström size (about 8192 rows; ``chunks.block_rows``
-    when set): 2048-row blocks (the exact solver's kernel partition) cost a quarter more
-    CPU per pass here. Read from the ingest store once into the workers' memory when they
-    fit ``budget`` (default :func:`memory_budget`): the fit otherwise re-reads the whole
-    store for its NaN check, the gamma and landmark samples and every pass (11 reads of a
-    1.1 GB store at n = 2M). benchmarks/diag_pipeline_io.py measures both.
+    Read from the ingest store once into the workers' memory when they fit ``budget``
+    (default :func:`memory_budget`): the fit otherwise re-reads the whole store for its
+    NaN check, the gamma and landmark samples and every pass (11 reads of a 1.1 GB store
+    at n = 2M). benchmarks/diag_pipeline_io.py measures both.
     """
-    n = int(X.shape[0])
-    if cfg.chunks.block_rows == "auto":
-        r = auto_block_rows(n, "nystroem")
-    else:
-        r = min(int(cfg.chunks.block_rows), n)
-    X = X.rechunk({0: r, 1: -1})
+    n, r = int(X.shape[0]), int(X.chunks[0][0])
     budget = memory_budget() if budget is None else int(budget)
     nbytes = int(X.nbytes)
     in_memory = nbytes <= budget
@@ -215,13 +163,6 @@ def nystroem_rows(
     return X, {"block_rows": r, "rows_in_memory": in_memory}
 
 
-def make_planner(cfg: Any) -> KernelPCA:
-    """The estimator the kernel stage plans with: the kernel and the fields that choose the
-    solver and its kernel partition (no stopping rule, no pre-image: those only matter to
-    the fit, and the kernel stage's cache key must not depend on them)."""
-    return KernelPCA().set_params(**_model_params(cfg))
-
-
 def save_model(est: KernelPCA, model_loc: Location) -> None:
     """Save a fitted model at ``model_loc``: a local folder, or a zarr store carrying the
     location's own storage options (an object store's endpoint is never assumed)."""
@@ -236,6 +177,7 @@ def solve(
     cfg: PipelineConfig,
     model_loc: Location,
     *,
+    fit: Fit | None = None,
     block_rows: int | str = "auto",
     block_reader: Any = None,
     features: dict[str, Any] | None = None,
@@ -243,6 +185,11 @@ def solve(
     v0: Any = None,
 ) -> tuple[KernelPCA, dict[str, Any]]:
     """Fit on the training rows and save the model to ``model_loc`` (arrays + JSON).
+
+    ``fit``: the planned fit (:func:`pipeline.fitspec.plan_fit`: the estimator, its
+    solver and block rows); None: planned here from ``cfg`` with ``block_rows`` and no
+    kernel store. The estimator rechunks ``X_train`` into the planned blocks (a no-op
+    when the caller already did, as the solve stage does).
 
     ``v0``: starting vectors for the exact randomized solver (an update's warm-started
     refit, pipeline/update.py); dropped, with a log line, when the fit resolves to
@@ -255,12 +202,15 @@ def solve(
     the model. ``X_train`` is in the original units.
     """
     t0 = time.perf_counter()
-    est = make_estimator(cfg, block_rows)
+    if fit is None:
+        n, d = (int(s) for s in X_train.shape)
+        rows = None if block_rows == "auto" else min(int(block_rows), n)
+        fit = plan_fit(cfg, n, d, kernel_store=False, block_rows=rows)
+    est = fit.estimator  # its chunk_size is the planned block rows
     reading: dict[str, Any] = {}
-    nystroem = resolve_solver(est.get_params(), int(X_train.shape[0])) == "nystroem"
+    nystroem = fit.solver == "nystroem"
     if block_reader is None and nystroem:
-        X_train, reading = nystroem_rows(X_train, cfg)
-        est.set_params(chunk_size=reading["block_rows"])
+        X_train, reading = nystroem_rows(X_train.rechunk({0: fit.block_rows, 1: -1}))
     predicted = _predict(est, X_train, block_reader, reading)
     fit_kw: dict[str, Any] = {}
     if v0 is not None and nystroem:

@@ -1,32 +1,14 @@
-"""The pipeline's stages, declared once: the registry the plain run, the Prefect flow, its
-tasks and its cache keys all derive from.
+"""The pipeline's stages: their bodies and :data:`REGISTRY`, their declarations in the
+order they run (the framework, :class:`Stage` and :class:`Registry`, is
+pipeline/registry.py).
 
     ingest -> split -> kernel -> solve -> project -> denoise -> evaluate -> export
 
-Each :class:`Stage` declares
-
-* its ``name`` and the function that does the work (``run``);
-* the config slice it reads (``config``: section names or dotted fields). The function
-  is called with a :class:`ConfigView` of that slice only: reading any other field raises
-  :class:`ConfigSliceError` naming the stage and the field, so the slice -- which is
-  also what the stage's cache key hashes -- cannot silently fall behind the code;
-* its inputs (``inputs``: the results of earlier stages, by the name they are passed
-  under), the name of its own result (``result``) and that result's type
-  (``result_type``: a frozen dataclass of pipeline/results.py carrying its stores as
-  locations with their storage options; None: plain JSON data). Results are small
-  descriptors (locations, counts, content fingerprints; never arrays). The stage
-  function takes and returns the typed form; :meth:`Stage.__call__` is the one place
-  that converts from and to the JSON form the Prefect tasks pass, persist and hash
-  (``fingerprint`` and ``fresh`` work on that JSON form);
-* the artifacts it publishes under ``<out>`` (``publishes``: a reader-visible path is
-  about to change, so the flow withdraws the manifest first);
-* ``fingerprint``: content checksums the flow adds to the result, so that dependants'
-  cache keys and the freshness check see content, not only configuration;
-* ``fresh``: whether a cached result still describes what is on disk (None if it
-  does, else why not).
-
-Adding or removing a stage here is the only edit the plain run, the flow and the cache
-need (tests/pipeline/test_stages.py shows it with a toy stage).
+Each stage reads the config slice it declares (a :class:`ConfigView`), takes the typed
+results of earlier stages and returns its own; ``_fresh_*`` say whether a cached result
+still describes the stores, ``_fingerprint_*`` add content checksums to a result. How
+the fit is set up (the kernel and solve stages' slices, the estimator, the plan carried
+from one to the other) is pipeline/fitspec.py.
 """
 
 from __future__ import annotations
@@ -34,15 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
-from kpca_dask.plan import auto_block_rows, resolve_solver
+from kpca_dask.plan import resolve_kernel
 from kpca_dask.precision import centred_for_rows
 
 from .cluster import release_worker_memory
@@ -52,8 +33,9 @@ from .denoise import WRITTEN_ATTR, stage_denoise
 from .errors import InternalError
 from .evaluate import make_split
 from .export import file_checksums, write_manifest, write_spectrum
+from .fitspec import FIT_FIELDS, PLAN_FIELDS, plan_fit
 from .ingest import IngestResult, InputError, ingest, stale_ingest
-from .kernel import KernelBlockReader, build_kernel_store, plan_materialize
+from .kernel import KernelBlockReader, build_kernel_store
 from .layout import (
     EMBEDDING,
     MODEL,
@@ -66,15 +48,24 @@ from .layout import (
 )
 from .preprocess import fit_training_scaler, scaler_id, scaler_of
 from .project import write_embedding, write_parquet
+from .registry import (
+    LAYOUT_FIELDS,
+    RUN_CONTROL,
+    VOLATILE,
+    ConfigSliceError,
+    ConfigView,
+    Registry,
+    Stage,
+    config_slice,
+    identity,
+)
 from .results import (
     KernelResult,
     ProjectResult,
     SolveResult,
     SplitResult,
-    from_json,
-    to_json,
 )
-from .solve import make_planner, solve
+from .solve import solve
 from .stage_data import ingested, read_split
 from .store import array_checksum, json_default, read_json
 
@@ -88,6 +79,7 @@ __all__ = [
     "Registry",
     "Stage",
     "checksums",
+    "config_slice",
     "evaluation_wanted",
     "files_under",
     "identity",
@@ -102,267 +94,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pipeline")
-
-#: Every stage finds its stores through the run layout, which reads these fields.
-LAYOUT_FIELDS = ("output.path", "output.storage_options")
-
-#: Config fields that steer a run but never change its artifacts: never in a cache key
-#: (``kpca run --overwrite`` or another cluster address must not re-publish a run).
-RUN_CONTROL = ("output.overwrite", "output.keep_versions", "cluster")
-
-#: Run statistics in stage results: they differ between two runs that produce identical
-#: stores, so they never enter a dependant's key.
-VOLATILE = frozenset(
-    {"seconds", "fit_seconds", "reused", "computed", "skipped", "bytes_written", "timings"}
-)
-
-
-# ------------------------------------------------------------------ config slices
-class ConfigSliceError(InternalError, RuntimeError):
-    """A stage read a config field outside its declared slice: a bug in the stage or in
-    its declaration (pipeline/stages.py), never the user's."""
-
-
-def _parse_fields(fields: Iterable[str]) -> dict[str, frozenset[str] | None]:
-    """``("kernel", "solver.dtype")`` -> ``{"kernel": None, "solver": {"dtype"}}``
-    (None: the whole section)."""
-    out: dict[str, set[str] | None] = {}
-    for f in fields:
-        section, _, name = f.partition(".")
-        if not name:
-            out[section] = None
-        elif section not in out or out[section] is not None:
-            out.setdefault(section, set()).add(name)  # type: ignore[union-attr]
-    return {k: (None if v is None else frozenset(v)) for k, v in out.items()}
-
-
-def _slice_error(stage: str, field: str, allowed: Iterable[str]) -> ConfigSliceError:
-    return ConfigSliceError(
-        f"stage {stage!r} read config field {field!r}, which is outside its declared config "
-        f"slice ({', '.join(sorted(allowed))}); add {field!r} to the stage's config in "
-        "pipeline/stages.py (it is part of the stage's cache key)."
-    )
-
-
-class _SectionView:
-    """One config section, restricted to the fields a stage declared."""
-
-    __slots__ = ("_fields", "_name", "_section", "_stage")
-
-    def __init__(self, section: Any, stage: str, name: str, fields: frozenset[str]):
-        object.__setattr__(self, "_section", section)
-        object.__setattr__(self, "_stage", stage)
-        object.__setattr__(self, "_name", name)
-        object.__setattr__(self, "_fields", fields)
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        if attr not in self._fields:
-            raise _slice_error(
-                self._stage, f"{self._name}.{attr}", (f"{self._name}.{f}" for f in self._fields)
-            )
-        return getattr(self._section, attr)
-
-    def __setattr__(self, attr: str, value: Any) -> None:
-        raise AttributeError(f"config.{self._name} is read-only in stage {self._stage!r}")
-
-    def __repr__(self) -> str:
-        return f"<{self._name} fields {sorted(self._fields)} of stage {self._stage!r}>"
-
-
-class ConfigView:
-    """What a stage sees of the validated :class:`~pipeline.config.PipelineConfig`: the
-    sections and fields it declared, and nothing else (:class:`ConfigSliceError`)."""
-
-    __slots__ = ("_cfg", "_fields", "_sections", "_stage")
-
-    def __init__(self, cfg: PipelineConfig, stage: str, fields: Iterable[str]):
-        if isinstance(cfg, ConfigView):
-            cfg = cfg._cfg
-        fields = tuple(fields)
-        object.__setattr__(self, "_cfg", cfg)
-        object.__setattr__(self, "_stage", stage)
-        object.__setattr__(self, "_fields", fields)
-        object.__setattr__(self, "_sections", _parse_fields(fields))
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        if attr not in self._sections:
-            raise _slice_error(self._stage, attr, self._fields)
-        value = getattr(self._cfg, attr)
-        names = self._sections[attr]
-        return value if names is None else _SectionView(value, self._stage, attr, names)
-
-    def __setattr__(self, attr: str, value: Any) -> None:
-        raise AttributeError(f"the config is read-only in stage {self._stage!r}")
-
-    def __repr__(self) -> str:
-        return f"<config slice {list(self._fields)} of stage {self._stage!r}>"
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The slice as JSON data (nested like the config; what the cache key hashes)."""
-        data = self._cfg.to_json_dict()
-        out: dict[str, Any] = {}
-        for section, names in self._sections.items():
-            out[section] = (
-                data[section] if names is None else {n: data[section][n] for n in sorted(names)}
-            )
-        return out
-
-    def model_copy(self, *, deep: bool = False) -> ConfigView:
-        """A copy with the same slice (a stage may adjust its own copy, e.g. the solve's
-        resolved gamma)."""
-        return ConfigView(self._cfg.model_copy(deep=deep), self._stage, self._fields)
-
-
-def _check_fields(stage: str, fields: Iterable[str]) -> None:
-    """Every declared field exists in the config model (a misspelling fails at import)."""
-    for f in fields:
-        section, _, name = f.partition(".")
-        sec = PipelineConfig.model_fields.get(section)
-        if sec is None or (name and name not in sec.annotation.model_fields):
-            raise ValueError(
-                f"stage {stage!r} declares config field {f!r}, which the "
-                "pipeline config does not have"
-            )
-
-
-# ---------------------------------------------------------------------- registry
-def _always_fresh(cfg: Any, inputs: dict[str, Any], result: Any) -> str | None:
-    return None
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of the pipeline (see the module docstring)."""
-
-    name: str
-    run: Callable[..., Any]
-    config: tuple[str, ...]
-    result: str
-    inputs: tuple[str, ...] = ()
-    publishes: tuple[str, ...] = ()
-    fingerprint: Callable[[Any, Any], Any] | None = None
-    fresh: Callable[[Any, dict[str, Any], Any], str | None] = _always_fresh
-    #: arguments the runner supplies that are this run's facts, never part of a key
-    run_info: tuple[str, ...] = ()
-    #: reads the input source (outside the run): its files' state is part of the key
-    reads_source: bool = False
-    doc: str = ""
-    #: the type of the result (pipeline/results.py; None: plain JSON data)
-    result_type: type | None = None
-    #: the types of the inputs, by name (filled in by the :class:`Registry` from the
-    #: producing stages' ``result_type``)
-    input_types: tuple[tuple[str, type | None], ...] = field(default=(), compare=False)
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """The config slice the stage receives: its declaration plus the layout's fields."""
-        return tuple(dict.fromkeys(self.config + LAYOUT_FIELDS))
-
-    def view(self, cfg: PipelineConfig) -> ConfigView:
-        return ConfigView(cfg, self.name, self.fields)
-
-    def __call__(self, cfg: PipelineConfig, **inputs: Any) -> Any:
-        """Run the stage on its config slice and the named inputs: the one place where
-        results are converted, JSON form (or typed) in, JSON form out."""
-        types = dict(self.input_types)
-        args = {k: from_json(types.get(k), v) for k, v in inputs.items()}
-        return to_json(self.run(self.view(cfg), **args))
-
-    def with_fingerprint(self, cfg: PipelineConfig, result: Any) -> Any:
-        return result if self.fingerprint is None else self.fingerprint(self.view(cfg), result)
-
-    def stale_reason(
-        self, cfg: PipelineConfig, inputs: dict[str, Any], result: Any
-    ) -> str | None:
-        """Why a cached ``result`` no longer describes the stores (None: it still does)."""
-        try:
-            return self.fresh(self.view(cfg), inputs, result)
-        except ConfigSliceError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - an unreadable or missing store
-            return f"its stores cannot be read ({type(exc).__name__}: {exc})"
-
-    def key_config(self, cfg: PipelineConfig) -> dict[str, Any]:
-        """The config slice as its cache key sees it: run control removed."""
-        data = self.view(cfg).to_json_dict()
-        for path in RUN_CONTROL:
-            section, _, name = path.partition(".")
-            if not name:
-                data.pop(section, None)
-            elif isinstance(data.get(section), dict):
-                data[section].pop(name, None)
-        return data
-
-
-class Registry:
-    """Stages in the order they run; each stage's inputs are earlier stages' results."""
-
-    def __init__(self, stages: Iterable[Stage]):
-        self._stages = tuple(stages)
-        seen: dict[str, type | None] = {}
-        names: set[str] = set()
-        typed = []
-        for s in self._stages:
-            if s.name in names or s.result in seen:
-                raise ValueError(f"stage {s.name!r}: its name or result name is taken")
-            missing = [i for i in s.inputs if i not in seen]
-            if missing:
-                raise ValueError(
-                    f"stage {s.name!r} takes {missing}, which no earlier stage returns"
-                )
-            _check_fields(s.name, s.config)
-            names.add(s.name)
-            seen[s.result] = s.result_type
-            typed.append(replace(s, input_types=tuple((i, seen[i]) for i in s.inputs)))
-        self._stages = tuple(typed)
-
-    def __iter__(self) -> Iterator[Stage]:
-        return iter(self._stages)
-
-    def __len__(self) -> int:
-        return len(self._stages)
-
-    def __getitem__(self, name: str) -> Stage:
-        for s in self._stages:
-            if s.name == name:
-                return s
-        raise KeyError(name)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self._stages)
-
-    def replace(self, stages: Iterable[Stage]) -> Registry:
-        return Registry(stages)
-
-    def without(self, name: str) -> Registry:
-        return Registry(s for s in self._stages if s.name != name)
-
-    def with_stage(self, stage: Stage, *, before: str | None = None) -> Registry:
-        """A copy with ``stage`` inserted before ``before`` (default: at the end)."""
-        stages = list(self._stages)
-        at = len(stages) if before is None else self.names.index(before)
-        return Registry(stages[:at] + [stage] + stages[at:])
-
-
-def identity(result: Any) -> Any:
-    """A stage result without its run statistics (:data:`VOLATILE`), and with paths
-    inside an output's versions (``.../versions/<id>/model``) named without the version:
-    the same content written into the next version is the same result."""
-    if isinstance(result, dict):
-        return {k: identity(v) for k, v in result.items() if k not in VOLATILE}
-    if isinstance(result, (list, tuple)):
-        return [identity(v) for v in result]
-    if isinstance(result, str) and "/versions/" in result:
-        return _VERSION_IN_PATH.sub("/versions/*", result)
-    return result
-
-
-_VERSION_IN_PATH = re.compile(r"/versions/[^/]+(?=/|$)")
 
 
 # --------------------------------------------------------------------- helpers
@@ -383,29 +114,11 @@ def evaluation_wanted(cfg: Any, ing: IngestResult) -> bool:
     return bool(enabled)
 
 
-def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> tuple[da.Array, int]:
-    """Training rows of the ingested X in blocks of the kernel partition."""
+def _training_rows(cfg: Any, ing: IngestResult, split: SplitResult) -> da.Array:
+    """Training rows of the ingested X (in the ingest store's chunks)."""
     _, src = ingested(ing)
     mask = read_split(run_layout(cfg), split)
-    X = src.X if mask is None else src.X[mask.astype(bool)]
-    n = int(X.shape[0])
-    r = (
-        _auto_rows(cfg, n, int(X.shape[1]))
-        if cfg.chunks.block_rows == "auto"
-        else min(int(cfg.chunks.block_rows), n)
-    )
-    return X.rechunk({0: r, 1: -1}), r
-
-
-def _auto_rows(cfg: Any, n: int, d: int) -> int:
-    """The estimator's block rule (kpca_dask.plan.auto_block_rows) for this run's solver,
-    on the active cluster, with stored blocks capped when the kernel is materialised."""
-    from kpca_dask.cost import cluster_threads
-
-    solver = resolve_solver(make_planner(cfg).get_params(), n)
-    materialize, _ = plan_materialize(cfg.kernel_store.materialize, solver, d)
-    itemsize = np.dtype(cfg.solver.dtype).itemsize if materialize else None
-    return auto_block_rows(n, solver, threads=cluster_threads(), stored_itemsize=itemsize)
+    return src.X if mask is None else src.X[mask.astype(bool)]
 
 
 def _store_array(g, name: str, arr: da.Array, rows) -> None:
@@ -508,33 +221,38 @@ def _fresh_split(cfg: Any, inputs: dict, res: dict) -> str | None:
 
 
 def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResult:
-    """Decide whether to materialise K; if so, build the upper-block store (resumable)."""
-    res = ing
-    X_train, r = _training_rows(cfg, ing, split)
-    n_train = int(X_train.shape[0])
+    """Plan the fit (pipeline/fitspec.py: solver, block rows, whether to materialise K)
+    and, if K is materialised, build the upper-block store (resumable). The result
+    carries the plan to the solve."""
+    X_train = _training_rows(cfg, ing, split)
+    n_train, d = (int(s) for s in X_train.shape)
     if cfg.solver.n_components > n_train:
         raise ConfigError(
             f"solver.n_components={cfg.solver.n_components} exceeds the "
             f"{n_train} training rows; ask for fewer components."
         )
-    planner = make_planner(cfg)
-    solver = planner.plan(X_train, kernel=False).solver  # reads no data
-    materialize, why = plan_materialize(cfg.kernel_store.materialize, solver, res.n_features)
+    fit = plan_fit(cfg, n_train, d, plans_only=True)  # reads no data
+    r, solver = fit.block_rows, fit.solver
     logger.info(
         "plan: %d training rows in blocks of %d, %s solver, kernel %s (%s)",
         n_train,
         r,
         solver,
-        "materialised" if materialize else "recomputed per pass",
-        why,
+        "materialised" if fit.materialize else "recomputed per pass",
+        fit.reason,
     )
-    result = KernelResult(materialized=materialize, reason=why, solver=solver, block_rows=r)
-    if materialize:
+    result = KernelResult(
+        materialized=fit.materialize, reason=fit.reason, solver=solver, block_rows=r
+    )
+    if fit.materialize:
+        X_train = X_train.rechunk({0: r, 1: -1})
         scaler = scaler_of(split)
         if scaler is not None:  # the kernel of the scaled rows, as the solve fits them
             X_train = scaler.transform(X_train)
         X_train = X_train.persist()
-        plan = planner.plan(X_train)  # gamma="scale": a sample of the persisted rows
+        # gamma="scale": resolved once, on a sample of the persisted rows; the solve
+        # fits with this number (KernelResult.gamma), the store is built with it
+        plan = resolve_kernel(fit.plan, fit.estimator.get_params(), X_train)
         store = run_layout(cfg).kernel
         ks = build_kernel_store(
             X_train,
@@ -542,7 +260,7 @@ def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResul
             centred_for_rows(plan.kernel, X_train),
             cfg.solver.dtype,
             store,
-            input_fingerprint=_kernel_input(res.fingerprint, split),
+            input_fingerprint=_kernel_input(ing.fingerprint, split),
             verify=cfg.kernel_store.verify,
         )
         built = {k: v for k, v in ks.to_dict().items() if k != "path"}
@@ -589,15 +307,21 @@ def stage_solve(
     """
     layout = run_layout(cfg)
     release_worker_memory()  # what the kernel build's buffers left on the workers' heaps
-    X_train, r = _training_rows(cfg, ing, split)
     reader = None
-    solve_cfg = cfg
+    overrides = {}
     if kernel.materialized and kernel.store is not None:
         # the store as the kernel stage wrote it (its storage options included)
         reader = KernelBlockReader(kernel.store.url, kernel.store.storage_options)
         if cfg.kernel.gamma == "scale":  # the store was built with this resolved gamma
-            solve_cfg = cfg.model_copy(deep=True)
-            solve_cfg.kernel.gamma = float(kernel.gamma)
+            overrides["gamma"] = float(kernel.gamma)
+    # the kernel stage's plan: its solver and block rows (the partition of the store)
+    X_train = _training_rows(cfg, ing, split).rechunk({0: kernel.block_rows, 1: -1})
+    n_train, d = (int(s) for s in X_train.shape)
+    fit = plan_fit(cfg, n_train, d, overrides=overrides, block_rows=kernel.block_rows)
+    if fit.solver != kernel.solver:
+        raise InternalError(
+            f"the solve planned the {fit.solver} solver, the kernel stage {kernel.solver}"
+        )
     # the model records the table's column names (its transform then selects a DataFrame's
     # columns by name); NPY/zarr columns have none, and neither has an ingest result
     # written before the features block
@@ -606,9 +330,9 @@ def stage_solve(
         features = None
     _, info = solve(
         X_train,
-        solve_cfg,
+        cfg,
         layout.model,
-        block_rows=r,
+        fit=fit,
         block_reader=reader,
         features=features,
         scaler=scaler_of(split),
@@ -799,29 +523,6 @@ def _fresh_export(cfg: Any, inputs: dict, res: dict) -> str | None:
 
 
 # -------------------------------------------------------------------- the stages
-#: what the kernel stage plans with (pipeline.solve.make_planner reads exactly these)
-_KERNEL_FIELDS = (
-    "kernel",
-    "solver.n_components",
-    "solver.eigen_solver",
-    "solver.dtype",
-    "solver.n_oversamples",
-    "solver.random_state",
-    "solver.n_landmarks",
-    "solver.landmark_method",
-    "chunks.block_rows",
-    "kernel_store",
-)
-#: the denoise fields the solve fits the pre-image map with (pipeline.denoise.estimator_params)
-_PREIMAGE_FIELDS = (
-    "denoise.enabled",
-    "denoise.alpha",
-    "denoise.preimage",
-    "denoise.sample_size",
-    "denoise.tol",
-    "denoise.max_iter",
-)
-
 #: the ingest stage, shared by the full run and by ``kpca update`` (pipeline/update.py)
 INGEST = Stage(
     "ingest",
@@ -862,7 +563,7 @@ REGISTRY = Registry(
             inputs=("ing", "split"),
             result="kernel",
             result_type=KernelResult,
-            config=_KERNEL_FIELDS,
+            config=config_slice(*PLAN_FIELDS, "kernel_store"),
             fresh=_fresh_kernel,
             doc="plan the solve; materialise the upper kernel blocks when that pays",
         ),
@@ -872,8 +573,7 @@ REGISTRY = Registry(
             inputs=("ing", "split", "kernel"),
             result="solved",
             result_type=SolveResult,
-            config=("kernel", "solver", "chunks.block_rows", "kernel_store", "preprocess")
-            + _PREIMAGE_FIELDS,
+            config=config_slice(*FIT_FIELDS),
             publishes=(MODEL,),
             fingerprint=_fingerprint_solve,
             fresh=_fresh_solve,

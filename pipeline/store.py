@@ -1,5 +1,8 @@
 """Storage helpers: locations (local folders or fsspec URLs), zarr groups,
-atomic JSON publishing, content fingerprints and checksums.
+atomic JSON publishing and content fingerprints.
+
+What is ours to replace or remove is decided in pipeline/ownership.py, array checksums
+in pipeline/checksums.py; their names are importable from here as before.
 
 Everything here works on a local folder or any fsspec URL; for local folders
 writes are atomic (temporary name beside the target, fsync, rename), which is
@@ -12,7 +15,6 @@ import hashlib
 import json
 import os
 import posixpath
-import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,22 +27,30 @@ import numpy as np
 import zarr
 
 from kpca_dask.removal import (
-    MARKER_FILE,
-    has_marker,
     placed_path,
     remove_owned,
     remove_owned_url,
-    write_marker,
 )
 
-from .errors import UserError
+from .checksums import array_checksum, digest_blocks
+from .errors import InternalError, UserError
+from .ownership import (
+    OUR_FILES,
+    OUR_PREFIXES,
+    RUN_FOLDERS,
+    _remote_is_ours,
+    is_ours,
+    mark_folder,
+    zarr_attrs,
+)
 from .storage_clients import install as _install_client_closing
-from .verify import checked_array
-from .verify import chunk_digest as _chunk_digest
 
 # asynchronous adlfs clients opened by zarr are closed at exit, before their finalizers
 # fail with "Loop is not running" (pipeline/storage_clients.py)
 _install_client_closing()
+
+#: the name pipeline/verify.py's docstrings use for :func:`pipeline.checksums.digest_blocks`
+_digest_blocks = digest_blocks
 
 __all__ = [
     "Location",
@@ -51,153 +61,17 @@ __all__ = [
     "json_default",
     "PathEscapeError",
     "MissingBucketError",
+    "NotLocalError",
     "is_ours",
     "OUR_FILES",
+    "OUR_PREFIXES",
+    "RUN_FOLDERS",
     "zarr_attrs",
     "mark_folder",
 ]
 
-#: files of ours inside a folder we marked (a run, a store)
-OUR_FILES = ("manifest.json", "zarr.json", ".kpca-run.lock", MARKER_FILE)
-#: folders a run writes at its top level: inside a run folder they are the run's, also
-#: half-written (a folder of the user's under these names is refused before a run starts)
-RUN_FOLDERS = (
-    "report",
-    "work",
-    "embedding.parquet",
-    "model",
-    "embedding",
-    "spectrum",
-    "labels",
-    "ids",
-    "split",
-    "denoised",
-)
 #: URL schemes of stores made of buckets (containers), which commands never create
 BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl")
-#: name prefixes of the temporary/retired entries we create beside what we publish
-OUR_PREFIXES = (".kpca-new-", ".kpca-old-", ".kpca-prev", ".kpca-lock.")
-
-
-def mark_folder(loc: Location, kind: str) -> None:
-    """Create ``loc`` as a folder carrying our ownership marker (``_kpca-dask.json``)."""
-    if loc.is_local:
-        write_marker(loc.local_path, kind)
-        return
-    loc.makedirs()
-    with loc.fs.open(f"{loc.fs_path.rstrip('/')}/{MARKER_FILE}", "w") as f:
-        f.write(json.dumps({"written_by": "kpca-dask", "kind": kind}))
-
-
-def zarr_attrs(folder: Path) -> dict | None:
-    """The attributes in ``folder/zarr.json`` (a zarr v3 node), read without following
-    links; None when there is no such regular file or it is not a zarr node."""
-    try:
-        fd = os.open(folder / "zarr.json", os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd) as f:
-            meta = json.load(f)
-    except ValueError:
-        return None
-    if not isinstance(meta, dict) or "node_type" not in meta:
-        return None
-    attrs = meta.get("attributes") or {}
-    return attrs if isinstance(attrs, dict) else {}
-
-
-def _marked(p: Path) -> bool:
-    """A folder we marked: our marker file, or a zarr node whose attributes say kpca-dask."""
-    if has_marker(p):
-        return True
-    attrs = zarr_attrs(p)
-    return attrs is not None and (
-        attrs.get("format") == "kpca-dask-model"
-        or str(attrs.get("kind", "")).startswith("kpca-dask")
-    )
-
-
-def _inside_marked(p: Path) -> bool:
-    """Whether a folder above ``p`` is one we marked (a run, a store)."""
-    return any(_marked(a) for a in p.parents if a != a.parent)
-
-
-def _dask_parquet(p: Path) -> bool:
-    """A Parquet folder as dask writes it: regular ``*.parquet`` files and ``_``/``.``
-    metadata only (what runs before ownership markers wrote; accepted inside a run)."""
-    try:
-        entries = list(os.scandir(p))
-    except OSError:
-        return False
-    return bool(entries) and all(
-        e.is_file(follow_symlinks=False)
-        and (e.name.endswith(".parquet") or e.name.startswith(("_", ".")))
-        for e in entries
-    )
-
-
-def is_ours(p: Path) -> bool:
-    """Whether kpca-dask wrote ``p`` (never a link): a folder we marked; a zarr node, a
-    temporary entry of ours or a dask Parquet folder inside one; one of our own files
-    (manifest, lock, zarr.json, marker) inside one."""
-    p = placed_path(p)
-    try:
-        st = os.lstat(p)
-    except OSError:
-        return False
-    if stat.S_ISLNK(st.st_mode):
-        return False
-    if stat.S_ISDIR(st.st_mode):
-        if _marked(p):
-            return True
-        run_kind = (zarr_attrs(p.parent) or {}).get("kind")
-        if p.name in RUN_FOLDERS and run_kind == "kpca-dask-run":
-            return True
-        return (
-            zarr_attrs(p) is not None
-            or p.name.startswith(OUR_PREFIXES)
-            or (p.name.endswith(".parquet") and _dask_parquet(p))
-        ) and _inside_marked(p)
-    if stat.S_ISREG(st.st_mode):
-        return (p.name in OUR_FILES or p.name.startswith(OUR_PREFIXES)) and (
-            _marked(p.parent) or _inside_marked(p.parent)
-        )
-    return False
-
-
-def _remote_is_ours(fs: Any, p: str, root: str) -> bool:
-    def attrs(folder: str) -> dict | None:
-        try:
-            with fs.open(f"{folder}/zarr.json", "r") as f:
-                meta = json.load(f)
-        except Exception:
-            return None
-        return (meta.get("attributes") or {}) if isinstance(meta, dict) else None
-
-    def marked(folder: str) -> bool:
-        a = attrs(folder)
-        return fs.exists(f"{folder}/{MARKER_FILE}") or (
-            a is not None
-            and (
-                a.get("format") == "kpca-dask-model"
-                or str(a.get("kind", "")).startswith("kpca-dask")
-            )
-        )
-
-    def inside_marked(folder: str) -> bool:
-        while folder and "/" in folder.strip("/"):  # up to the bucket
-            if marked(folder):
-                return True
-            folder = posixpath.dirname(folder.rstrip("/"))
-        return False
-
-    name, parent = posixpath.basename(p), posixpath.dirname(p)
-    if fs.isdir(p):
-        return marked(p) or (
-            (attrs(p) is not None or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
-        )
-    return (name in OUR_FILES or name.startswith(OUR_PREFIXES)) and inside_marked(parent)
 
 
 def missing_bucket_message(scheme: str, bucket: str) -> str:
@@ -214,6 +88,11 @@ class MissingBucketError(UserError, FileNotFoundError):
 
 class PathEscapeError(UserError, ValueError):
     """A relative store path would leave its root (``..``, absolute paths)."""
+
+
+class NotLocalError(InternalError, ValueError):
+    """``local_path`` asked of an object-store location: a bug (callers check
+    ``is_local`` first)."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +119,7 @@ class Location:
     @property
     def local_path(self) -> Path:
         if not self.is_local:
-            raise ValueError(f"{self.url} is not a local path")
+            raise NotLocalError(f"{self.url} is not a local path")
         # parents resolved, the last part kept: a link is seen as a link, never replaced
         # by (or removed as) what it points to
         return placed_path(self.url.removeprefix("file://"))
@@ -415,13 +294,8 @@ def json_default(o: Any) -> Any:
         return o.tolist()
     if isinstance(o, Path):
         return str(o)
+    # TypeError is json.dumps's protocol for "cannot encode": a bug of ours, never the user's
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def _digest_blocks(arr: da.Array) -> da.Array:
-    """One 16-byte digest per chunk, in chunk order (computed in parallel)."""
-    chunks = tuple((1,) * len(c) for c in arr.chunks) + ((16,),)
-    return arr.map_blocks(_chunk_digest, chunks=chunks, new_axis=arr.ndim, dtype=np.uint8)
 
 
 def fingerprint_arrays(arrays: dict[str, da.Array], extra: Any = None) -> str:
@@ -430,7 +304,7 @@ def fingerprint_arrays(arrays: dict[str, da.Array], extra: Any = None) -> str:
     Depends on the values and their chunking, not on where they are stored.
     """
     names = sorted(arrays)
-    digests = dask.compute(*[_digest_blocks(arrays[k]) for k in names])
+    digests = dask.compute(*[digest_blocks(arrays[k]) for k in names])
     h = hashlib.blake2b(digest_size=20)
     for k, d in zip(names, digests):
         a = arrays[k]
@@ -439,19 +313,3 @@ def fingerprint_arrays(arrays: dict[str, da.Array], extra: Any = None) -> str:
     if extra is not None:
         h.update(json.dumps(extra, sort_keys=True, default=json_default).encode())
     return "blake2b:" + h.hexdigest()
-
-
-def array_checksum(arr: zarr.Array | da.Array, *, fix: str = "") -> str:
-    """SHA-256 over per-chunk digests of an array's values (order-stable).
-
-    A zarr array is read chunk by chunk through :func:`pipeline.verify.checked_array`: a
-    chunk that cannot be decoded is a CorruptObjectError naming it (``fix``: what the
-    message tells the reader to do), a store failure a StoreError."""
-    if isinstance(arr, da.Array):
-        d = arr
-    else:
-        d = checked_array(arr, fix=fix)
-    (digests,) = dask.compute(_digest_blocks(d))
-    h = hashlib.sha256(f"{d.shape}:{d.dtype.str}".encode())
-    h.update(np.ascontiguousarray(digests).tobytes())
-    return "sha256:" + h.hexdigest()

@@ -231,41 +231,7 @@ def _transform_to_store(
     parquet = output.rstrip("/").endswith(".parquet")
 
     def write(version: Location) -> None:
-        if parquet:
-            write_parquet(
-                version, emb, ids=src.ids, labels=src.labels, classes=src.classes, name=PARQUET
-            )
-            return
-        g = version.open_group("a")
-        z = g.create_array(
-            "embedding",
-            shape=emb.shape,
-            dtype=emb.dtype,
-            chunks=(src.X.chunks[0][0], emb.shape[1]),
-            config=DENSE,
-        )
-        z.attrs["columns"] = component_names(emb.shape[1])
-        stores = [da.store(emb, z, lock=False, compute=False)]
-        for name, arr in (("ids", src.ids), ("labels", src.labels)):
-            if arr is not None:
-                dtype = str if arr.dtype.kind in "OUT" else arr.dtype
-                za = g.create_array(
-                    name,
-                    shape=arr.shape,
-                    dtype=dtype,
-                    chunks=(src.X.chunks[0][0],),
-                    config=DENSE,
-                )
-                stores.append(da.store(arr, za, lock=False, compute=False))
-        compute(*stores, label="transform")
-        g.attrs.update(
-            {
-                "kind": "kpca-dask-transform",
-                "model": model_path,
-                "input": input_cfg.path,
-                "status": "complete",
-            }
-        )
+        _write_embedding(version, emb, src, parquet, model_path, input_cfg.path)
 
     def verify(version: Location) -> None:
         verify_transform_output(
@@ -312,6 +278,48 @@ def _transform_to_store(
         "version": pointer["version"],
         "seconds": secs,
     }
+
+
+def row_array_stores(g, src, rows: int) -> list:
+    """The (uncomputed) writes of the rows' ids and labels, when the source has them, as
+    arrays of ``g`` beside the output array, in chunks of ``rows``."""
+    stores = []
+    for name, arr in (("ids", src.ids), ("labels", src.labels)):
+        if arr is not None:
+            dtype = str if arr.dtype.kind in "OUT" else arr.dtype
+            za = g.create_array(
+                name, shape=arr.shape, dtype=dtype, chunks=(rows,), config=DENSE
+            )
+            stores.append(da.store(arr, za, lock=False, compute=False))
+    return stores
+
+
+def _write_embedding(
+    version: Location, emb, src, parquet: bool, model_path: str, input_path: str
+) -> None:
+    """Write the embedding (with the rows' ids and labels) into a new output version: one
+    Parquet file, or a zarr group of dense arrays marked complete."""
+    if parquet:
+        write_parquet(
+            version, emb, ids=src.ids, labels=src.labels, classes=src.classes, name=PARQUET
+        )
+        return
+    rows = src.X.chunks[0][0]
+    g = version.open_group("a")
+    z = g.create_array(
+        "embedding", shape=emb.shape, dtype=emb.dtype, chunks=(rows, emb.shape[1]), config=DENSE
+    )
+    z.attrs["columns"] = component_names(emb.shape[1])
+    stores = [da.store(emb, z, lock=False, compute=False), *row_array_stores(g, src, rows)]
+    compute(*stores, label="transform")
+    g.attrs.update(
+        {
+            "kind": "kpca-dask-transform",
+            "model": model_path,
+            "input": input_path,
+            "status": "complete",
+        }
+    )
 
 
 def model_input(
@@ -407,9 +415,9 @@ def read_model_input(
 def check_rows(cfg: InputConfig) -> None:
     """Every row of the rows to embed read once before the embedding starts
     (pipeline/validate.py): NaN/inf and text in a feature column, a missing id, with the
-    row and column; ValidationError. Labels may be missing (a transform carries them,
+    row and column; PrestartError. Labels may be missing (a transform carries them,
     it does not need them); a repeated id is logged, not refused."""
-    from .validate import ValidationError, validate_input
+    from .validate import PrestartError, validate_input
 
     v = validate_input(cfg.model_copy(update={"label_column": None}))
     for f in v.errors:
@@ -417,7 +425,7 @@ def check_rows(cfg: InputConfig) -> None:
             logger.warning("transform: %s", f.message)
     errors = [f for f in v.errors if f.check != "duplicate_id"]
     if errors:
-        raise ValidationError(errors)
+        raise PrestartError(errors)
 
 
 def _parent_and_name(loc: Location) -> tuple[Location, str]:

@@ -50,6 +50,7 @@ from .config import (
 )
 from .errors import UserError
 from .export import open_run, write_manifest, write_spectrum
+from .fitspec import FIT_FIELDS, plan_fit
 from .ingest import IngestResult, load_ingested
 from .layout import DRIFT_REPORT, EMBEDDING, MODEL, PARQUET, UPDATE, run_layout
 from .lineage import entry_record, entry_rows, entry_split, verify_entry
@@ -63,6 +64,7 @@ from .stages import (
     _fresh_project,
     _fresh_solve,
     _store_array,
+    config_slice,
 )
 from .store import Location, atomic_write_json
 
@@ -558,7 +560,7 @@ def stage_update(
         )
     else:
         base_model = _load_base_model(base)
-        fit_cfg, why = _fit_config(cfg, base_model, action)
+        overrides, why = _fit_overrides(cfg, base_model, action)
         X = _training_rows(base["lineage"], X_new)
         # (a slice: the drift stage's graph of the lineage alone has the same keys)
         X_old = X[: X.shape[0] - X_new.shape[0]]
@@ -569,7 +571,9 @@ def stage_update(
         if features is not None and features.get("selection") == "positions":
             features = None
         # the scaling is fitted again on every row (preprocess), as a full run would
-        _, info = solve(X, fit_cfg, layout.model, features=features, v0=v0)
+        n, d = (int(s) for s in X.shape)
+        fit = plan_fit(cfg, n, d, overrides=overrides, kernel_store=False)
+        _, info = solve(X, cfg, layout.model, fit=fit, features=features, v0=v0)
         info = {**info, "n_samples_fit": int(X.shape[0])}
         info["changes"] = _changes(base_model, info, why)
         if info.get("warm_start"):
@@ -602,16 +606,19 @@ _KEPT_BY_MERGE = {
 _CONFIG_SOLVERS = ("dense", "randomized", "nystroem")
 
 
-def _fit_config(cfg: Any, base_model: Any, action: str) -> tuple[Any, dict[str, str]]:
-    """The refit's config: the base model's kernel parameters (``update.kernel_params:
-    keep``; gamma resolved once, at the first fit) and its solver, unless the policy
-    changes them (``refresh_landmarks``: a Nyström fit; ``kernel_params: resolve``);
-    and why each is what it is."""
-    fit_cfg = cfg.model_copy(deep=True)
+def _fit_overrides(
+    cfg: Any, base_model: Any, action: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The refit's estimator parameters that differ from the config's
+    (pipeline/fitspec.py; the config is not changed): the base model's kernel parameters
+    (``update.kernel_params: keep``; gamma resolved once, at the first fit) and its
+    solver, unless the policy changes them (``refresh_landmarks``: a Nyström fit;
+    ``kernel_params: resolve``); and why each is what it is."""
+    overrides: dict[str, Any] = {}
     why: dict[str, str] = {}
     gamma = getattr(base_model, "gamma_", None)
     if cfg.update.kernel_params == "keep" and gamma is not None:
-        fit_cfg.kernel.gamma = float(gamma)
+        overrides["gamma"] = float(gamma)
         why["gamma"] = "update.kernel_params is 'keep': the base model's gamma"
     else:
         why["gamma"] = (
@@ -620,16 +627,16 @@ def _fit_config(cfg: Any, base_model: Any, action: str) -> tuple[Any, dict[str, 
         )
     solver = str(getattr(base_model, "eigen_solver_", "") or "")
     if action == "refresh_landmarks":
-        fit_cfg.solver.eigen_solver = "nystroem"
+        overrides["eigen_solver"] = "nystroem"
         why["solver"] = (
             "update.policy/on_drift chose refresh_landmarks: a Nyström fit with new landmarks"
         )
     elif solver in _CONFIG_SOLVERS:
-        fit_cfg.solver.eigen_solver = solver
+        overrides["eigen_solver"] = solver
         why["solver"] = "a refit keeps the base model's solver"
     else:
         why["solver"] = f"the base model's solver {solver!r} is chosen by solver.eigen_solver"
-    return fit_cfg, why
+    return overrides, why
 
 
 def _changes(base_model: Any, info: dict[str, Any], why: dict[str, str]) -> dict[str, Any]:
@@ -837,15 +844,8 @@ def stage_export(
     )
 
 
-_FIT_FIELDS = (
-    "kernel",
-    "solver",
-    "chunks.block_rows",
-    "kernel_store",
-    "denoise",
-    "preprocess",
-    "update.kernel_params",
-)
+#: the update stage's config slice: the fit's (pipeline/fitspec.py) and the kernel policy
+_UPDATE_FIELDS = config_slice(*FIT_FIELDS, "update.kernel_params")
 
 UPDATE_REGISTRY = Registry(
     [
@@ -872,7 +872,7 @@ UPDATE_REGISTRY = Registry(
             inputs=("ing", "base", "drift"),
             result="solved",
             result_type=SolveResult,
-            config=_FIT_FIELDS,
+            config=_UPDATE_FIELDS,
             publishes=(MODEL,),
             fingerprint=_fingerprint_solve,
             fresh=_fresh_solve,

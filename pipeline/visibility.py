@@ -3,7 +3,7 @@
 On one machine the client and the workers share a disk; on a cluster they share only
 what is mounted on every node, or an object store. A worker that cannot see a local
 output path writes its chunks to its own disk under the client's path, and the next
-stage reads zeros (issue 14). So before the first stage a run probes each location:
+stage reads zeros. So before the first stage a run probes each location:
 
 - the input (read only): the client takes a signature of it (size and a hash of the
   first bytes of a file; names and sizes of a folder's entries) and every worker takes
@@ -24,22 +24,37 @@ Every command that writes probes before writing anything: ``kpca run``, ``kpca u
 
 A failure is refused with one line (:class:`VisibilityError`, a UserError: exit 2) that
 names each location, the workers that cannot see it and the fix, before anything is
-published. The probe costs two round trips to the workers and a few small files: a few
-ms on a local cluster. Without a distributed client (dask's threads in this process)
-there are no other processes to probe, and the log says so.
+published. The probe costs two round trips to the workers and a few small files (its log
+line gives the time). Without a distributed client (dask's threads in this process)
+there are no other processes to probe, and the log says so. The probe files and what
+each worker runs are in pipeline/probe_files.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
+from .probe_files import (
+    PROBE_PREFIX,
+    ProbeTarget,
+    create_folders,
+    describe_exception,
+    missing_folders,
+    new_token,
+    probe_file,
+    read_text,
+    remove_created,
+    remove_probe_file,
+    remove_stale_probes,
+    signature,
+    worker_clean,
+    worker_look,
+    write_text,
+)
 from .store import Location
 
 __all__ = [
@@ -52,40 +67,18 @@ __all__ = [
     "remove_stale_probes",
     "remove_created",
     "run_targets",
+    "signature",
     "transform_targets",
 ]
 
 logger = logging.getLogger("pipeline")
 
-#: name prefix of the probe files (``.kpca-``: an output-folder check tolerates them)
-PROBE_PREFIX = ".kpca-probe-"
-#: bytes of a file the input signature hashes
-HEAD_BYTES = 1 << 16
-#: entries of a folder the input signature lists
-MAX_ENTRIES = 200
 #: how many worker addresses a message names before "and N more"
 SHOWN_WORKERS = 4
-#: probe files older than this (seconds; from the time in their name) were left by a
-#: client that was killed mid-probe: the next probe of that folder removes them
-STALE_AFTER = 3600
 
 
 class VisibilityError(UserError, RuntimeError):
     """A worker cannot see (read, or write and read back) a location of the run."""
-
-
-@dataclass(frozen=True)
-class ProbeTarget:
-    """One location to probe: ``role`` names it in messages (``input``, ``output``...)."""
-
-    role: str
-    url: str
-    storage_options: dict[str, Any]
-    write: bool
-
-    @property
-    def loc(self) -> Location:
-        return Location(self.url, dict(self.storage_options))
 
 
 def run_targets(cfg) -> list[ProbeTarget]:
@@ -143,169 +136,6 @@ def transform_targets(
     ]
 
 
-# ------------------------------------------------------------------ both sides
-def _has_magic(path: str) -> bool:
-    return any(c in path for c in "*?[")
-
-
-def signature(loc: Location) -> str:
-    """What a reader of ``loc`` sees, in short: ``missing``, a file's size and the hash of
-    its first bytes, or a folder's (or glob's) entries with their sizes."""
-    fs, path = loc.fs, loc.fs_path
-    if _has_magic(path):
-        found = sorted(fs.glob(path))[:MAX_ENTRIES]
-        if not found:
-            return "missing"
-        return "glob:" + _digest([f"{f}:{fs.size(f)}" for f in found])
-    try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        return "missing"
-    if info.get("type") == "directory":
-        entries = sorted(
-            (os.path.basename(str(e["name"]).rstrip("/")), e.get("size") or 0)
-            for e in fs.ls(path, detail=True)
-        )[:MAX_ENTRIES]
-        return "folder:" + _digest([f"{n}:{s}" for n, s in entries])
-    with fs.open(path, "rb") as f:
-        head = f.read(HEAD_BYTES)
-    return f"file:{info.get('size')}:{_digest([head.hex()])}"
-
-
-def _digest(parts: list[str]) -> str:
-    h = hashlib.blake2b(digest_size=12)
-    for p in parts:
-        h.update(p.encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def _worker_tag(address: str) -> str:
-    return hashlib.blake2b(address.encode(), digest_size=6).hexdigest()
-
-
-def _probe_file(loc: Location, token: str, who: str) -> Location:
-    return loc.child(f"{PROBE_PREFIX}{token}.{who}")
-
-
-def _read_text(loc: Location) -> str | None:
-    """The text of a small file, None when it is not there."""
-    try:
-        if loc.is_local:
-            return loc.local_path.read_text()
-        with loc.fs.open(loc.fs_path, "r") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
-def _write_text(loc: Location, text: str) -> None:
-    if loc.is_local:
-        loc.local_path.write_text(text)
-    else:
-        with loc.fs.open(loc.fs_path, "w") as f:
-            f.write(text)
-
-
-def new_token() -> str:
-    """A probe's unique name part: ``<unix time>-<random>`` (the time lets a later probe
-    recognise the files of a client killed mid-probe as stale)."""
-    return f"{int(time.time())}-{uuid.uuid4().hex[:12]}"
-
-
-def _token_time(name: str) -> float | None:
-    rest = name[len(PROBE_PREFIX) :]
-    head = rest.split("-", 1)[0]
-    return float(head) if head.isdigit() and "-" in rest else None
-
-
-def remove_stale_probes(loc: Location, older_than: float = STALE_AFTER) -> int:
-    """Remove the probe files in ``loc`` that a killed probe left (older than
-    ``older_than`` s, or of the old unnamed format); returns how many."""
-    n = 0
-    try:
-        if loc.is_local:
-            names = [q.name for q in loc.local_path.glob(f"{PROBE_PREFIX}*")]
-        else:
-            names = [
-                key.rstrip("/").rsplit("/", 1)[-1]
-                for key in loc.fs.glob(f"{loc.fs_path.rstrip('/')}/{PROBE_PREFIX}*")
-            ]
-    except (FileNotFoundError, NotADirectoryError):
-        return 0
-    now = time.time()
-    for name in names:
-        t = _token_time(name)
-        if t is None or now - t > older_than:
-            try:
-                n += bool(_remove_probe_file(loc, loc.child(name)))
-            except Exception as exc:  # noqa: BLE001 - housekeeping
-                logger.debug("stale probe file %s/%s: %s", loc, name, exc)
-    if n:
-        logger.info("visibility probe: removed %d stale probe file(s) in %s", n, loc)
-    return n
-
-
-def _is_probe_file(p: Any) -> bool:
-    name = os.path.basename(str(p).rstrip("/"))
-    if not name.startswith(PROBE_PREFIX):
-        return False
-    if isinstance(p, os.PathLike):
-        return os.path.isfile(p) and not os.path.islink(p)
-    return True  # an object-store key with our prefix
-
-
-def _remove_probe_file(folder: Location, f: Location) -> bool:
-    """Remove one probe file of ours (through the deletion primitive)."""
-    return f.remove(root=folder, owned=_is_probe_file)
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    text = text if len(text) <= 120 else text[:117] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# ------------------------------------------------------------------ on each worker
-def worker_look(targets: list[ProbeTarget], token: str, dask_worker=None) -> list[dict]:
-    """Run on every worker (``Client.run``): what this worker sees of each target.
-
-    Read targets: their signature. Written targets: whether the client's probe file is
-    there with its content; if so, this worker writes its own beside it.
-    """
-    tag = _worker_tag(dask_worker.address) if dask_worker is not None else "local"
-    seen = []
-    for t in targets:
-        try:
-            if not t.write:
-                seen.append({"signature": signature(t.loc)})
-                continue
-            text = _read_text(_probe_file(t.loc, token, "client"))
-            if text is None:
-                seen.append({"problem": "missing"})
-            elif text != token:
-                seen.append({"problem": "different"})
-            else:
-                _write_text(_probe_file(t.loc, token, tag), f"{token}:{tag}")
-                seen.append({"wrote": tag})
-        except Exception as exc:  # noqa: BLE001 - reported to the client, one line
-            seen.append({"problem": "error", "error": _short(exc)})
-    return seen
-
-
-def worker_clean(targets: list[ProbeTarget], token: str, dask_worker=None) -> int:
-    """Run on every worker: remove the probe files this worker wrote (as it sees them)."""
-    tag = _worker_tag(dask_worker.address) if dask_worker is not None else "local"
-    n = 0
-    for t in targets:
-        if t.write:
-            try:
-                n += _remove_probe_file(t.loc, _probe_file(t.loc, token, tag))
-            except Exception as exc:  # noqa: BLE001 - housekeeping
-                logger.debug("probe clean-up on %s: %s", t.url, exc)
-    return n
-
-
 # ------------------------------------------------------------------ on the client
 def _default_client():
     try:
@@ -314,46 +144,6 @@ def _default_client():
         return default_client()
     except (ImportError, ValueError):
         return None
-
-
-def missing_folders(loc: Location) -> list[Location]:
-    """The local folders that creating ``loc`` would create, deepest first (none for an
-    object store, where a prefix exists only while something is under it)."""
-    if not loc.is_local:
-        return []
-    p = loc.local_path
-    missing = []
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(Location(str(p)))
-        p = p.parent
-    return missing
-
-
-def _created_folders(loc: Location) -> list[Location]:
-    """Create ``loc`` (local: with its parents); the folders this created, deepest first."""
-    missing = missing_folders(loc)
-    loc.makedirs()
-    return missing
-
-
-def _empty_folder(p: Any) -> bool:
-    return (
-        os.path.isdir(p)
-        and not os.path.islink(p)
-        and not os.path.ismount(p)
-        and not os.listdir(p)
-    )
-
-
-def remove_created(folders: list[Location]) -> None:
-    """Remove folders a probe (or a refused run) created, deepest first, each only while
-    it is empty (through the deletion primitive)."""
-    for f in sorted(folders, key=lambda f: len(f.local_path.parts), reverse=True):
-        try:
-            if _empty_folder(f.local_path):
-                f.remove(root=f, owned=_empty_folder)
-        except Exception as exc:  # noqa: BLE001 - housekeeping
-            logger.debug("probe clean-up of %s: %s", f, exc)
 
 
 def _name_workers(addresses: list[str], total: int) -> str:
@@ -404,54 +194,25 @@ def check_locations(
     if timeout == -1.0:
         timeout = current_timeout()
     t0 = time.perf_counter()
-    token = new_token()
-    created: list[Location] = []
-    client_files: list[tuple[Location, Location]] = []
-    failures: dict[str, dict[str, list[str]]] = {}  # role -> why -> workers
-    errors: dict[str, str] = {}
-    answered: list[str] = []
-    total = 0
+    probe = _Probe(targets, new_token())
     with activity("visibility probe"):
         try:
-            mine: dict[str, str] = {}
-            for t in targets:
-                loc = t.loc
-                if t.write:
-                    created += _created_folders(loc)
-                    remove_stale_probes(loc)
-                    f = _probe_file(loc, token, "client")
-                    client_files.append((loc, f))  # before writing: cleaned in any case
-                    _write_text(f, token)
-                else:
-                    mine[t.role] = signature(loc)
-            looks, silent = run_on_workers(client, worker_look, targets, token, timeout=timeout)
+            mine = probe.client_side()
+            looks, silent = run_on_workers(
+                client, worker_look, targets, probe.token, timeout=timeout
+            )
             if silent:
                 raise WorkerTimeoutError(silent_message(silent, "visibility probe", timeout))
-            answered = sorted(looks)
-            total = len(looks)
-            for addr, seen in sorted(looks.items()):
-                if isinstance(seen, BaseException):
-                    for t in targets:
-                        failures.setdefault(t.role, {}).setdefault("error", []).append(addr)
-                    errors.setdefault("probe", _short(seen))
-                    continue
-                for t, s in zip(targets, seen):
-                    why = s.get("problem")
-                    if why is None and not t.write and s["signature"] != mine[t.role]:
-                        why = "missing" if s["signature"] == "missing" else "different"
-                    if why is None and t.write:
-                        text = _read_text(_probe_file(t.loc, token, s["wrote"]))
-                        if text != f"{token}:{s['wrote']}":
-                            why = "client-missing" if text is None else "client-different"
-                    if why == "error":
-                        errors.setdefault(t.role, s["error"])
-                    if why is not None:
-                        failures.setdefault(t.role, {}).setdefault(why, []).append(addr)
+            probe.answered = sorted(looks)
+            probe.compare(looks, mine)
         finally:
-            _clean(client, targets, token, client_files, created, answered)
+            _clean(
+                client, targets, probe.token, probe.client_files, probe.created, probe.answered
+            )
     ms = 1e3 * (time.perf_counter() - t0)
-    if failures:
-        raise VisibilityError(_message(targets, failures, errors, total))
+    total = len(probe.answered)
+    if probe.failures:
+        raise VisibilityError(_message(targets, probe.failures, probe.errors, total))
     logger.info(
         "visibility probe: %s seen by all %d workers (%.0f ms)",
         ", ".join(t.role for t in targets),
@@ -459,6 +220,64 @@ def check_locations(
         ms,
     )
     return {"workers": total, "targets": [t.role for t in targets], "ms": ms}
+
+
+class _Probe:
+    """One probe's state on the client: the files and folders it made (removed in any
+    case), the workers that answered, and what each could not see."""
+
+    def __init__(self, targets: list[ProbeTarget], token: str):
+        self.targets, self.token = targets, token
+        self.created: list[Location] = []
+        self.client_files: list[tuple[Location, Location]] = []
+        self.failures: dict[str, dict[str, list[str]]] = {}  # role -> why -> workers
+        self.errors: dict[str, str] = {}
+        self.answered: list[str] = []
+
+    def client_side(self) -> dict[str, str]:
+        """Write this machine's probe file in each written target (creating its folders;
+        stale probes removed first); the signature of each read target, by role."""
+        mine: dict[str, str] = {}
+        for t in self.targets:
+            loc = t.loc
+            if t.write:
+                self.created += create_folders(loc)
+                remove_stale_probes(loc)
+                f = probe_file(loc, self.token, "client")
+                self.client_files.append((loc, f))  # before writing: cleaned in any case
+                write_text(f, self.token)
+            else:
+                mine[t.role] = signature(loc)
+        return mine
+
+    def compare(self, looks: dict[str, Any], mine: dict[str, str]) -> None:
+        """Record, per target, the workers whose look differs from this machine's."""
+        for addr, seen in sorted(looks.items()):
+            if isinstance(seen, BaseException):
+                for t in self.targets:
+                    self._fail(t.role, "error", addr)
+                self.errors.setdefault("probe", describe_exception(seen))
+                continue
+            for t, s in zip(self.targets, seen):
+                why = self._why(t, s, mine)
+                if why == "error":
+                    self.errors.setdefault(t.role, s["error"])
+                if why is not None:
+                    self._fail(t.role, why, addr)
+
+    def _why(self, t: ProbeTarget, s: dict, mine: dict[str, str]) -> str | None:
+        """Why a worker's look ``s`` at ``t`` fails (a key of ``_WHY``, or ``error``)."""
+        why = s.get("problem")
+        if why is None and not t.write and s["signature"] != mine[t.role]:
+            why = "missing" if s["signature"] == "missing" else "different"
+        if why is None and t.write:
+            text = read_text(probe_file(t.loc, self.token, s["wrote"]))
+            if text != f"{self.token}:{s['wrote']}":
+                why = "client-missing" if text is None else "client-different"
+        return why
+
+    def _fail(self, role: str, why: str, addr: str) -> None:
+        self.failures.setdefault(role, {}).setdefault(why, []).append(addr)
 
 
 def _clean(client, targets, token, client_files, created, answered) -> None:
@@ -478,14 +297,14 @@ def _clean(client, targets, token, client_files, created, answered) -> None:
             logger.debug("probe clean-up on the workers: %s", exc)
     for loc, f in client_files:
         try:
-            _remove_probe_file(loc, f)
+            remove_probe_file(loc, f)
             # what a worker wrote that it could not remove itself (seen only from here)
             if not loc.is_local:
                 for key in loc.fs.glob(f"{loc.fs_path.rstrip('/')}/{PROBE_PREFIX}{token}.*"):
-                    _remove_probe_file(loc, loc.child(os.path.basename(key)))
+                    remove_probe_file(loc, loc.child(os.path.basename(key)))
             else:
                 for q in loc.local_path.glob(f"{PROBE_PREFIX}{token}.*"):
-                    _remove_probe_file(loc, loc.child(q.name))
+                    remove_probe_file(loc, loc.child(q.name))
         except Exception as exc:  # noqa: BLE001 - housekeeping
             logger.debug("probe clean-up of %s: %s", f, exc)
     remove_created(created)

@@ -64,8 +64,18 @@ def _refuse(what: str) -> None:
         )
 
 
+#: System queries libraries make once and cache (platform.processor() runs ``uname -p``,
+#: ctypes.util.find_library ``ldconfig``/``gcc``): not a process a test starts.
+SYSTEM_QUERIES = {"uname", "ldconfig", "gcc", "cc", "ld", "objdump", "lscpu", "nvidia-smi"}
+
+
 def _audit(event: str, args) -> None:
-    if event in ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn"):
+    if event == "subprocess.Popen":  # args: executable, args, cwd, env
+        argv = args[1] if isinstance(args[1], list | tuple) else [args[1]]
+        program = str(args[0] or (argv[0] if argv else ""))
+        if Path(program.split()[0] if program else "").name not in SYSTEM_QUERIES:
+            _refuse(f"subprocess {program}")
+    elif event in ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn"):
         _refuse(event)
 
 

@@ -53,6 +53,7 @@ import scipy.linalg
 from threadpoolctl import threadpool_limits
 
 from ..kernels import Kernel
+from ..params import LANDMARK_METHODS
 from ..threads import blas_threads_for_dask
 
 __all__ = [
@@ -69,7 +70,6 @@ __all__ = [
 
 logger = logging.getLogger("kpca_dask")
 
-LANDMARK_METHODS = ("uniform", "kmeans++", "rpcholesky")
 
 #: Proposals per round of accelerated RPCholesky. Rejection wastes at most
 #: ``b^2`` kernel entries per round, negligible next to the ``s x b`` columns;
@@ -208,6 +208,34 @@ def _check_finite_kernel(K: np.ndarray) -> None:
         )
 
 
+def _rpc_extend(
+    S: np.ndarray,
+    F: np.ndarray,
+    d: np.ndarray,
+    i: int,
+    T: np.ndarray,
+    L: np.ndarray,
+    kernel: Kernel,
+) -> np.ndarray:
+    """One RPCholesky round's accepted pivots ``T`` (rows of ``S``) added to the factor:
+    ``F[:, i : i + len(T)]`` and the residual diagonal ``d`` updated in place, ``L`` the
+    Cholesky factor of their residual block. Returns the column means of ``k(S, S[T])``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        G = kernel(S, S[T], np.float64)
+    _check_finite_kernel(G)
+    means = G.mean(axis=0)
+    G -= F[:, :i] @ F[T, :i].T
+    # G L^-T as a GEMM with the small inverse factor: a triangular solve
+    # with s right-hand sides is several times slower here.
+    Linv = scipy.linalg.solve_triangular(L, np.eye(L.shape[0]), lower=True, check_finite=False)
+    Fnew = F[:, i : i + T.size]
+    np.matmul(G, Linv.T, out=Fnew)
+    d -= np.einsum("ij,ij->i", Fnew, Fnew)
+    np.maximum(d, 0.0, out=d)
+    d[T] = 0.0
+    return means
+
+
 def rpcholesky_landmarks(
     S: np.ndarray,
     m: int,
@@ -267,24 +295,9 @@ def rpcholesky_landmarks(
             continue
         empty = 0
         T = prop[acc]
-        with np.errstate(over="ignore", invalid="ignore"):
-            G = kernel(S, S[T], np.float64)
-        _check_finite_kernel(G)
-        col_means.append(G.mean(axis=0))
-        G -= F[:, :i] @ F[T, :i].T
-        # G L^-T as a GEMM with the small inverse factor: a triangular solve
-        # with s right-hand sides is several times slower here.
-        Linv = scipy.linalg.solve_triangular(
-            L, np.eye(L.shape[0]), lower=True, check_finite=False
-        )
-        l = T.size
-        Fnew = F[:, i : i + l]
-        np.matmul(G, Linv.T, out=Fnew)
-        d -= np.einsum("ij,ij->i", Fnew, Fnew)
-        np.maximum(d, 0.0, out=d)
-        d[T] = 0.0
+        col_means.append(_rpc_extend(S, F, d, i, T, L, kernel))
         pivots.extend(int(t) for t in T)
-        i += l
+        i += T.size
     piv = np.asarray(pivots, dtype=np.int64)
     info = {
         "sample_trace_error": float(d.sum() / trace0) if trace0 > 0 else 0.0,

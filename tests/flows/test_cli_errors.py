@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.cli import EXIT_BUG, EXIT_FAILED, EXIT_USAGE, _report_error
+from flows.cli import EXIT_BUG, EXIT_FAILED, EXIT_USAGE
+from flows.cli import report_error as _report_error
 from pipeline.config import ConfigError
 from pipeline.errors import TransientError
 

@@ -195,9 +195,9 @@ def test_a_model_fitted_for_another_alpha_is_refused(tmp_path, npy):
         ({"enabled": True, "colour": 1}, "Extra inputs"),
         ({"output_name": "embedding"}, "plain array name"),
         ({"output_name": "../x"}, "plain array name"),
-        ({"sample_size": 0}, "sample_size must be >= 1"),
+        ({"sample_size": 0}, r"must be an int in the range \[1, inf\) or 'auto'"),
         ({"preimage": "newton"}, "Input should be"),
-        ({"alpha": -1}, "greater than or equal to 0"),
+        ({"alpha": -1}, r"must be a float in the range \[0, inf\)"),
     ],
 )
 def test_config_is_validated(bad, match):

@@ -29,9 +29,10 @@ from pipeline.export import RunError
 from pipeline.ingest import InputError
 from pipeline.kernel import KernelStoreError
 from pipeline.lock import OutputLockedError
-from pipeline.publish import TransformOutputError
+from pipeline.publish import TransformOutputError, TransformOutputExistsError
 from pipeline.solve import SolveError
-from pipeline.store import PathEscapeError
+from pipeline.store import NotLocalError, PathEscapeError
+from pipeline.validate import PrestartError
 
 
 def _validation_error() -> ValidationError:
@@ -50,6 +51,8 @@ USER = [
     EvaluationError("x"),
     SolveError("x"),
     TransformOutputError("x"),
+    TransformOutputExistsError("x"),
+    PrestartError([]),
     PathEscapeError("x"),
     KernelStoreError("x"),
     ClusterError("x"),
@@ -73,6 +76,7 @@ TRANSIENT = [
 ]
 BUGS = [
     InternalError("x"),
+    NotLocalError("s3://b/k is not a local path"),
     ValueError("x"),
     TypeError("x"),
     KeyError("x"),
@@ -113,12 +117,15 @@ def test_pipeline_errors_keep_their_builtin_bases():
         SolveError,
         TransformOutputError,
         PathEscapeError,
+        PrestartError,
     ):
         assert issubclass(cls, UserError) and issubclass(cls, ValueError), cls
     for cls in (ClusterError, KernelStoreError):
         assert issubclass(cls, UserError) and issubclass(cls, RuntimeError), cls
     assert issubclass(RunExistsError, FileExistsError)
     assert issubclass(OutputLockedError, FileExistsError)
+    assert issubclass(TransformOutputExistsError, FileExistsError)
+    assert issubclass(NotLocalError, InternalError) and issubclass(NotLocalError, ValueError)
     assert issubclass(UserError, PipelineError) and issubclass(TransientError, PipelineError)
 
 
@@ -132,8 +139,10 @@ def test_every_pipeline_error_class_has_a_kind():
 
     kinds = (UserError, TransientError, InternalError)
     loose = []
-    for mod in pkgutil.iter_modules(pipeline.__path__):
-        m = importlib.import_module(f"pipeline.{mod.name}")
+    modules = list(pkgutil.walk_packages(pipeline.__path__, "pipeline."))
+    assert {"pipeline.readers.base", "pipeline.checks.findings"} <= {m.name for m in modules}
+    for mod in modules:  # subpackages' modules too (pipeline/readers/, pipeline/checks/)
+        m = importlib.import_module(mod.name)
         for name, obj in vars(m).items():
             ours = (
                 inspect.isclass(obj)

@@ -307,7 +307,7 @@ def test_a_run_records_the_columns_it_left_out_and_names_nan_columns(tmp_path):
 
 
 def test_info_lines_for_positions_and_runs_without_a_block():
-    from flows.cli import _feature_lines
+    from flows.cli import feature_lines as _feature_lines
 
     npy = {"names": [f"x{i}" for i in range(30)], "dtypes": None, "selection": "positions"}
     lines = _feature_lines(npy, [])

@@ -355,14 +355,14 @@ CONFIG = [
         "config",
         "kernel.gamma <= 0",
         lambda c: ["run", c.config(c.npy(blobs(N, D)), kernel={"gamma": 0})],
-        ("kernel.gamma", "gamma must be > 0"),
+        ("kernel.gamma", "must be a float in the range (0, inf)"),
     ),
     Case(
         "cfg-ncomp",
         "config",
         "solver.n_components < 1",
         lambda c: ["run", c.config(c.npy(blobs(N, D)), solver={"n_components": 0})],
-        ("solver.n_components", "greater than or equal to 1"),
+        ("solver.n_components", "must be an int in the range [1, inf)"),
     ),
     Case(
         "cfg-typo",

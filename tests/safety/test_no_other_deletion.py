@@ -84,7 +84,11 @@ ALLOWED = {
         "_probe_writable",
         "rmdir",
     ): "the folders the probe itself created, deepest first (rmdir: empty ones only)",
-    ("flows/cli.py", "_rmdir", "rmdir"): "the output folder a failed run created (empty only)",
+    (
+        "flows/cli/fresh_output.py",
+        "_rmdir",
+        "rmdir",
+    ): "the output folder a failed run created (empty only)",
 }
 
 

@@ -1,0 +1,66 @@
+"""``kpca plan`` and ``kpca calibrate``: a run's predicted time and memory from the cost
+model (kpca_dask/cost.py, pipeline/sizing.py), and the machine constants it reads.
+Neither starts a run or writes into one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["cmd_calibrate", "cmd_plan"]
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dask.utils import parse_bytes
+
+    from kpca_dask.cost import Cluster, load_machine
+    from pipeline.config import load_config
+    from pipeline.sizing import plan_run
+
+    cfg = load_config(args.config)
+    machine = load_machine(args.calibration) if args.calibration else load_machine()
+    workers = args.workers or cfg.cluster.n_workers or 1
+    threads = args.threads or cfg.cluster.threads_per_worker
+    limit = args.memory or cfg.cluster.memory_limit
+    if limit == "auto" and not cfg.cluster.address:
+        # a local cluster's "auto" limit (dask's rule): this machine's memory per worker
+        import psutil
+
+        memory = psutil.virtual_memory().total / max(1, int(workers))
+    else:
+        memory = parse_bytes(limit) if limit and limit != "auto" else None
+    cluster = Cluster(
+        workers=int(workers),
+        threads=int(threads),
+        memory=float(memory) if memory else None,
+        network=args.network * 1e9 / 8 if args.network else None,
+    )
+    rp = plan_run(
+        cfg, cluster, machine, rows=args.rows, features=args.features, passes=args.passes
+    )
+    if args.json:
+        print(json.dumps(rp.to_dict(), indent=2, default=str))
+    else:
+        print(rp.summary())
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from kpca_dask.cost import calibrate, default_calibration_path
+
+    m = calibrate(quick=args.quick)
+    out = Path(args.output) if args.output else default_calibration_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(m.to_dict(), indent=2))
+    print(
+        f"kpca calibrate: {m.cpu} [{m.simd}]: GEMM {m.gemm('float64') / 1e9:.1f} / "
+        f"{m.gemm('float32') / 1e9:.1f} Gflop/s per core (float64/float32), exp "
+        f"{m.exp('float64') / 1e6:.0f} M/s, memory {m.mem_bandwidth / 1e9:.1f} GB/s, "
+        f"{m.task_seconds * 1e3:.2f} ms a task, round trip {m.roundtrip_seconds * 1e3:.0f} ms, "
+        f"client-worker {m.network / 1e9:.2f} GB/s; block tasks on every core at "
+        f"{m.factor('recompute', 'float32'):.2f}x / {m.factor('fill', 'float32'):.2f}x / "
+        f"{m.factor('stored', 'float32'):.2f}x the one-core rates' time (float32 recompute / "
+        f"fill / stored); wrote {out}"
+    )
+    return 0

@@ -1,0 +1,304 @@
+"""``kpca calibrate``: measure a :class:`~kpca_dask.cost.machine.Machine`'s constants.
+
+One thread's GEMM and exp rates and memory bandwidth, a local zarr store's write and read
+rates, and, on a cluster: the scheduler's seconds per task, the round trip of one graph,
+the client-worker bandwidth and the block factors (the real block tasks on every core at
+once against what the one-thread rates predict for them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .machine import Machine
+from .rates import _eval_seconds, _recompute_seconds, _stored_seconds
+
+__all__ = ["calibrate"]
+
+
+def _cpu_model() -> tuple[str, str]:
+    cpu = platform.processor() or ""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = line
+                break
+    except OSError:
+        pass
+    simd = next(
+        (s for s in ("avx512f", "avx2", "avx", "sse4_2", "neon") if f" {s}" in flags), ""
+    )
+    try:
+        from threadpoolctl import threadpool_info
+
+        arch = sorted(
+            {f"{i.get('internal_api')}:{i.get('architecture')}" for i in threadpool_info()}
+        )
+        simd = f"{simd} (BLAS {', '.join(arch)})" if arch else simd
+    except Exception:  # pragma: no cover - threadpoolctl is a dependency
+        pass
+    return cpu, simd
+
+
+def _best(fn, reps: int, min_seconds: float = 0.0) -> float:
+    """The fastest of at least ``reps`` calls, repeated for at least ``min_seconds`` (a
+    few calls of 15 ms measured 92-151 Gflop/s on the same idle core; a second of them
+    settles within a few percent)."""
+    best = math.inf
+    end = time.perf_counter() + min_seconds
+    i = 0
+    while i < reps or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        i += 1
+    return best
+
+
+def _noop(x=None):
+    return 0
+
+
+def _measure_cluster(client: Any, tasks: int = 2000) -> tuple[float, float, float]:
+    """(seconds per task, round trip of a one-task graph, client<->worker bytes/s) on
+    ``client``'s cluster."""
+    import dask
+
+    rt = []
+    for i in range(6):
+        t0 = time.perf_counter()
+        client.compute(dask.delayed(_noop)(i), sync=True)
+        rt.append(time.perf_counter() - t0)
+    roundtrip = float(np.median(rt[1:]))
+    best = math.inf
+    for rep in range(2):
+        parts = [dask.delayed(_noop)(rep * tasks + i) for i in range(tasks)]
+        total = dask.delayed(sum)(parts)
+        t0 = time.perf_counter()
+        client.compute(total, sync=True)
+        best = min(best, time.perf_counter() - t0)
+    per_task = max(1e-6, (best - roundtrip) / (tasks + 1))
+    data = np.ones(32 << 17)  # 32 MiB
+    t0 = time.perf_counter()
+    fut = client.scatter(data, direct=True)
+    back = fut.result()
+    net = 2 * data.nbytes / max(1e-6, time.perf_counter() - t0)
+    del fut, back
+    return per_task, roundtrip, net
+
+
+#: Blocks larger than this are priced with the ``fill_large`` factor (glibc's largest
+#: mmap threshold: a larger buffer is always a fresh mapping).
+FILL_LARGE_BYTES = 32 << 20
+
+#: The block shape the block factors are measured on: the exact solver's blocks at
+#: n >= 50 000 (4 096 rows), d = 32, 16 components + 16 oversamples.
+FACTOR_SHAPE = {"rows": 4096, "features": 32, "columns": 32}
+
+
+def _block_task_seconds(kind: str, rows: int, d: int, c: int, dtype: str, reps: int) -> float:
+    """Median seconds of one kind of block task at one shape, on one thread: run as a task
+    on every core of a cluster at once, one kind at a time (:func:`calibrate`).
+    ``recompute``: a block evaluated strip by strip and multiplied; ``fill`` /
+    ``fill_large``: a whole block of ``rows / 2`` / ``rows`` rows evaluated into fresh
+    memory and kept, as the kernel cache's first pass keeps every block (new pages each
+    time: kept blocks of 64 MB cost 2.5x the time of blocks evaluated into reused memory
+    here); ``stored``: a kept block multiplied."""
+    from threadpoolctl import threadpool_limits
+
+    from ..gram import kernel_block, pair_products, stored_pair_products
+    from ..kernels import make_kernel
+
+    rng = np.random.default_rng()
+    kern = make_kernel("rbf", gamma=1.0 / d)
+    xi, xj = rng.standard_normal((rows, d)), rng.standard_normal((rows, d))
+    zi, zj = rng.standard_normal((rows, c)), rng.standard_normal((rows, c))
+    if kind == "fill":
+        xi, xj = xi[: rows // 2], xj[: rows // 2]
+    times, kept = [], []
+    with threadpool_limits(1):
+        K = kernel_block(kern, xi, xj, dtype) if kind == "stored" else None
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            if kind == "recompute":
+                pair_products(kern, xi, xj, zi, zj, dtype)
+            elif kind == "stored":
+                stored_pair_products(K, zi, zj, dtype)
+            else:
+                kept.append(kernel_block(kern, xi, xj, dtype))
+            times.append(time.perf_counter() - t0)
+    del kept, K
+    return float(np.median(times))
+
+
+def _block_factors(
+    client: Any, m: Machine, reps: int, rows: int | None = None
+) -> dict[str, dict[str, float]]:
+    """Measured over predicted time of the block tasks with every core of ``client``'s
+    cluster running one of the same kind at once (:attr:`Machine.block_factors`)."""
+    import dask
+
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    threads = max(1, sum(int(w.get("nthreads", 1)) for w in workers))
+    r, d, c = rows or FACTOR_SHAPE["rows"], FACTOR_SHAPE["features"], FACTOR_SHAPE["columns"]
+    evals = float(r * r)
+    factors = {}
+    for dt in ("float32", "float64"):
+        ev = _eval_seconds(evals, d, 1.0, m, dt)
+        predicted = {
+            "recompute": _recompute_seconds(evals, d, c, 1.0, m, dt),
+            "fill": _eval_seconds(float((r // 2) ** 2), d, 1.0, m, dt),
+            "fill_large": ev,
+            "stored": _stored_seconds(evals, c, m, dt),
+        }
+        factors[dt] = {}
+        for kind, pred in predicted.items():
+            runs = [
+                dask.delayed(_block_task_seconds, pure=False)(kind, r, d, c, dt, reps)
+                for _ in range(threads)
+            ]
+            factors[dt][kind] = float(np.median(client.compute(runs, sync=True))) / pred
+    return factors
+
+
+#: Row chunks of the rates' measurement: the pipeline's default ingest chunk (64 MB).
+ZARR_CHUNK_BYTES = 64 << 20
+
+
+def _zarr_rates(chunks: int) -> tuple[float, float]:
+    """Bytes per second of writing and reading ``chunks`` chunks of normal float64 rows
+    (d = 64, :data:`ZARR_CHUNK_BYTES` each) through a zarr store in a temporary folder,
+    one thread, zarr's default codec, with a BLAKE2b digest of every chunk as written and
+    as read (what the pipeline's stages pay per byte: its stores record and check one)."""
+    import hashlib
+    import tempfile
+
+    import zarr
+
+    rows = ZARR_CHUNK_BYTES // (64 * 8)
+    X = np.random.default_rng(0).standard_normal((rows * chunks, 64))
+    w = r = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        z = zarr.create_array(f"{tmp}/x.zarr", shape=X.shape, dtype=X.dtype, chunks=(rows, 64))
+        for i in range(chunks):
+            t0 = time.perf_counter()
+            part = X[i * rows : (i + 1) * rows]
+            hashlib.blake2b(part.data, digest_size=16).digest()
+            z[i * rows : (i + 1) * rows] = part
+            w += time.perf_counter() - t0
+        za = zarr.open_array(f"{tmp}/x.zarr", mode="r")
+        for i in range(chunks):
+            t0 = time.perf_counter()
+            got = np.asarray(za[i * rows : (i + 1) * rows])  # fresh memory, as a task's
+            hashlib.blake2b(got.data, digest_size=16).digest()
+            r += time.perf_counter() - t0
+            del got
+    return X.nbytes / max(1e-6, w), X.nbytes / max(1e-6, r)
+
+
+def _one_core_rates(quick: bool) -> tuple[dict, dict, float]:
+    """GEMM flops and exp evaluations per second on one thread (BLAS limited to one
+    thread), by dtype, and the bandwidth of a memory copy."""
+    from threadpoolctl import threadpool_limits
+
+    reps = 2 if quick else 4
+    size = 512 if quick else 1024
+    settle = 0.2 if quick else 1.0
+    rng = np.random.default_rng(0)
+    gemm, exps = {}, {}
+    with threadpool_limits(1):
+        for dt in ("float64", "float32"):
+            A = rng.standard_normal((size, size)).astype(dt)
+            B = rng.standard_normal((size, size)).astype(dt)
+            C = np.empty_like(A)
+            gemm[dt] = (
+                2 * size**3 / _best(lambda A=A, B=B, C=C: np.matmul(A, B, out=C), reps, settle)
+            )
+            v = -np.abs(rng.standard_normal(1 << 21)).astype(dt)
+            w = np.empty_like(v)
+            exps[dt] = v.size / _best(lambda v=v, w=w: np.exp(v, out=w), reps, settle)
+    a = np.ones(32 << 20 >> 3)  # 32 MiB, beyond most L2
+    b = np.empty_like(a)
+    bw = 2 * a.nbytes / _best(lambda: np.copyto(b, a), reps + 2, settle / 2)
+    return gemm, exps, bw
+
+
+def _on_a_cluster(client: Any, measure: Callable[[Any], Any]) -> Any:
+    """``measure(client)``, or on a LocalCluster of one worker process per core started
+    (and stopped) here when ``client`` is None."""
+    if client is not None:
+        return measure(client)
+    import warnings
+
+    from distributed import Client, LocalCluster
+
+    from ..threads import cpu_count
+
+    with (
+        warnings.catch_warnings(),  # "port 8787 in use" and the like: not ours to say
+        LocalCluster(
+            n_workers=cpu_count(),  # one per core: the block factors load every core
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            host="127.0.0.1",
+        ) as cluster,
+        Client(cluster, set_as_default=False) as c,
+    ):
+        warnings.simplefilter("ignore")
+        return measure(c)
+
+
+def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
+    """Measure this machine's constants (under about 30 s; ``quick``: a few seconds).
+
+    GEMM and exp on one thread (BLAS limited to one thread), a memory copy, and, on
+    ``client``'s cluster or on a LocalCluster of one worker process per core started
+    (and stopped) here: the scheduler's seconds per task, the round trip of one graph,
+    the client-worker bandwidth, and the block factors (the real block tasks run on
+    every core at once, against what the one-thread rates predict for them). The
+    network bandwidth measured on one machine is the loopback's: pass a cluster's real
+    figure to :func:`~kpca_dask.cost.estimate` (``kpca plan --network``).
+    """
+    reps = 2 if quick else 4
+    gemm, exps, bw = _one_core_rates(quick)
+    rates = Machine(gemm_flops=gemm, exp_rate=exps, mem_bandwidth=bw)
+    zw, zr = _zarr_rates(1 if quick else 3)
+
+    def on(c: Any) -> tuple[float, float, float, dict]:
+        # quick: blocks of 2 048 rows (a quarter of the work; its "fill_large" is then a
+        # 16 MiB block, below the mmap threshold, and under-states a large block's fill)
+        factors = _block_factors(c, rates, reps, 2048 if quick else None)
+        return (*_measure_cluster(c, 500 if quick else 2000), factors)
+
+    per_task, roundtrip, net, factors = _on_a_cluster(client, on)
+    cpu, simd = _cpu_model()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return Machine(
+        gemm_flops=gemm,
+        exp_rate=exps,
+        mem_bandwidth=bw,
+        task_seconds=per_task,
+        roundtrip_seconds=roundtrip,
+        network=net,
+        block_factors=factors,
+        zarr_write=zw,
+        zarr_read=zr,
+        cpu=cpu,
+        simd=simd,
+        source=(
+            f"kpca calibrate on {platform.node()} at "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} (load {load:.2f})"
+        ),
+    )

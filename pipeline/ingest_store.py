@@ -1,0 +1,131 @@
+"""Whether an ingest store still stands for its input: the source's signature (files,
+sizes, modification times, and a local source's bytes), the chunk digests recorded when
+it was written, and the content fingerprint (pipeline/ingest.py writes the store)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
+
+from .checksums import digest_blocks
+from .config import ChunkConfig, InputConfig
+from .errors import CorruptObjectError
+from .progress import compute
+from .store import Location
+from .verify import checked_array
+
+__all__ = [
+    "fingerprint_from_digests",
+    "hex_digests",
+    "source_signature",
+    "stale_ingest",
+    "store_digests",
+    "store_problem",
+]
+
+
+def source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
+    loc = Location(cfg.path, cfg.storage_options)
+    fs, path = loc.fs, loc.fs_path
+    files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
+    stats = sorted(
+        (
+            str(k),
+            v.get("size"),
+            str(
+                v.get("mtime")
+                or v.get("LastModified")
+                or v.get("ETag")
+                or v.get("created")
+                or ""
+            ),
+        )
+        for k, v in files.items()
+    )
+    sig = {
+        "config": cfg.model_dump(mode="json"),
+        "target_chunk_mb": chunks.target_chunk_mb,
+        "files": stats,
+        "content": _content_hash(loc, sorted(files)) if loc.is_local else None,
+    }
+    return json.loads(json.dumps(sig))  # the form it takes once stored in zarr attributes
+
+
+def _content_hash(loc: Location, files: list[str]) -> str:
+    """BLAKE2b of a local source's bytes (names relative to it): a file edited in place with
+    its size and modification time kept is not taken for the ingested one."""
+    h = hashlib.blake2b(digest_size=20)
+    root = loc.fs_path.rstrip("/")
+    for f in files:
+        h.update(str(f)[len(root) :].encode() + b"\0")
+        with loc.fs.open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    return "blake2b:" + h.hexdigest()
+
+
+def store_digests(arrays: dict[str, da.Array]) -> dict[str, da.Array]:
+    return {k: digest_blocks(a) for k, a in arrays.items()}
+
+
+def hex_digests(digests: dict[str, np.ndarray]) -> dict[str, str]:
+    return {k: np.ascontiguousarray(v).tobytes().hex() for k, v in sorted(digests.items())}
+
+
+def store_problem(store: Location, attrs: dict[str, Any]) -> str | None:
+    """Why a complete ingest store cannot be reused as it is (None: it is intact): a chunk
+    file missing (zarr would read zeros) or a chunk whose content changed."""
+    g = store.open_group("r")
+    want = attrs.get("digests")
+    if not isinstance(want, dict) or set(want) != set(g.array_keys()):
+        return "it records no chunk digests (written by an older version)"
+    arrays = {}
+    for name in sorted(want):
+        missing = missing_zarr_chunks(g[name])
+        if missing:
+            return f"array {name!r}: {describe_missing_chunks(g[name], missing)}"
+        arrays[name] = checked_array(g[name])
+    try:
+        got = (
+            hex_digests(
+                dict(zip(arrays, compute(*store_digests(arrays).values(), label="verify")))
+            )
+            if arrays
+            else {}
+        )
+    except CorruptObjectError as exc:  # a chunk that cannot be decoded: rebuilt
+        return str(exc)
+    bad = sorted(k for k in want if got.get(k) != want[k])
+    return f"the content of {bad} differs from what was written" if bad else None
+
+
+def stale_ingest(cfg: InputConfig, chunks: ChunkConfig, store: Location) -> str | None:
+    """Why the ingest store cannot stand for this input now (None: it can): incomplete,
+    built from other input or config, or damaged (a chunk missing or changed). The same
+    test the ingest stage applies before reusing it; the flows' cache asks it too."""
+    try:
+        attrs = dict(store.open_group("r").attrs)
+    except Exception as exc:  # noqa: BLE001 - absent or unreadable: not reusable
+        return f"the ingest store cannot be opened ({type(exc).__name__})"
+    if attrs.get("status") != "complete":
+        return "the ingest store is incomplete"
+    if attrs.get("source") != source_signature(cfg, chunks):
+        return "the input or its config changed since it was ingested"
+    problem = store_problem(store, attrs)
+    return f"the ingest store is damaged: {problem}" if problem else None
+
+
+def fingerprint_from_digests(arrays, digest_values, extra) -> str:
+    h = hashlib.blake2b(digest_size=20)
+    for k in sorted(arrays):
+        a = arrays[k]
+        h.update(f"{k}:{a.shape}:{a.dtype.str}".encode())
+        h.update(np.ascontiguousarray(digest_values[k]).tobytes())
+    h.update(json.dumps(extra, sort_keys=True).encode())
+    return "blake2b:" + h.hexdigest()
