@@ -5,6 +5,10 @@ Every fit runs in its own fresh process (peak RSS is that process's high-water
 mark, imports included), one after the other:
 
 * ``ours-float64``: ``KernelPCA(16, kernel="rbf", gamma=1/64)``, nothing else set;
+  (float32 kernel blocks under the float64 model from 8 192 rows: mixed precision,
+  ``block_dtype="auto"``, docs/precision.md);
+* ``ours-float64-blocks64``: the same with ``block_dtype="float64"`` (the float64
+  blocks the defaults used before mixed precision);
 * ``ours-float32``: the same with ``dtype="float32"``;
 * ``ours-float64-recompute``, ``ours-float32-recompute``: ``kernel_cache="recompute"``
   (no kernel cache: the lean memory profile);
@@ -63,6 +67,7 @@ D = 64
 GAMMA = 1.0 / D
 VARIANTS = (
     "ours-float64",
+    "ours-float64-blocks64",
     "ours-float32",
     "ours-float64-recompute",
     "ours-float32-recompute",
@@ -121,7 +126,9 @@ def child_fit(kind: str, n: int, variant: str) -> dict:
 
     parts = variant.split("-")
     kw = {"dtype": parts[1]}
-    if len(parts) > 2:
+    if len(parts) > 2 and parts[2] == "blocks64":
+        kw["block_dtype"] = "float64"
+    elif len(parts) > 2:
         kw["kernel_cache"] = parts[2]
     t = time.perf_counter()
     m = KernelPCA(K, kernel="rbf", gamma=GAMMA, **kw).fit(X)
@@ -136,6 +143,12 @@ def child_fit(kind: str, n: int, variant: str) -> dict:
         "converged": bool(m.converged_),
         "pass_seconds": info.get("pass_seconds"),
         "kernel_cache": info.get("kernel_cache"),
+        "block_dtype": m.block_dtype_,
+        "mixed_precision": {
+            k: v
+            for k, v in (info.get("mixed_precision") or {}).items()
+            if k in ("blocks", "tried", "reason", "block_rounding", "passes")
+        },
     }
 
 
@@ -241,6 +254,11 @@ def median_run(runs: list[dict]) -> dict:
     }
 
 
+def mixed_mark(name: str, r: dict) -> str:
+    """ " (float32 blocks)" for a float64 model that used mixed precision."""
+    return " (float32 blocks)" if r.get("block_dtype") == "float32" and "32" not in name else ""
+
+
 def print_table(title: str, rows: dict) -> None:
     print(f"\n## {title}")
     print(
@@ -252,7 +270,8 @@ def print_table(title: str, rows: dict) -> None:
     for name, r in rows.items():
         ge = r.get("max_gapped_error")
         print(
-            f"| {name} | {r['seconds']:.1f} | {r['peak_mb']:.0f} | {r.get('passes', '')} | "
+            f"| {name}{mixed_mark(name, r)} | {r['seconds']:.1f} | {r['peak_mb']:.0f} | "
+            f"{r.get('passes', '')} | "
             f"{r['max_error']:.1e} | {'' if ge is None else f'{ge:.1e}'} | "
             f"{r.get('speedup_vs_sklearn', float('nan')):.2f}x | "
             f"{r.get('memory_vs_sklearn', float('nan')):.2f} | "

@@ -28,6 +28,7 @@ from .exceptions import (
     InvalidParameterError,
 )
 from .gram import BlockKernelMatrix, PrecomputedKernelMatrix
+from .mixed import recertify
 from .plan import FitPlan
 from .solvers import EigResult, dense_eigh, randomized_eigh
 from .solvers.arpack import arpack_eigh
@@ -111,13 +112,17 @@ def solve(
     with blas_threads_for_dask():
         (trace_K,) = dask.compute(K.diag().sum())
     solver = plan.solver
-    with K.kernel_cache(params["kernel_cache"], solver) as cache_info:  # released after
-        if solver == "dense":
-            res, mu, g = _solve_dense(K, params["n_components"])
-        elif solver == "arpack":
-            res, mu, g = _solve_arpack(K, params, float(trace_K), centring)
-        else:
-            res, mu, g, solver = _solve_randomized(K, plan, params, centring, v0)
+    if plan.mixed and solver == "randomized" and isinstance(K, BlockKernelMatrix):
+        res, mu, g, solver, cache_info = _solve_mixed(K, plan, params, v0)
+    else:
+        with K.kernel_cache(params["kernel_cache"], solver) as cache_info:  # released after
+            if solver == "dense":
+                res, mu, g = _solve_dense(K, params["n_components"])
+            elif solver == "arpack":
+                res, mu, g = _solve_arpack(K, params, float(trace_K), centring)
+            else:
+                res, mu, g, solver = _solve_randomized(K, plan, params, centring, v0)
+        res.info.setdefault("block_dtype", np.dtype(getattr(K, "dtype", plan.dtype)).name)
     if v0 is not None and solver != "randomized":
         res.info["warm_start"] = f"not used by the {solver} solver"
     res.info["kernel_cache"] = cache_info
@@ -233,17 +238,7 @@ def _solve_randomized(
 ) -> tuple[EigResult, np.ndarray, float, str]:
     op = _centred(K, centring)
     n, k = plan.n_samples, params["n_components"]
-    kw = {
-        "n_oversamples": params["n_oversamples"],
-        "n_power_iter": plan.power_iter,
-        "method": params["randomized_method"],
-        "tol": plan.tol,
-        "max_passes": plan.max_passes,
-        "psd": plan.kernel.psd,
-        "eps": float(np.finfo(plan.dtype).eps),
-        "random_state": params["random_state"],
-        "v0": v0,
-    }
+    kw = _randomized_kwargs(plan, params, v0, plan.dtype)
     auto = params["eigen_solver"] == "auto"
     solver = plan.solver
     res = randomized_eigh(op, k, warn=not auto, **kw)
@@ -280,6 +275,29 @@ def _solve_randomized(
     else:
         mu, g = op.row_means, float(op.grand_mean)
     res.info["pass_seconds"] = list(op.pass_seconds)
+    _pad(res, n, k)
+    return res, mu, g, solver
+
+
+def _randomized_kwargs(
+    plan: FitPlan, params: Mapping[str, Any], v0: np.ndarray | None, blocks: Any
+) -> dict[str, Any]:
+    """``randomized_eigh``'s keywords; ``eps``: the unit roundoff of the products on
+    ``blocks`` (their dtype)."""
+    return {
+        "n_oversamples": params["n_oversamples"],
+        "n_power_iter": plan.power_iter,
+        "method": params["randomized_method"],
+        "tol": plan.tol,
+        "max_passes": plan.max_passes,
+        "psd": plan.kernel.psd,
+        "eps": float(np.finfo(blocks).eps),
+        "random_state": params["random_state"],
+        "v0": v0,
+    }
+
+
+def _pad(res: EigResult, n: int, k: int) -> None:
     if res.eigenvalues.shape[0] < k:
         # numerical rank below k: the missing pairs are zero eigenvalues, as
         # dense eigh reports them (drop_nonpositive then treats both alike)
@@ -287,7 +305,91 @@ def _solve_randomized(
         res.eigenvalues = np.concatenate([res.eigenvalues, np.zeros(pad)])
         res.eigenvectors = np.hstack([res.eigenvectors, np.zeros((n, pad))])
         res.residuals = np.concatenate([res.residuals, np.zeros(pad)])
-    return res, mu, g, solver
+
+
+def _solve_mixed(
+    K64: BlockKernelMatrix,
+    plan: FitPlan,
+    params: Mapping[str, Any],
+    v0: np.ndarray | None,
+) -> tuple[EigResult, np.ndarray, float, str, dict[str, Any]]:
+    """Mixed precision (kpca_dask.mixed): the randomized solve on float32 blocks, one
+    pass on the kernel evaluated in float64 that certifies its pairs for the kernel
+    itself, else the solve again on float64 blocks from the float32 vectors."""
+    n, k = plan.n_samples, params["n_components"]
+    K32 = BlockKernelMatrix(K64.X, K64.kernel, np.float32, cache_eval_dtype=np.float64)
+    op = CentredKernel(K32)
+    kw = _randomized_kwargs(plan, params, v0, np.float32)
+    rc = None
+    with K32.kernel_cache(params["kernel_cache"], "randomized") as cache32:
+        res = randomized_eigh(op, k, warn=False, **kw)
+    cert32 = res.info.get("certificate") or {}
+    if res.converged and res.eigenvalues.size:
+        # certified on the kernel evaluated afresh in float64 (K64 has no cache; the
+        # float32 blocks are released): the Ritz values are the float64 kernel's, and
+        # the blocks' rounding enters only through the vectors (second order); on the
+        # rounded blocks it would enter the eigenvalues at first order (5e-11 relative
+        # at n = 10 000, docs/precision.md) and forbid lone pairs at tol = 1e-8
+        rc = recertify(
+            K64,
+            res.eigenvectors,
+            tol=plan.tol,
+            rounded=False,
+            had_tail=cert32.get("tail_start") is not None,
+        )
+    passes = res.n_passes + (rc is not None)
+    seconds = list(op.pass_seconds) + ([rc["seconds"]] if rc is not None else [])
+    if rc is not None and rc["certificate"]["ok"]:
+        info = dict(res.info)
+        info.update(
+            certificate=rc["certificate"],
+            pass_seconds=seconds,
+            block_dtype="float32",
+            mixed_precision={
+                "blocks": "float32",
+                "block_rounding": rc["delta"],
+                "iteration_certificate": cert32,
+            },
+        )
+        out = EigResult(
+            rc["eigenvalues"],
+            rc["eigenvectors"],
+            rc["residuals"],
+            n_passes=passes,
+            converged=True,
+            info=info,
+        )
+        _pad(out, n, k)
+        return out, rc["row_means"], rc["grand_mean"], "randomized", cache32
+    if rc is None:
+        why = f"the iteration on float32 blocks was not certified in {res.n_passes} passes"
+    else:
+        c = rc["certificate"]
+        bad = [i for i, ok in enumerate(c["eigenvalue_ok"]) if not ok] or [
+            i for i, ok in enumerate(c["vector_ok"]) if not ok
+        ]
+        why = (
+            "the certificate on the kernel evaluated in float64 does not hold for "
+            f"component(s) {bad} at the requested levels (vectors from float32 blocks)"
+        )
+    logger.info("mixed precision: %s; solving again on float64 blocks", why)
+    warm = res.eigenvectors if res.eigenvectors.size else v0
+    with K64.kernel_cache(params["kernel_cache"], "randomized") as cache64:
+        res2, mu, g, solver = _solve_randomized(K64, plan, params, None, warm)
+    res2.n_passes += passes
+    res2.info["pass_seconds"] = seconds + res2.info["pass_seconds"]
+    res2.info["block_dtype"] = "float64"
+    res2.info["mixed_precision"] = {
+        "blocks": "float64",
+        "tried": "float32",
+        "passes": passes,
+        "reason": why,
+        "kernel_cache": cache32,
+        "certificate": rc["certificate"] if rc is not None else cert32,
+    }
+    if v0 is None:
+        res2.info.pop("warm_start", None)
+    return res2, mu, g, solver, cache64
 
 
 def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> Solution:

@@ -183,10 +183,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Seeds the randomized test matrix (drawn from the seed alone, not
         from the chunking) and the "scale" sample.
     dtype : {"float64", "float32"}, default="float64"
-        Precision of kernel evaluation and in-block products; float32 is
-        2-3x faster for rbf-type kernels, with eigenvalues typically within
-        1e-7 relative. Embeddings are returned in this dtype; eigenvalues are
-        always float64.
+        Precision of the model: of kernel evaluation and in-block products
+        (unless ``block_dtype`` makes the blocks float32), and of the
+        certificate's default ``tol``; float32 is 2-3x faster for rbf-type
+        kernels, with eigenvalues typically within 1e-7 relative. Embeddings are
+        returned in this dtype; eigenvalues are always float64.
     chunk_size : int or "auto", default="auto"
         Rows per block of the kernel partition (and per transform task).
         Per-task memory grows as ``chunk_size * (n_features + strip)``; the
@@ -285,6 +286,18 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         RAM on the threaded scheduler (dask config ``kpca.kernel-cache-budget``
         overrides), else "recompute". The choice is in
         ``solver_info_["kernel_cache"]`` (docs/kernel-store.md).
+    block_dtype : {"auto", "float32", "float64"}, default="auto"
+        Precision of the kernel blocks of a float64 model (randomized solver,
+        rbf or laplacian kernel): "float32" is mixed precision -- blocks
+        evaluated in float64 and kept (and multiplied) in float32, half the
+        kernel cache, with the basis, Rayleigh-Ritz and results in float64;
+        then one pass on the kernel evaluated afresh in float64 gives the
+        eigenpairs and certifies them for the kernel itself; when that
+        certificate does not hold at the requested levels the fit solves again
+        on float64 blocks (warm start). "auto": float32 blocks from 8192 rows
+        on when ``tol`` is at least 1e-9, else float64. "float64" forces
+        float64 blocks. What was used: ``block_dtype_`` and ``solver_info_["mixed_precision"]``
+        (docs/precision.md). A float32 model always has float32 blocks.
     preprocess : {"none", "standard", "robust"}, default="none"
         Feature scaling fitted on the training rows and kept in the model
         (:mod:`kpca_dask.preprocess`): "standard" is scikit-learn's
@@ -437,6 +450,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         n_jobs: int | None = None,
         kernel_cache: str = "auto",
         preprocess: str = "none",
+        block_dtype: str = "auto",
     ):
         self.n_components = n_components
         self.kernel = kernel
@@ -470,6 +484,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.n_jobs = n_jobs
         self.kernel_cache = kernel_cache
         self.preprocess = preprocess
+        self.block_dtype = block_dtype
 
     # ---------------------------------------------------------------- planning
     def plan(
@@ -760,6 +775,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "eigenvectors_")
+
+    @property
+    def block_dtype_(self) -> str | None:
+        """The precision of the kernel blocks the fitted eigenpairs come from
+        ("float32": mixed precision, certified for the kernel itself; docs/precision.md).
+        None for a loaded model: ``solver_info_`` is not saved."""
+        self._check_fitted()
+        info = getattr(self, "solver_info_", None)
+        if info is None:
+            return None
+        return str(info.get("block_dtype", np.dtype(self._dtype).name))
 
     @property
     def dtype_(self) -> np.dtype:

@@ -73,6 +73,8 @@ PARAM_RULES = {
     "preimage_tol": R.real_range(0, lo_open=True),
     "preimage_max_iter": R.int_range(1),
     "kernel_cache": R.options(*KERNEL_CACHE_MODES),
+    #: kpca_dask/mixed.py, docs/precision.md
+    "block_dtype": R.options("auto", "float32", "float64"),
     "preprocess": R.options("none", "standard", "robust"),
     **_SKLEARN_PARAM_RULES,
 }

@@ -104,7 +104,8 @@ class FitPlan:
     solver: str
     #: Rows per block of the kernel partition (and per transform task): ``chunk_size_``.
     block_rows: int
-    #: Precision of kernel evaluation and in-block products.
+    #: Precision of the model: its results, the basis and Rayleigh-Ritz (and, unless
+    #: ``block_dtype`` says otherwise, kernel evaluation and in-block products).
     dtype: np.dtype
     #: Landmarks of the Nyström solver (None for the exact solvers).
     n_landmarks: int | None
@@ -132,6 +133,14 @@ class FitPlan:
     #: ``nystroem_method`` as given ("covariance" for "auto" with ``keep_statistics=True``,
     #: as the solve decides).
     nystroem_method: str = "auto"
+    #: Precision of the kernel blocks (``block_dtype`` resolved; None: ``dtype``).
+    #: float32 with a float64 ``dtype`` is mixed precision (kpca_dask.mixed).
+    block_dtype: np.dtype | None = None
+
+    @property
+    def mixed(self) -> bool:
+        """float32 kernel blocks under a float64 model (docs/precision.md)."""
+        return self.block_dtype is not None and self.block_dtype != self.dtype
 
     def estimate(self, cluster: Any = None, machine: Any = None, **kw: Any) -> Any:
         """The cost model's prediction for this plan (:func:`kpca_dask.cost.estimate`):
@@ -407,6 +416,9 @@ def make_plan(
         n_components=params["n_components"],
         n_oversamples=int(params["n_oversamples"]),
         kernel_name=params["kernel"] if isinstance(params["kernel"], str) else "callable",
+        block_dtype=resolve_block_dtype(
+            params, dtype, float(tol), solver, n, precomputed, exact_inputs
+        ),
         # keep_statistics=True makes "auto" the covariance method (kpca_dask._solve)
         nystroem_method=(
             "covariance"
@@ -415,6 +427,57 @@ def make_plan(
             else params.get("nystroem_method", "auto")
         ),
     )
+
+
+def resolve_block_dtype(
+    params: Mapping[str, Any],
+    dtype: np.dtype,
+    tol: float,
+    solver: str,
+    n: int,
+    precomputed: bool,
+    exact_inputs: bool,
+) -> np.dtype:
+    """The precision of the kernel blocks (``block_dtype``; docs/precision.md).
+
+    float32 blocks under a float64 model (mixed precision) need the randomized solver
+    and an rbf or laplacian kernel (non-negative values: the rounding of the blocks is
+    then bounded by ``u ||K||``, kpca_dask.mixed). "auto" chooses them for float64 models
+    from ``mixed.MIXED_MIN_SAMPLES`` rows on, when ``tol`` is at least
+    ``mixed.MIXED_MIN_TOL`` (below it float32 blocks cannot certify even a cluster's
+    level ``tol**0.75``); the fit falls back to float64 blocks when the certificate on
+    the float32 blocks does not hold at the requested levels.
+    """
+    from . import mixed
+
+    choice = params.get("block_dtype", "auto")
+    f32 = np.dtype(np.float32)
+    if dtype == f32:
+        if choice == "float64":
+            raise InvalidParameterError(
+                "block_dtype='float64' with dtype='float32': the blocks of a float32 model "
+                "are float32; pass dtype='float64' (its blocks are float64 or mixed)."
+            )
+        return f32
+    eligible = (
+        solver == "randomized"
+        and not precomputed
+        and not exact_inputs
+        and params["kernel"] in mixed.MIXED_KERNELS
+    )
+    if choice == "float64":
+        return dtype
+    if choice == "float32":
+        if not eligible:
+            raise InvalidParameterError(
+                "block_dtype='float32' with a float64 model needs eigen_solver='randomized' "
+                f"(or 'auto' resolving to it) and kernel in {mixed.MIXED_KERNELS}, with no "
+                "stored kernel blocks or centring: pass dtype='float32' instead."
+            )
+        return f32
+    if eligible and n >= mixed.MIXED_MIN_SAMPLES and tol >= mixed.MIXED_MIN_TOL:
+        return f32
+    return dtype
 
 
 def resolve_gamma(

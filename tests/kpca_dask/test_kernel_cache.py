@@ -111,9 +111,14 @@ def test_cached_product_equals_recomputed_and_blocks_in_compute_dtype():
         scale = np.abs(ref).max()
         np.testing.assert_allclose(Y1, ref, atol=tol * scale)
         np.testing.assert_array_equal(Y1, Y2)
-        np.testing.assert_array_equal(
-            dense, BlockKernelMatrix(Xd, RBFKernel(GAMMA), dtype).to_numpy()
-        )
+        fresh = BlockKernelMatrix(Xd, RBFKernel(GAMMA), dtype).to_numpy()
+        if dtype == np.float32:
+            # cached float32 blocks have their subnormals flushed to zero (SGEMM on
+            # subnormals crawls; kpca_dask.gram._flush_subnormal): equal otherwise
+            tiny = np.finfo(np.float32).tiny
+            assert not np.any((dense != 0) & (np.abs(dense) < tiny))
+            fresh = np.where(np.abs(fresh) < tiny, 0, fresh).astype(fresh.dtype)
+        np.testing.assert_array_equal(dense, fresh)
 
 
 def test_arpack_reads_the_cache(sk_ref):
