@@ -340,38 +340,10 @@ def _solve_mixed(
     passes = res.n_passes + (rc is not None)
     seconds = list(op.pass_seconds) + ([rc["seconds"]] if rc is not None else [])
     if rc is not None and rc["certificate"]["ok"]:
-        info = dict(res.info)
-        info.update(
-            certificate=rc["certificate"],
-            pass_seconds=seconds,
-            block_dtype="float32",
-            mixed_precision={
-                "blocks": "float32",
-                "block_rounding": rc["delta"],
-                "iteration_certificate": cert32,
-            },
-        )
-        out = EigResult(
-            rc["eigenvalues"],
-            rc["eigenvectors"],
-            rc["residuals"],
-            n_passes=passes,
-            converged=True,
-            info=info,
-        )
+        out = _mixed_result(res, rc, passes, seconds, cert32)
         _pad(out, n, k)
         return out, rc["row_means"], rc["grand_mean"], "randomized", cache32
-    if rc is None:
-        why = f"the iteration on float32 blocks was not certified in {res.n_passes} passes"
-    else:
-        c = rc["certificate"]
-        bad = [i for i, ok in enumerate(c["eigenvalue_ok"]) if not ok] or [
-            i for i, ok in enumerate(c["vector_ok"]) if not ok
-        ]
-        why = (
-            "the certificate on the kernel evaluated in float64 does not hold for "
-            f"component(s) {bad} at the requested levels (vectors from float32 blocks)"
-        )
+    why = _mixed_failure(res, rc)
     logger.info("mixed precision: %s; solving again on float64 blocks", why)
     warm = res.eigenvectors if res.eigenvectors.size else v0
     with K64.kernel_cache(params["kernel_cache"], "randomized") as cache64:
@@ -390,6 +362,45 @@ def _solve_mixed(
     if v0 is None:
         res2.info.pop("warm_start", None)
     return res2, mu, g, solver, cache64
+
+
+def _mixed_result(
+    res: EigResult, rc: dict, passes: int, seconds: list, cert32: dict
+) -> EigResult:
+    """The float32 iteration's pairs as certified on the float64 kernel (``rc``)."""
+    info = dict(res.info)
+    info.update(
+        certificate=rc["certificate"],
+        pass_seconds=seconds,
+        block_dtype="float32",
+        mixed_precision={
+            "blocks": "float32",
+            "block_rounding": rc["delta"],
+            "iteration_certificate": cert32,
+        },
+    )
+    return EigResult(
+        rc["eigenvalues"],
+        rc["eigenvectors"],
+        rc["residuals"],
+        n_passes=passes,
+        converged=True,
+        info=info,
+    )
+
+
+def _mixed_failure(res: EigResult, rc: dict | None) -> str:
+    """Why the float32 blocks' pairs are not kept (the float64 fallback's reason)."""
+    if rc is None:
+        return f"the iteration on float32 blocks was not certified in {res.n_passes} passes"
+    c = rc["certificate"]
+    bad = [i for i, ok in enumerate(c["eigenvalue_ok"]) if not ok] or [
+        i for i, ok in enumerate(c["vector_ok"]) if not ok
+    ]
+    return (
+        "the certificate on the kernel evaluated in float64 does not hold for "
+        f"component(s) {bad} at the requested levels (vectors from float32 blocks)"
+    )
 
 
 def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> Solution:
