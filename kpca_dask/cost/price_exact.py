@@ -118,12 +118,11 @@ def _exact_compute(
         t_comp_later = t_comp
     if kernel_cache == "memory":
         # the first pass evaluates every block whole into fresh memory, then
-        # multiplies the kept blocks as every later pass does
+        # multiplies the kept blocks as every later pass does (mixed precision
+        # evaluates in float64 and keeps the blocks rounded to float32)
+        fill = np.dtype(np.float64) if f.mixed else dtype
         t_comp = (
-            _eval_seconds(evals, d, elem, m, dtype)
-            * m.factor("fill", dtype)
-            / cores
-            * imbalance
+            _eval_seconds(evals, d, elem, m, fill) * m.factor("fill", fill) / cores * imbalance
             + t_comp_later
         )
     return t_comp, t_comp_later
@@ -202,6 +201,14 @@ def _price_exact(f: _Fit, kernel_cache: str) -> _Priced:
     f.stage("first pass", pass_parts(t_comp))
     if p > 1:
         f.stage("passes", pass_parts(t_comp_later), count=p - 1)
+    if f.mixed:
+        # the pairs are certified on the kernel evaluated afresh in float64 (one pass on
+        # the k vectors and a column of ones; kpca_dask.mixed)
+        t_cert = _pass_compute(evals, d, f.k + 1, f.elem, m, np.float64, f.cores)
+        f.stage("certifying pass (float64)", pass_parts(t_cert))
+        f.assumptions.append(
+            "mixed precision: float32 kernel blocks, certified by one float64 pass"
+        )
     mem_worker, mem_client = _exact_memory(f, c, g, evals, kernel_cache, basis)
     return _Priced(
         passes=p,

@@ -85,6 +85,9 @@ class _Fit:
     net: float
     #: rows of X on the workers for the whole fit (else re-read at every pass)
     persisted: bool = True
+    #: float32 blocks under a float64 model (``dtype`` is then the blocks' float32):
+    #: the cache is filled from a float64 evaluation and one float64 pass certifies
+    mixed: bool = False
     stages: list[Stage] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
 
@@ -187,7 +190,8 @@ def _fit_of(
         n=n,
         d=d,
         r=r,
-        dtype=np.dtype(plan.dtype),
+        dtype=np.dtype(plan.block_dtype if getattr(plan, "mixed", False) else plan.dtype),
+        mixed=bool(getattr(plan, "mixed", False)),
         k=k,
         c=min(n, k + int(n_oversamples)),
         elem=_elementwise(_kernel_name(plan, params)),

@@ -306,3 +306,20 @@ def test_memory_tier_prices_the_fill_then_kept_blocks():
     assert s.seconds == pytest.approx(
         max(s.parts["compute"] + s.parts["scheduler"], s.parts["network"]) + s.parts["client"]
     )
+
+
+def test_mixed_precision_is_priced_as_it_runs():
+    """A float64 fit on float32 blocks (block_dtype='auto' at n = 20 000, rbf): the cache
+    holds float32 blocks (half the float64 fit's bytes) and one float64 pass certifies;
+    block_dtype='float64' has no such pass."""
+    X = np.zeros((20_000, 64))
+    cl = Cluster(workers=1, threads=2, memory=16 << 30, distributed=False)
+    mixed = KernelPCA(16, kernel="rbf", gamma=1 / 64).plan(X)
+    blocks64 = KernelPCA(16, kernel="rbf", gamma=1 / 64, block_dtype="float64").plan(X)
+    assert mixed.mixed and not blocks64.mixed
+    a = mixed.estimate(cl, passes=13, kernel_cache="memory")
+    b = blocks64.estimate(cl, passes=13, kernel_cache="memory")
+    assert [s.name for s in a.stages][-1] == "certifying pass (float64)"
+    assert "certifying pass (float64)" not in [s.name for s in b.stages]
+    cache = a.kernel_evaluations_per_pass * 4
+    assert b.memory_per_worker - a.memory_per_worker >= 0.9 * cache
