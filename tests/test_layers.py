@@ -490,7 +490,6 @@ NOT_YET_SPLIT: set[str] = {
     "pipeline/config.py",
     "pipeline/kernel.py:build_kernel_store",
     "pipeline/solve.py:solve",
-    "pipeline/stages.py",
     "pipeline/update.py",
     "pipeline/update.py:stage_drift",
 }
