@@ -8,7 +8,7 @@ stage's key is instead built from what determines its output:
   code that computes results: every source file of ``kpca_dask`` and ``pipeline``,
   plus the stage function's own source (new code, new key: an upgrade that changes
   results is never served from the old cache);
-* the config slice the stage receives (its declaration in pipeline/stages.py, the
+* the config slice the stage receives (its declaration in pipeline/stages/, the
   only config it can read; the export stage writes the config into the manifest, so
   it receives all of it), minus run control such as ``output.overwrite`` and
   ``cluster`` (:data:`pipeline.stages.RUN_CONTROL`);

@@ -2,7 +2,7 @@
 
     ingest -> split -> kernel -> solve -> project -> denoise -> evaluate -> export
 
-(the registered stages, pipeline/stages.py: the flow walks the same registry as the
+(the registered stages, pipeline/stages/: the flow walks the same registry as the
 plain ``run_pipeline``, one task per stage).
 
 The flow's one parameter is the validated :class:`~pipeline.config.PipelineConfig`

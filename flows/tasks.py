@@ -1,4 +1,4 @@
-"""Prefect tasks: one per registered pipeline stage (pipeline/stages.py), each a thin
+"""Prefect tasks: one per registered pipeline stage (pipeline/stages/), each a thin
 driver of the stage's function.
 
 A task runs in the flow's process and submits its Dask graphs to the cluster

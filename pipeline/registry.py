@@ -70,7 +70,7 @@ VOLATILE = frozenset(
 # ------------------------------------------------------------------ config slices
 class ConfigSliceError(InternalError, RuntimeError):
     """A stage read a config field outside its declared slice: a bug in the stage or in
-    its declaration (pipeline/stages.py), never the user's."""
+    its declaration (pipeline/stages/), never the user's."""
 
 
 def _parse_fields(fields: Iterable[str]) -> dict[str, frozenset[str] | None]:
@@ -89,8 +89,9 @@ def _parse_fields(fields: Iterable[str]) -> dict[str, frozenset[str] | None]:
 def _slice_error(stage: str, field: str, allowed: Iterable[str]) -> ConfigSliceError:
     return ConfigSliceError(
         f"stage {stage!r} read config field {field!r}, which is outside its declared config "
-        f"slice ({', '.join(sorted(allowed))}); add {field!r} to the stage's config in "
-        "pipeline/stages.py (it is part of the stage's cache key)."
+        f"slice ({', '.join(sorted(allowed))}); add {field!r} to the stage's config in its "
+        f"declaration, pipeline/stages/{stage}_stage.py or pipeline/update.py (it is part of "
+        "the stage's cache key)."
     )
 
 

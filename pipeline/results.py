@@ -1,4 +1,4 @@
-"""Typed stage results: what each stage of the registry (pipeline/stages.py) returns.
+"""Typed stage results: what each stage of the registry (pipeline/stages/) returns.
 
 Frozen dataclasses that carry their stores as :class:`~pipeline.store.Location` (URL
 and storage options), so a later stage reopens a store exactly as it was written. Their

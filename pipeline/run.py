@@ -1,7 +1,7 @@
 """Running the pipeline: the run lock and publishing transaction, the checks before anything
 is written, and ``run_pipeline`` calling the registered stages in order.
 
-The stages themselves are declared once, in pipeline/stages.py (the registry); this
+The stages themselves are declared once, in pipeline/stages/ (the registry); this
 module's :func:`run_stages` walks the registry and hands each stage the results it
 declared as inputs. ``run_pipeline`` is the plain, unorchestrated run (and the
 reference the Prefect flow is tested against); the flow (flows/) walks the same

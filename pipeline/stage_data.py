@@ -1,6 +1,6 @@
 """Reading back what earlier stages wrote: the ingested rows and the held-out split.
 
-Shared by the stage functions (pipeline/stages.py) and the denoise stage; it knows the
+Shared by the stage functions (pipeline/stages/) and the denoise stage; it knows the
 run-folder layout (pipeline/layout.py) and the ingest store, nothing else.
 """
 

@@ -487,7 +487,6 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/kernels.py",
     "kpca_dask/plan.py",
     "pipeline/config.py",
-    "pipeline/stages.py",
 }
 
 

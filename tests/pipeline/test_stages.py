@@ -49,7 +49,9 @@ def test_a_stage_reading_outside_its_slice_fails_loudly(tmp_path):
         _ = view.solver.max_iter  # the fit's stopping rule: not the kernel stage's business
     msg = str(err.value)
     assert (
-        "stage 'kernel'" in msg and "'solver.max_iter'" in msg and "pipeline/stages.py" in msg
+        "stage 'kernel'" in msg
+        and "'solver.max_iter'" in msg
+        and "pipeline/stages/kernel_stage.py" in msg
     )
     assert "\n" not in msg
     with pytest.raises(ConfigSliceError, match="stage 'kernel' read config field 'evaluate'"):

@@ -1,4 +1,4 @@
-"""Typed stage results (pipeline/stages.py): descriptors carry locations with their storage
+"""Typed stage results (pipeline/stages/): descriptors carry locations with their storage
 options, round-trip exactly through JSON, and stores are reopened with those options."""
 
 from __future__ import annotations
