@@ -136,7 +136,7 @@ def _aligned(a: np.ndarray, dtype: Any) -> np.ndarray:
     start at any byte; numpy's matmul hands only aligned operands to BLAS and multiplies
     the others with its own loop, whose sums round differently: a product's last bits
     would then depend on where a message put the array (seen as run-to-run and
-    local-vs-object-store differences in the embedding, issue 14)."""
+    local-vs-object-store differences in the embedding)."""
     return np.require(a, dtype=dtype, requirements=["C_CONTIGUOUS", "ALIGNED"])
 
 

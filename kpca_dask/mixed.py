@@ -1,4 +1,4 @@
-"""Mixed precision (issue 29, decision 2): float32 kernel blocks under a float64 model.
+"""Mixed precision: float32 kernel blocks under a float64 model.
 
 The randomized solver's passes read the kernel blocks over and over; in float32 the
 blocks take half the memory and their products (SGEMM) half the time. The model stays

@@ -4,7 +4,7 @@ zarr reads a chunk that is not in the store as the array's fill value, without a
 A writer whose chunks went elsewhere (Dask workers that do not share the client's disk
 write them to their own) or were lost by the store therefore produces a group that
 opens, has the right shape and metadata -- and reads as zeros. Marking such a group
-complete published an all-zeros embedding (issue 26). So before a run, an update or a
+complete published an all-zeros embedding. So before a run, an update or a
 transform is published, :func:`check_complete` lists each array's chunk keys in the
 store (one listing per array; no chunk is read) and compares them with the chunk grid
 its metadata promise.

@@ -29,7 +29,7 @@ input (``passes``), with a default taken from the fits measured in this project
 
 :func:`choose_execution` uses the model to run a small fit on the client's
 threads when a distributed client is active but the cluster's per-task cost
-exceeds what its cores would save (issue 27, item 9).
+exceeds what its cores would save.
 
 The modules, each one concern (this package re-exports their public names):
 

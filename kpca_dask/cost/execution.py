@@ -2,7 +2,7 @@
 
 :func:`choose_execution` uses the cost model (:func:`~kpca_dask.cost.estimate`) to run a
 small fit on the client's threads when a distributed client is active but the cluster's
-per-task cost exceeds what its cores would save (issue 27, item 9).
+per-task cost exceeds what its cores would save.
 """
 
 from __future__ import annotations
