@@ -26,7 +26,7 @@ from sklearn.utils.metaestimators import available_if
 from . import cost as _cost
 from . import plan as _plan
 from . import preprocess as _pre
-from . import validation as V
+from . import validation
 from ._eigvals import select_eigenpairs
 from ._fitted import STRATEGIES, model_of
 from ._preimage_fit import PREIMAGE_ATTRS, fit_preimage, inverse_transform_graph
@@ -627,8 +627,8 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         t0 = time.perf_counter()
         params = self.get_params(deep=False)
         _plan.check_params(params)
-        self._dtype = V.resolve_dtype(self.dtype)
-        names = V.feature_names(X)
+        self._dtype = validation.resolve_dtype(self.dtype)
+        names = validation.feature_names(X)
         Xd, kind = _plan.validate_fit_input(X, self._is_precomputed())
         self.__dict__.pop("feature_names_in_", None)
         self.__dict__.pop("features_", None)
@@ -645,11 +645,11 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         )
         stats = None  # a precomputed K is checked by its own first read (inspect)
         if not plan.precomputed:  # one pass: NaN/inf, and the distance kernels' centre
-            stats = V.check_finite(
+            stats = validation.check_finite(
                 Xd, names=names, column_stats=is_distance_kernel(self.kernel)
             )
         if v0 is not None:  # before any work on X: a wrong v0 costs nothing
-            v0 = V.check_start_vectors(v0, n, plan.solver)
+            v0 = validation.check_start_vectors(v0, n, plan.solver)
         self.preprocess_ = scaler = _pre.for_fit(
             self.preprocess, Xd, scaler, precomputed=plan.precomputed
         )
@@ -814,12 +814,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     def _project(self, X: Any, what: str) -> Any:
         self._check_fitted()
         names = getattr(self, "feature_names_in_", None)
-        X = V.check_feature_names(names, X)  # a DataFrame's columns selected by name
-        Xd, kind = V.as_dask_array(X)
+        X = validation.check_feature_names(names, X)  # a DataFrame's columns selected by name
+        Xd, kind = validation.as_dask_array(X)
         if self._is_precomputed():
             n_fit = self.n_samples_fit_
             if Xd.shape[1] != n_fit:
-                V.check_finite(Xd)  # NaN/inf first, as scikit-learn (only on this error path)
+                # NaN/inf first, as scikit-learn (only on this error path)
+                validation.check_finite(Xd)
                 raise InvalidInputError(
                     f"X has {Xd.shape[1]} features, but KernelPCA is expecting {n_fit} "
                     f"features as input: with kernel='precomputed' transform takes "
@@ -836,7 +837,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         # first so that the NaN check runs there too, not as a cluster round trip
         where = _cost.transform_execution(self, int(Xd.shape[0])) if kind == "numpy" else None
         with where.scheduler() if where is not None else contextlib.nullcontext():
-            V.check_finite(Xd, names=None if self._is_precomputed() else names)
+            validation.check_finite(Xd, names=None if self._is_precomputed() else names)
         scaler = getattr(self, "preprocess_", None)
         if scaler is not None:
             Xd = scaler.transform(Xd)
@@ -978,17 +979,17 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         method = (
             self.preimage_ if method is None else _plan.resolve_preimage(self.kernel, method)
         )
-        V.validate_params(
+        validation.validate_params(
             "KernelPCA",
             self.get_params(deep=False),
             {
-                "preimage_tol": V.real_range(0, lo_open=True),
-                "preimage_max_iter": V.int_range(1),
+                "preimage_tol": validation.real_range(0, lo_open=True),
+                "preimage_max_iter": validation.int_range(1),
             },
         )
         if method == "exact" and getattr(self, "preimage_components_", None) is None:
             raise InvalidParameterError("method='exact' needs the linear kernel.")
-        Zd, kind = V.as_dask_array(X, what="Z")
+        Zd, kind = validation.as_dask_array(X, what="Z")
         k = self.n_components_
         if Zd.shape[1] != k:
             raise InvalidInputError(
@@ -996,7 +997,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                 f"{Zd.shape[1]}; pass the output of transform."
             )
         if kind == "numpy":
-            V.check_finite(Zd, what="Z")
+            validation.check_finite(Zd, what="Z")
         out, status = inverse_transform_graph(self, Zd, kind, method, return_status)
         scaler = getattr(self, "preprocess_", None)
         if scaler is not None:  # pre-images in the original units

@@ -34,7 +34,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from . import validation as V
+from . import validation
 from .exceptions import InvalidInputError, InvalidParameterError
 from .kernels import Kernel, make_kernel
 from .params import PREIMAGE_METHODS, _is_precomputed, check_params
@@ -274,15 +274,15 @@ def resolve_preimage(kernel: Any, method: str) -> str:
 def validate_fit_input(X: Any, precomputed: bool) -> tuple[da.Array, str]:
     """``X`` as a dask array (numpy, dask, zarr, scipy.sparse, DataFrame) and its kind; a
     precomputed kernel must be square; at least 2 rows."""
-    Xd, kind = V.as_dask_array(X)
+    Xd, kind = validation.as_dask_array(X)
     if precomputed and Xd.shape[0] != Xd.shape[1]:
-        V.check_finite(Xd)  # NaN/inf first, as scikit-learn (only on this error path)
+        validation.check_finite(Xd)  # NaN/inf first, as scikit-learn (only on this error path)
         raise InvalidInputError(
             f"Precomputed matrix must be a square matrix. Input is a {Xd.shape[0]}x"
             f"{Xd.shape[1]} matrix; with kernel='precomputed' fit takes the n x n kernel "
             "matrix of the training rows."
         )
-    V.check_min_samples(int(Xd.shape[0]))
+    validation.check_min_samples(int(Xd.shape[0]))
     return Xd, kind
 
 
@@ -375,7 +375,7 @@ def make_plan(
     """
     n, d = int(n_samples), int(n_features)
     if params["n_components"] is not None:
-        V.check_n_components(params["n_components"], n)
+        validation.check_n_components(params["n_components"], n)
     precomputed = _is_precomputed(params)
     solver = resolve_solver(params, n, exact_inputs=exact_inputs or precomputed)
     preimage = (
@@ -391,7 +391,7 @@ def make_plan(
 
             threads = _cluster_threads()
         rows = auto_block_rows(n, solver, threads=threads)
-    dtype = V.resolve_dtype(params["dtype"])
+    dtype = validation.resolve_dtype(params["dtype"])
     tol = params["tol"]
     if not tol:  # None or scikit-learn's 0: the precision's default
         tol = 1e-8 if dtype == np.float64 else 1e-5

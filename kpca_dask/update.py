@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import plan as _plan
-from . import validation as V
+from . import validation
 from ._solve import Solution
 from .exceptions import InvalidInputError, NotUpdatableError
 from .solvers import EigResult
@@ -86,14 +86,14 @@ def _rows(est: Any, X: Any):
             f"X has {d} features, but the model was fitted with {est.n_features_in_}; "
             "pass the same feature columns as at fit."
         )
-    names = V.feature_names(X)
+    names = validation.feature_names(X)
     fitted = getattr(est, "feature_names_in_", None)
     if names is not None and fitted is not None and list(names) != list(fitted):
         raise InvalidInputError(
             "X's feature names differ from those seen at fit; pass the same columns "
             "in the same order."
         )
-    V.check_finite(Xd)
+    validation.check_finite(Xd)
     scaler = getattr(est, "preprocess_", None)
     if scaler is not None:  # the model's scaling, fitted on its first rows, stays fixed
         Xd = scaler.transform(Xd)
