@@ -487,7 +487,6 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/solvers/randomized.py",
     "kpca_dask/solvers/randomized.py:certify",
     "kpca_dask/solvers/randomized.py:randomized_eigh",
-    "pipeline/config.py",
     "pipeline/kernel.py:build_kernel_store",
     "pipeline/solve.py:solve",
     "pipeline/stages.py",
