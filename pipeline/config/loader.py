@@ -30,14 +30,14 @@ class _BoundedLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_YAML_ALIASES:
-                raise YamlBoundError(f"more than {MAX_YAML_ALIASES} YAML aliases (*name)")
+                raise _YamlBoundError(f"more than {MAX_YAML_ALIASES} YAML aliases (*name)")
         self._nodes += 1
         if self._nodes > MAX_YAML_NODES:
-            raise YamlBoundError(f"more than {MAX_YAML_NODES} YAML nodes")
+            raise _YamlBoundError(f"more than {MAX_YAML_NODES} YAML nodes")
         return super().compose_node(parent, index)
 
 
-class YamlBoundError(Exception):
+class _YamlBoundError(Exception):
     pass
 
 
@@ -63,7 +63,7 @@ def read_config_file(source: str | Path) -> Any:
         )
     try:
         data = safe_yaml(p.read_text())
-    except YamlBoundError as exc:
+    except _YamlBoundError as exc:
         raise ConfigError(
             f"config file {p} has {exc}: refused (an alias bomb?); write the values out."
         ) from None

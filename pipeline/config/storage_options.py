@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from .credentials import check_storage_options
-from .loader import YamlBoundError, safe_yaml
+from .loader import _YamlBoundError, safe_yaml
 from .messages import ConfigError
 
 #: the largest storage-options file a command reads
@@ -48,7 +48,7 @@ def parse_storage_options(value: str | None, flag: str = "--storage-options") ->
             )
         try:
             data = safe_yaml(p.read_text())
-        except (YamlBoundError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        except (_YamlBoundError, yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"{flag} file {p} is not a valid YAML/JSON mapping "
                 f"({str(exc).splitlines()[0]}); fix its syntax."
