@@ -9,12 +9,20 @@ largest eigenvalue bound on the 9 gapped eigenvalues and on the flat tail (the
 10th-16th) next to the true errors against an ARPACK reference
 (``eigsh(tol=1e-10)``).
 
-Sweeps: ``n_oversamples`` (block size ``l = 16 + n_oversamples``) and
+Sweeps: ``n_oversamples`` (block size ``l = 16 + n_oversamples``),
 ``tail_tol`` (the relative Weyl bound the flat tail is certified to; default
-0.01). Needs ~2x the dense matrix in memory (n = 20 000: 6.4 GB).
+0.01), and with ``--last-pass`` ``certification_pass=False`` (the last
+iteration's certificate returned as is: one pass fewer, the same certified
+levels). Needs ~2x the
+dense matrix in memory (n = 20 000: 6.4 GB).
 
     python benchmarks/bench_solver_passes.py            # n = 20 000
     python benchmarks/bench_solver_passes.py --n 8000
+    python benchmarks/bench_solver_passes.py --pass-counts 5000 10000 20000
+
+``--pass-counts``: passes to a certified result with and without the
+certification pass, clustered and standard normal rows, seeds 0-2, alternating in
+one process (seconds side by side; no reference needed).
 
 Writes ``benchmarks/results/solver-passes-<n>-<date>.json``.
 """
@@ -39,10 +47,10 @@ from bench_headline import GAMMA, K, make_data  # noqa: E402
 N_GAPPED = 9  # 10 clusters: 9 eigenvalues above the flat tail
 
 
-def centred_kernel(n: int) -> np.ndarray:
+def centred_kernel(n: int, kind: str = "clustered") -> np.ndarray:
     from sklearn.metrics.pairwise import rbf_kernel
 
-    Kc = rbf_kernel(make_data("clustered", n), gamma=GAMMA)
+    Kc = rbf_kernel(make_data(kind, n), gamma=GAMMA)
     mu = Kc.mean(axis=1)
     Kc -= mu[:, None]
     Kc -= mu[None, :]
@@ -103,6 +111,44 @@ def run(A: np.ndarray, ref: np.ndarray, **kw) -> dict:
     }
 
 
+def pass_counts(ns: list[int], cache_dir: Path | None) -> list[dict]:
+    """Passes (and seconds, alternating) with and without the certification pass."""
+    import kpca_dask.solvers.randomized as R
+
+    rows = []
+    for kind in ("clustered", "gaussian"):
+        for n in ns:
+            f = None if cache_dir is None else cache_dir / f"Kc_{kind}{n}.npy"
+            if f is not None and f.exists():
+                A = np.load(f)
+            else:
+                A = centred_kernel(n, kind)
+                if f is not None:
+                    np.save(f, A)
+            for seed in (0, 1, 2):
+                for cp in (True, False):
+                    op = Dense(A)
+                    t = time.perf_counter()
+                    r = R.randomized_eigh(
+                        op, K, tol=1e-8, random_state=seed, warn=False, certification_pass=cp
+                    )
+                    row = {
+                        "kind": kind,
+                        "n": n,
+                        "seed": seed,
+                        "certification_pass": cp,
+                        "passes": int(r.n_passes),
+                        "product_columns": int(op.columns),
+                        "converged": bool(r.converged),
+                        "max_bound": max(r.info["certificate"]["eigenvalue_bounds"]),
+                        "seconds": time.perf_counter() - t,
+                    }
+                    rows.append(row)
+                    print(row, flush=True)
+            del A
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=20000)
@@ -115,7 +161,20 @@ def main(argv=None) -> None:
         help="keep the matrix and the reference as Kc<n>.npy and w<n>.npy here (reused)",
     )
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--pass-counts", type=int, nargs="*", default=None, metavar="N")
+    ap.add_argument(
+        "--last-pass",
+        action="store_true",
+        help="add a run with certification_pass=False to the sweep",
+    )
     args = ap.parse_args(argv)
+    if args.pass_counts:
+        rows = pass_counts(args.pass_counts, args.cache_dir)
+        date = datetime.date.today().isoformat()
+        out = args.out or fresh(HERE / "results" / f"solver-pass-counts-{date}.json")
+        out.write_text(json.dumps({"date": date, "rows": rows}, indent=1))
+        print(f"raw: {out}")
+        return
     from scipy.sparse.linalg import eigsh
 
     d = args.cache_dir
@@ -134,6 +193,8 @@ def main(argv=None) -> None:
             np.save(d / f"w{args.n}.npy", ref)
     runs = [run(A, ref, n_oversamples=o) for o in args.oversamples]
     runs += [run(A, ref, tail_tol=t) for t in args.tail_tols]
+    if args.last_pass:
+        runs += [run(A, ref, certification_pass=False)]
     print(
         "| params | passes | product columns | certified | gapped error | tail error "
         "| tail bound at the stop |"
