@@ -486,7 +486,6 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/gram.py",
     "kpca_dask/kernels.py",
     "kpca_dask/plan.py",
-    "pipeline/config.py",
 }
 
 
