@@ -483,8 +483,6 @@ NOT_YET_SPLIT: set[str] = {
     "kpca_dask/_solve.py:_solve_nystroem",
     "kpca_dask/estimator.py",
     "kpca_dask/estimator.py:_fit_on",
-    "kpca_dask/gram.py",
-    "kpca_dask/kernels.py",
     "kpca_dask/plan.py",
 }
 
