@@ -38,7 +38,7 @@ PROCESS_FIXTURES = {
     "dask_cluster", "dask_client", "s3_server", "s3_proxy", "gcs_emulator", "gcs_proxy",
     "azurite", "az_proxy", "object_store",
 }  # fmt: skip
-PROCESS_FOLDERS = ("objectstore", "deploy", "flows")
+PROCESS_FOLDERS = ("objectstore", "deploy")
 TESTS = Path(__file__).resolve().parent
 
 
@@ -90,6 +90,22 @@ def _checked_start(self):
 sys.addaudithook(_audit)
 multiprocessing.process.BaseProcess.start = _checked_start
 assert subprocess.Popen  # the audit event above is subprocess.Popen's
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """The guard also covers fixtures (a module-scoped fixture that starts a process is
+    set up before the test's own guard is on): on for a fixture an unmarked test needs."""
+    if fixturedef.argname == "_no_process_unless_marked":  # it sets the test's guard
+        yield
+        return
+    item = getattr(request, "_pyfuncitem", None)
+    before = _guard["on"]
+    _guard["on"] = item is not None and item.get_closest_marker("cluster") is None
+    try:
+        yield
+    finally:
+        _guard["on"] = before
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,8 @@ import zarr
 from pipeline.versions import open_output
 from tests.published import version_dir
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((600, 4))
 

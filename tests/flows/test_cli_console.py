@@ -10,7 +10,11 @@ import sys
 import threading
 import time
 
+import pytest
+
 from tests.flows.test_cli_prefect import _config, _env
+
+pytestmark = pytest.mark.cluster  # its tests start processes
 
 #: seconds from the process's start to its first line (generous: a loaded machine).
 #: Measured 0.54-0.59 s for `kpca run` and `kpca demo` at a load average of 19 on 2 cores

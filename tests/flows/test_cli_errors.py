@@ -86,6 +86,7 @@ def test_a_full_disk_names_the_fix(capsys):
     assert "out of disk space writing /out/embedding/c/0" in err and "Traceback" not in err
 
 
+@pytest.mark.cluster  # a kpca command or a Prefect run
 def test_the_command_line_refuses_bad_arguments_in_one_line(tmp_path):
     """A real process: ``--chunk-mb inf`` reached the reader and failed there with a bare
     ValueError (it now fails validation: a user error, status 2, no traceback)."""

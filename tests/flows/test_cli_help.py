@@ -41,6 +41,7 @@ def test_the_subcommand_list_has_a_line_for_every_command():
     assert all(h and h.strip() for h in helps.values()), helps
 
 
+@pytest.mark.cluster  # a kpca command or a Prefect run
 def test_help_texts_print_and_name_what_the_issue_found_missing():
     """The real --help output (a subprocess): transform's --format, --chunk-mb, --overwrite;
     info's and unlock's folder argument; demo's data folder."""

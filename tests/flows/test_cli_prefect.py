@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import yaml
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -162,6 +162,7 @@ def refused(tmp_path_factory):
     }
 
 
+@pytest.mark.cluster  # `refused` runs the commands in a fresh Python
 def test_nothing_started_nothing_left(refused):
     """No dask/distributed/zarr/Prefect module was even imported: no cluster, no scheduler
     port, no Prefect server. And not one file was written by the 28 refused commands."""
@@ -169,6 +170,7 @@ def test_nothing_started_nothing_left(refused):
     assert refused["new_files"] == set()
 
 
+@pytest.mark.cluster  # `refused` runs the commands in a fresh Python
 @pytest.mark.parametrize(
     "key",
     [
@@ -263,6 +265,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.cluster  # a kpca command or a Prefect run
 def test_version():
     from kpca_dask import __version__
 
@@ -282,6 +285,7 @@ def test_global_flags_before_or_after_the_subcommand():
     assert parse_args(["validate", "c.yaml", "--quiet"]).quiet is True
 
 
+@pytest.mark.cluster  # a kpca command or a Prefect run
 def test_a_run_refused_by_ingest_leaves_no_folder_it_created(tmp_path):
     """A NaN the pre-start checks do not read (a zarr array's values: its metadata only)
     is found by ingest (a real run, plain mode): one line, exit 2, and the output folder

@@ -33,7 +33,7 @@ from pipeline.stages import REGISTRY
 from pipeline.versions import open_output
 from tests.published import version_dir
 
-pytestmark = pytest.mark.flows
+pytestmark = [pytest.mark.flows, pytest.mark.cluster]
 
 RNG = np.random.default_rng(11)
 N = 600

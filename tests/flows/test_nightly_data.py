@@ -24,6 +24,8 @@ from pipeline.versions import open_output
 
 from ..reliability.helpers import env
 
+pytestmark = pytest.mark.cluster  # its tests start processes
+
 BIG = 2**53  # float64 holds every integer only up to here
 FEATURES = [f"f{i}" for i in range(5)]
 

@@ -48,6 +48,7 @@ def test_plan_without_a_readable_input_says_so(tmp_path, capsys):
 
 
 @pytest.mark.distributed
+@pytest.mark.cluster  # a kpca command or a Prefect run
 def test_calibrate_writes_what_plan_reads(tmp_path, capsys):
     out = tmp_path / "cal.json"
     assert main(["calibrate", "--quick", "--output", str(out)]) == 0
