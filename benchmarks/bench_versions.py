@@ -16,6 +16,9 @@ Cases (defaults as users run them, d = 64, rbf, gamma = 1/64, 16 components):
   standard normal rows (n = 200 000; ``--nystroem-n``).
 
 ``--data clustered``: the headline's rows instead (10 blobs, make_blobs, d = 64).
+``--new-params '{"block_dtype": "float64"}'``: extra parameters for the new checkout's
+exact fit (the same computation when the new checkout changed a default);
+``--cases exact``: only one case.
 
 Prints wall time, passes and the largest eigenvalue per checkout, the median
 ratio new/old, and writes ``results/versions-<old>-<new>-<date>.json``.
@@ -42,13 +45,15 @@ import numpy as np
 import dask
 from kpca_dask import KernelPCA
 case, n, data = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 if data == "clustered":  # the headline's data (bench_headline.py): 10 blobs, d = 64
     from sklearn.datasets import make_blobs
     X = make_blobs(n, n_features=64, centers=10, random_state=0)[0]
 else:
     X = np.random.default_rng(0).standard_normal((n, 64))
 if case == "exact":
-    est = KernelPCA(16, kernel="rbf", gamma=1 / 64, eigen_solver="randomized", random_state=0)
+    est = KernelPCA(16, kernel="rbf", gamma=1 / 64, eigen_solver="randomized", random_state=0,
+                    **extra)
 else:
     est = KernelPCA(16, kernel="rbf", gamma=1 / 64, eigen_solver="nystroem",
                     n_landmarks=1024, random_state=0)
@@ -63,10 +68,10 @@ print(json.dumps({"seconds": dt, "passes": int(getattr(est, "n_passes_", 0) or 0
 """
 
 
-def run(tree: Path, case: str, n: int, data: str) -> dict:
+def run(tree: Path, case: str, n: int, data: str, extra: str = "{}") -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, case, str(n), data],
+        [sys.executable, "-c", CHILD, case, str(n), data, extra],
         env=env,
         cwd=tree,
         capture_output=True,
@@ -89,6 +94,13 @@ def main() -> None:
         default="gaussian",
         help="standard normal rows, or the headline's 10 blobs (make_blobs, d = 64)",
     )
+    ap.add_argument(
+        "--new-params",
+        default="{}",
+        help="JSON of extra KernelPCA parameters for the new checkout's exact fit (e.g. "
+        '\'{"block_dtype": "float64"}\' to compare the same computation across a new default)',
+    )
+    ap.add_argument("--cases", nargs="+", default=["exact", "nystroem"])
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from bench_passes import cpu_model  # noqa: E402  (benchmarks/ is not a package)
@@ -103,12 +115,14 @@ def main() -> None:
         for k, t in trees.items()
     }
     rows: dict[str, dict[str, list[dict]]] = {}
-    for case, n in (("exact", args.exact_n), ("nystroem", args.nystroem_n)):
+    sizes = {"exact": args.exact_n, "nystroem": args.nystroem_n}
+    for case, n in ((c, sizes[c]) for c in args.cases):
         rows[case] = {"old": [], "new": []}
         for r in range(args.repeat):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")
             for which in order:
-                res = run(trees[which], case, n, args.data)
+                extra = args.new_params if which == "new" else "{}"
+                res = run(trees[which], case, n, args.data, extra)
                 rows[case][which].append(res)
                 print(
                     f"{case:9s} n={n:<7d} {which} ({commits[which]}): "
@@ -131,6 +145,7 @@ def main() -> None:
         "commits": commits,
         "repeat": args.repeat,
         "data": args.data,
+        "new_params": json.loads(args.new_params),
         "runs": rows,
         "summary": summary,
     }

@@ -66,7 +66,14 @@ class Clock:
 
 
 def instrument(clock: Clock) -> None:
-    from kpca_dask import centering, gram, kernels
+    from kpca_dask import (
+        block_matrix,
+        block_products,
+        centering,
+        gram,
+        kernels,
+        precomputed_matrix,
+    )
     from kpca_dask.solvers import randomized
 
     # tasks: kernel evaluation (inside recomputing tasks and cache fills), the tasks
@@ -91,11 +98,17 @@ def instrument(clock: Clock) -> None:
         finally:
             local.where = "recompute"
 
-    gram.kernel_block = kernel_block
-    gram.pair_products = clock.timed("recompute_task_cs", gram.pair_products)
-    gram.stored_pair_products = clock.timed("cached_task_cs", gram.stored_pair_products)
-    gram.kernel_block = clock.timed("cache_fill_cs", gram.kernel_block)
-    gram._sum_parts = clock.timed("sums_cs", gram._sum_parts)
+    timed = {
+        "pair_products": clock.timed("recompute_task_cs", gram.pair_products),
+        "stored_pair_products": clock.timed("cached_task_cs", gram.stored_pair_products),
+        "kernel_block": clock.timed("cache_fill_cs", kernel_block),
+        "_sum_parts": clock.timed("sums_cs", gram._sum_parts),
+    }
+    # each name where the tasks and the matrix look it up (gram.py only re-exports them)
+    for module in (gram, block_products, block_matrix, precomputed_matrix):
+        for name, fn in timed.items():
+            if hasattr(module, name):
+                setattr(module, name, fn)
 
     # the pass
     orig_product = centering.CentredKernel._product

@@ -56,10 +56,10 @@ def test_stored_block_products_in_strips_match_the_whole_products(dtype, shape, 
     """Products of a stored block taken strip by strip (issue 17): strips smaller than the
     block, a ragged last strip and rectangular blocks give the products of the whole
     block, checked in float64 against numpy on the block itself."""
-    import kpca_dask.gram as gram
+    import kpca_dask.block_products as bp
 
     # 300-row strips of a 700 or 1000-column block: several strips and a ragged last one
-    monkeypatch.setattr(gram, "STORED_STRIP_BYTES", 300 * shape[1] * np.dtype(dtype).itemsize)
+    monkeypatch.setattr(bp, "STORED_STRIP_BYTES", 300 * shape[1] * np.dtype(dtype).itemsize)
     rng = np.random.default_rng(3)
     blk = rng.random(shape).astype(dtype)
     zi, zj = rng.standard_normal((shape[0], 13)), rng.standard_normal((shape[1], 13))
