@@ -9,10 +9,8 @@ here knows the estimator class: it reads the parameters and the :class:`FitPlan`
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import dask
@@ -20,12 +18,13 @@ import dask.array as da
 import numpy as np
 
 from . import plan as _plan
+from ._solution import Solution
+from ._solve_nystroem import _solve_nystroem
 from .centering import CentredKernel
 from .exceptions import (
     AsymmetricKernelWarning,
     ConvergenceWarning,
     InvalidInputError,
-    InvalidParameterError,
 )
 from .gram import BlockKernelMatrix, PrecomputedKernelMatrix
 from .mixed import recertify
@@ -33,9 +32,7 @@ from .plan import FitPlan
 from .solvers import EigResult, dense_eigh, randomized_eigh
 from .solvers.arpack import arpack_eigh
 from .solvers.dense import centre_inplace
-from .solvers.landmarks import select_landmarks
-from .solvers.nystroem import choose_method, nystroem_basis, nystroem_eigh
-from .solvers.randomized import _generator, escalation_plan, not_converged_message
+from .solvers.randomized import escalation_plan, not_converged_message
 from .threads import blas_threads_for_dask
 
 __all__ = ["Solution", "gather_rows", "solve"]
@@ -45,23 +42,6 @@ logger = logging.getLogger("kpca_dask")
 #: stack depth of a warning raised by a solver function here, counted to the user's call
 #: (user -> fit -> _fit -> solve -> _solve_x -> warn)
 _USER_STACK = 5
-
-
-@dataclass
-class Solution:
-    """An eigensolve's result with the centring statistics and the rows the model keeps."""
-
-    result: EigResult
-    row_means: np.ndarray
-    grand_mean: float
-    kernel_trace: float
-    #: the solver that produced ``result`` ("auto" may escalate randomized to dense)
-    solver: str
-    #: exact solvers: the training rows (an (n, 0) array for a precomputed kernel);
-    #: Nyström: the landmarks
-    X_fit: np.ndarray
-    #: Nyström only: landmark indices and methods, mean weights
-    nystroem: dict[str, Any] = field(default_factory=dict)
 
 
 def gather_rows(X: da.Array, group_bytes: int = 64 << 20) -> np.ndarray:
@@ -400,108 +380,4 @@ def _mixed_failure(res: EigResult, rc: dict | None) -> str:
     return (
         "the certificate on the kernel evaluated in float64 does not hold for "
         f"component(s) {bad} at the requested levels (vectors from float32 blocks)"
-    )
-
-
-def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> Solution:
-    """Landmarks, the W eigendecomposition, the passes over X."""
-    m = plan.n_landmarks
-    if m > 16384:
-        logger.warning(
-            "Nyström with %d landmarks forms %.1f GB m x m matrices on the driver",
-            m,
-            8 * m * m / 1e9,
-        )
-    kernel, dtype = plan.kernel, plan.dtype
-    rng = _generator(params["random_state"])
-    size = params["landmark_sample_size"]
-    t0 = time.perf_counter()
-    lm = select_landmarks(
-        Xb,
-        m,
-        params["landmark_method"],
-        kernel,
-        rng,
-        sample_size=None if size == "auto" else int(size),
-        dtype=dtype,
-    )
-    t_landmarks = time.perf_counter() - t0
-    basis = nystroem_basis(lm.points, kernel, dtype, shift=lm.column_means)
-    if not kernel.psd and basis.n_dropped:
-        logger.info(
-            "Nyström: the kernel is not positive semi-definite; %d non-positive "
-            "eigenvalues of k(Z, Z) were dropped (the PSD part is used)",
-            basis.n_dropped,
-        )
-    k = params["n_components"]
-    l = (k or 0) + params["n_oversamples"]
-    method = params["nystroem_method"]
-    if method == "auto":
-        method = choose_method(basis.m, plan.n_features, k, l)
-    if k is None and method == "randomized":
-        raise InvalidParameterError(
-            "nystroem_method='randomized' needs an explicit n_components (None means "
-            "all components: use nystroem_method='covariance')."
-        )
-    keep = params.get("keep_statistics", "auto")
-    if keep is True and params["nystroem_method"] == "auto":
-        # one covariance pass solves exactly and yields the statistics; the randomized
-        # solve would need that pass on top of its own
-        method = "covariance"
-    keep_stats = keep is True or (keep == "auto" and method == "covariance")
-    auto = params["nystroem_method"] == "auto" and method == "randomized"
-    fit = nystroem_eigh(
-        Xb,
-        basis,
-        k,
-        method=method,
-        n_oversamples=params["n_oversamples"],
-        n_power_iter=plan.power_iter,
-        randomized_method=params["randomized_method"],
-        tol=plan.tol,
-        max_passes=plan.max_passes,
-        random_state=np.random.default_rng(rng.integers(2**63)),
-        warn=not auto,
-        keep_statistics=keep_stats,
-    )
-    if auto and not fit.converged:
-        # "auto" escalates: the covariance method is exact on the Nyström problem
-        logger.info(
-            "Nyström randomized eigensolve not certified after %d passes; "
-            "using the covariance method",
-            fit.n_passes,
-        )
-        first = {"n_passes": fit.n_passes, "certificate": fit.info.get("certificate")}
-        fit = nystroem_eigh(
-            Xb, basis, k, method="covariance", keep_statistics=keep is not False
-        )
-        fit.n_passes += first["n_passes"]
-        fit.info["escalated_from"] = first
-        method = "covariance"
-    lam, A, resid = fit.eigenvalues, fit.projection, fit.residuals
-    if k is not None and lam.size < k:
-        # The features have rank m' < k: pad with zero pairs, which
-        # drop_nonpositive removes with its usual warning.
-        pad = k - lam.size
-        lam = np.concatenate([lam, np.zeros(pad)])
-        A = np.hstack([A, np.zeros((A.shape[0], pad))])
-        resid = np.concatenate([resid, np.full(pad, np.nan)])
-    info = {
-        "solver": "nystroem",
-        "landmarks": lm.info,
-        "landmark_seconds": t_landmarks,
-        **fit.info,
-    }
-    res = EigResult(lam, A, resid, n_passes=fit.n_passes, converged=fit.converged, info=info)
-    extra = {
-        "landmark_indices_": lm.indices,
-        "n_landmarks_": int(lm.indices.size),
-        "landmark_method_": lm.info.get("method", params["landmark_method"]),
-        "nystroem_method_": method,
-        "mean_weights_": fit.mean_weights,
-        # sufficient statistics for exact updates (kpca_dask.update); None: not kept
-        "statistics_": fit.statistics,
-    }
-    return Solution(
-        res, fit.column_means, fit.grand_mean, fit.kernel_trace, "nystroem", lm.points, extra
     )

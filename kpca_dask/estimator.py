@@ -1,3 +1,4 @@
+# long: the public estimator's numpydoc (class, parameters, methods: ~500 lines) stays with it
 """``KernelPCA``: scikit-learn's estimator contract on top of the dask solvers.
 
 The estimator holds the parameters and the fitted attributes, and orchestrates:
@@ -5,80 +6,47 @@ The estimator holds the parameters and the fitted attributes, and orchestrates:
 runs the eigensolve; ``kpca_dask._fitted`` knows what an exact or a Nyström
 model keeps and how it embeds new rows (:mod:`kpca_dask.projection`);
 ``kpca_dask._preimage_fit`` trains and applies the pre-image map; ``kpca_dask._state``
-converts the model to the state :mod:`kpca_dask.persistence` saves.
+converts the model to the state :mod:`kpca_dask.persistence` saves. The method bodies
+live next door: ``kpca_dask._fit_steps`` (the steps of a fit) and ``kpca_dask._transform``
+(transform, score and pre-image graphs).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
-from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.metaestimators import available_if
 
+from . import _fit_steps, _transform
 from . import cost as _cost
 from . import plan as _plan
-from . import preprocess as _pre
-from . import validation
 from ._eigvals import select_eigenpairs
-from ._fitted import STRATEGIES, model_of
-from ._preimage_fit import PREIMAGE_ATTRS, fit_preimage, inverse_transform_graph
+from ._fitted import model_of
+from ._preimage_fit import fit_preimage
 from ._solve import solve
 from ._state import restore, state_of
+
+# the transform's scatter cache lives in ._transform; importable from here, as before
+from ._transform import _SCATTERED, _SCATTERED_KEEP, SCATTER_BYTES, _on_cluster  # noqa: F401
 from .exceptions import (
-    InvalidInputError,
-    InvalidParameterError,
     NotFittedError,
     PartialFitUnavailableError,
 )
 from .persistence import load_state, save_state
 from .plan import FitPlan
-from .precision import centre_kernel, check_centred_scale, is_distance_kernel
+from .precision import centre_kernel, check_centred_scale
 from .preimage import warn_not_converged
 from .preprocess import Scaler
-from .projection import project_block
 from .solvers.randomized import DEFAULT_N_OVERSAMPLES
-from .threads import blas_threads_for_dask
 
 __all__ = ["KernelPCA", "load"]
 
 logger = logging.getLogger("kpca_dask")
-
-
-#: model arrays (training rows + coefficients) at least this large go to a distributed
-#: cluster's workers once, instead of inside every transform graph: every graph would
-#: otherwise ship them through the scheduler again (distributed warns from 10 MiB)
-SCATTER_BYTES = 1 << 20
-_SCATTERED: dict[tuple[int, str], list] = {}  # (client, model token) -> futures, newest last
-_SCATTERED_KEEP = 4
-
-
-def _on_cluster(token: str, *arrays: np.ndarray) -> list | None:
-    """Futures of ``arrays`` on every worker of the current distributed client (scattered
-    once per model and client, again if a worker that held them is gone), or None: no
-    distributed client, or arrays small enough to travel in the graph."""
-    if sum(a.nbytes for a in arrays) < SCATTER_BYTES:
-        return None
-    from .gram import _scheduler_kind
-
-    kind, client = _scheduler_kind()
-    if kind != "distributed":
-        return None
-    key = (id(client), token)
-    futures = _SCATTERED.pop(key, None)
-    if futures is None or any(f.status != "finished" for f in futures):
-        futures = client.scatter(list(arrays), broadcast=True, hash=False)
-    _SCATTERED[key] = futures
-    while len(_SCATTERED) > _SCATTERED_KEEP:  # released: the workers drop them
-        _SCATTERED.pop(next(iter(_SCATTERED)))
-    return futures
 
 
 class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -624,71 +592,18 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         scaler: Scaler | None = None,
         v0: Any = None,
     ) -> tuple[da.Array, str]:
+        # the steps that may warn are called here, at the depth their stacklevel counts
         t0 = time.perf_counter()
-        params = self.get_params(deep=False)
-        _plan.check_params(params)
-        self._dtype = validation.resolve_dtype(self.dtype)
-        names = validation.feature_names(X)
-        Xd, kind = _plan.validate_fit_input(X, self._is_precomputed())
-        self.__dict__.pop("feature_names_in_", None)
-        self.__dict__.pop("features_", None)
-        if names is not None:
-            self.feature_names_in_ = names
-            self.features_ = {
-                "names": [str(c) for c in names],
-                "dtypes": [str(t) for t in X.dtypes],
-            }
-        self._out_float32 = Xd.dtype == np.float32
-        n, d = (int(s) for s in Xd.shape)
-        plan = _plan.make_plan(
-            params, n, d, exact_inputs=kernel_blocks is not None or centring is not None
+        params, Xd, kind, plan, stats, v0 = _fit_steps.start(
+            self, X, kernel_blocks, centring, v0
         )
-        stats = None  # a precomputed K is checked by its own first read (inspect)
-        if not plan.precomputed:  # one pass: NaN/inf, and the distance kernels' centre
-            stats = validation.check_finite(
-                Xd, names=names, column_stats=is_distance_kernel(self.kernel)
-            )
-        if v0 is not None:  # before any work on X: a wrong v0 costs nothing
-            v0 = validation.check_start_vectors(v0, n, plan.solver)
-        self.preprocess_ = scaler = _pre.for_fit(
-            self.preprocess, Xd, scaler, precomputed=plan.precomputed
+        n = int(Xd.shape[0])
+        Xd, Xb, persisted, scaler = _fit_steps.blocks(
+            self, Xd, kind, plan, scaler, kernel_blocks
         )
-        if scaler is not None:
-            Xd = scaler.transform(Xd)
-        for model in STRATEGIES.values():  # a refit leaves no attribute of another kind
-            for attr in model.ATTRS + PREIMAGE_ATTRS:
-                self.__dict__.pop(attr, None)
-        self.n_features_in_ = d
-        self.n_samples_fit_ = n
-        self.chunk_size_ = r = plan.block_rows
-        Xb = Xd if plan.precomputed else Xd.rechunk({0: r, 1: -1})
-        # Numpy input is in memory already (persisting keeps views of it); a large
-        # dask/zarr input is re-read at every Nyström pass instead. Products from stored
-        # kernel blocks never touch X: it is read once.
-        persisted = Xb is not Xd and kernel_blocks is None and plan.persists(kind, Xb.nbytes)
-        if persisted:
-            Xb = Xb.persist()
-
         plan = _plan.resolve_kernel(plan, params, Xb)
         plan = centre_kernel(plan, stats, scaler)
-        self.gamma_ = plan.gamma
-        self.kernel_ = plan.kernel
-        self.eigen_solver_ = plan.solver
-        logger.info(
-            "KernelPCA fit: n=%d, d=%d, kernel=%s, solver=%s, %d blocks of %d rows, %s",
-            n,
-            d,
-            self.kernel_,
-            plan.solver,
-            len(Xb.chunks[0]),
-            r,
-            self._dtype.name,
-        )
-        if kernel_blocks is not None and self.chunk_size == "auto":
-            raise InvalidParameterError(
-                "kernel_blocks needs an explicit integer chunk_size: the row blocks of the "
-                "stored kernel matrix."
-            )
+        _fit_steps.adopt_plan(self, plan, Xb, kernel_blocks)
         sol = solve(
             plan,
             params,
@@ -703,14 +618,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         check_centred_scale(self)  # rounding of an offset in feature space vs tol
         if self.fit_inverse_transform:
             fit_preimage(self, Xb, n)
-        self.fit_seconds_ = time.perf_counter() - t0
-        logger.info(
-            "KernelPCA fit done in %.2f s: %d components, %d passes, max residual %.2e",
-            self.fit_seconds_,
-            self.n_components_,
-            self.n_passes_,
-            float(np.max(self.residuals_)) if self.residuals_.size else 0.0,
-        )
+        _fit_steps.finish(self, t0)
         return Xd, kind
 
     def _apply_solution(self, sol: Any, n: int) -> None:
@@ -800,92 +708,18 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     def _coefficients(self) -> tuple[np.ndarray, tuple, str]:
         """Coefficients on ``X_fit_``, the centring constants of
         :func:`~kpca_dask.projection.project_block` and their token (cached)."""
-        holder = self.__dict__.get("_coef_cache")
-        if not isinstance(holder, dict):  # a loaded model; fit creates the holder, so that
-            holder = self._coef_cache = {}  # transform leaves __dict__ unchanged (sklearn)
-        cache = holder.get("coef")
-        if cache is None:
-            A_aug, consts = model_of(self).coefficients(self)
-            token = tokenize(self.X_fit_, A_aug, consts, self.kernel_, str(self._dtype))
-            cache = (A_aug, consts, token)
-            holder["coef"] = cache
-        return cache
-
-    def _project(self, X: Any, what: str) -> Any:
-        self._check_fitted()
-        names = getattr(self, "feature_names_in_", None)
-        X = validation.check_feature_names(names, X)  # a DataFrame's columns selected by name
-        Xd, kind = validation.as_dask_array(X)
-        if self._is_precomputed():
-            n_fit = self.n_samples_fit_
-            if Xd.shape[1] != n_fit:
-                # NaN/inf first, as scikit-learn (only on this error path)
-                validation.check_finite(Xd)
-                raise InvalidInputError(
-                    f"X has {Xd.shape[1]} features, but KernelPCA is expecting {n_fit} "
-                    f"features as input: with kernel='precomputed' transform takes "
-                    f"k(X_new, X_fit) of shape (n_queries, n_indexed), one column per "
-                    f"training row; got {tuple(Xd.shape)} for {n_fit} indexed."
-                )
-        elif Xd.shape[1] != self.n_features_in_:
-            raise InvalidInputError(
-                f"X has {Xd.shape[1]} features, but KernelPCA is expecting "
-                f"{self.n_features_in_} features as input (fitted with {self.n_features_in_}); "
-                "pass data with the same columns as in fit."
-            )
-        # where the embedding runs (numpy rows: maybe this process's threads), decided
-        # first so that the NaN check runs there too, not as a cluster round trip
-        where = _cost.transform_execution(self, int(Xd.shape[0])) if kind == "numpy" else None
-        with where.scheduler() if where is not None else contextlib.nullcontext():
-            validation.check_finite(Xd, names=None if self._is_precomputed() else names)
-        scaler = getattr(self, "preprocess_", None)
-        if scaler is not None:
-            Xd = scaler.transform(Xd)
-        return self._project_array(Xd, kind, what, where=where)
+        return _transform.coefficients(self)
 
     def _out_dtype(self, in_dtype: Any = None) -> np.dtype:
         """Embeddings are float32 when the input or the compute dtype is (scikit-learn:
         float32 in, float32 out), else float64."""
-        f32 = self._dtype == np.float32 or (
-            getattr(self, "_out_float32", False) if in_dtype is None else in_dtype == np.float32
-        )
-        return np.dtype(np.float32 if f32 else np.float64)
+        return _transform.output_dtype(self, in_dtype)
 
     def _project_array(self, Xd: da.Array, kind: str, what: str, where: Any = None) -> Any:
         """The transform/score graph on validated data: one task per row block.
         ``where``: the execution :func:`kpca_dask.cost.transform_execution` chose for
         these numpy rows (decided here when not given)."""
-        A_aug, consts, token = self._coefficients()
-        model = model_of(self)
-        k = self.n_components_
-        out_cols = k if what == "transform" else 1
-        Xr = Xd.rechunk({0: self.chunk_size_, 1: -1})
-        name = f"kpca-{what}-" + tokenize(token, Xr.name)
-        train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
-        dsk: dict[Any, Any] = {train_key: self.X_fit_, coef_key: A_aug}
-        if where is None and kind == "numpy":
-            where = _cost.transform_execution(self, int(Xd.shape[0]))
-        # scattered only for a graph the cluster runs: local threads cannot read futures
-        on_cluster = (
-            _on_cluster(token, self.X_fit_, A_aug)
-            if where is None or where.where != "local threads"
-            else None
-        )
-        if on_cluster is not None:  # the rows are on the workers: the graph names them
-            dsk[train_key], dsk[coef_key] = on_cluster
-        out_dtype = self._out_dtype(Xd.dtype) if what == "transform" else np.dtype(np.float64)
-        for b in range(len(Xr.chunks[0])):
-            dsk[(name, b, 0)] = model.block_task(
-                self, (Xr.name, b, 0), train_key, coef_key, consts, what, out_dtype
-            )
-        graph = HighLevelGraph.from_collections(name, dsk, dependencies=[Xr])
-        out = da.Array(graph, name, chunks=(Xr.chunks[0], (out_cols,)), dtype=out_dtype)
-        if where is not None:
-            with where.scheduler(), blas_threads_for_dask():
-                (res,) = dask.compute(out)
-            return res if what == "transform" else res[:, 0]
-        out = out.rechunk({0: Xd.chunks[0]})
-        return out if what == "transform" else out[:, 0]
+        return _transform.project_array(self, Xd, kind, what, where)
 
     def transform(self, X: Any) -> Any:
         """Embed ``X``: numpy in, numpy out; dask or zarr in, lazy dask array out.
@@ -895,7 +729,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Nyström: ``n_landmarks_`` kernel evaluations and an m x k product per
         row, ``k(x, Z) @ projection_ - offset_``, whatever the training size.
         """
-        return self._project(X, "transform")
+        return _transform.project(self, X, "transform")
 
     @available_if(lambda self: not self._is_precomputed())
     def score_samples(self, X: Any) -> Any:
@@ -916,21 +750,12 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         reconstruction error. With all rows as landmarks it equals the exact
         score.
         """
-        return self._project(X, "score")
+        return _transform.project(self, X, "score")
 
     # -------------------------------------------------------------- pre-images
     def _embed_rows(self, rows: np.ndarray) -> np.ndarray:
         """Embedding of a few in-memory rows, in float64 (learned pre-image targets)."""
-        A_aug, consts, _ = self._coefficients()
-        return project_block(
-            np.asarray(rows, dtype=np.float64),
-            self.X_fit_,
-            A_aug,
-            consts,
-            self.kernel_,
-            "<f8",
-            "transform",
-        )
+        return _transform.embed_rows(self, rows)
 
     def inverse_transform(
         self, X: Any, *, method: str | None = None, return_status: bool = False
@@ -969,39 +794,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         the expansion size (landmarks for Nyström, every training row for
         exact solvers: use the learned map when that is large).
         """
-        self._check_fitted()
-        if not hasattr(self, "dual_coef_"):
-            raise NotFittedError(
-                "The fit_inverse_transform parameter was not set to True when fitting, so "
-                "the inverse transform is not available; refit with "
-                "KernelPCA(fit_inverse_transform=True, ...)."
-            )
-        method = (
-            self.preimage_ if method is None else _plan.resolve_preimage(self.kernel, method)
-        )
-        validation.validate_params(
-            "KernelPCA",
-            self.get_params(deep=False),
-            {
-                "preimage_tol": validation.real_range(0, lo_open=True),
-                "preimage_max_iter": validation.int_range(1),
-            },
-        )
-        if method == "exact" and getattr(self, "preimage_components_", None) is None:
-            raise InvalidParameterError("method='exact' needs the linear kernel.")
-        Zd, kind = validation.as_dask_array(X, what="Z")
-        k = self.n_components_
-        if Zd.shape[1] != k:
-            raise InvalidInputError(
-                f"inverse_transform takes embeddings with {k} columns (n_components_), got "
-                f"{Zd.shape[1]}; pass the output of transform."
-            )
-        if kind == "numpy":
-            validation.check_finite(Zd, what="Z")
-        out, status = inverse_transform_graph(self, Zd, kind, method, return_status)
-        scaler = getattr(self, "preprocess_", None)
-        if scaler is not None:  # pre-images in the original units
-            out = scaler.inverse_transform(out)
+        out, status, kind = _transform.preimages(self, X, method, return_status)
         if kind == "numpy" and not return_status:
             warn_not_converged(status, int(self.preimage_max_iter))
         return (out, status) if return_status else out
@@ -1018,24 +811,7 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         columns and how the features were chosen). All of it is in ``features_``
         and saved with the model (its ``"features"`` block).
         """
-        self._check_fitted()
-        names = [str(c) for c in names]
-        if len(names) != self.n_features_in_ or self._is_precomputed():
-            raise InvalidParameterError(
-                f"record_features got {len(names)} names for a model of "
-                f"{self.n_features_in_} features; pass one name per column of X."
-            )
-        if len(set(names)) != len(names):
-            dup = sorted({c for c in names if names.count(c) > 1})
-            raise InvalidParameterError(f"record_features: names given twice: {dup}.")
-        if dtypes is not None and len(dtypes) != len(names):
-            raise InvalidParameterError("record_features: one dtype per name, or none.")
-        self.feature_names_in_ = np.asarray(names, dtype=object)
-        self.features_ = {
-            "names": names,
-            "dtypes": None if dtypes is None else [str(t) for t in dtypes],
-            **info,
-        }
+        _fit_steps.record_features(self, names, dtypes, info)
         return self
 
     # ------------------------------------------------------------ persistence

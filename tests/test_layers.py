@@ -478,13 +478,7 @@ REASON = "# long:"
 
 #: Not yet split (issue 30's renovation is in progress). Each entry must still be over
 #: its limit: when one is split, ``test_sizes`` fails until it is deleted here.
-NOT_YET_SPLIT: set[str] = {
-    "kpca_dask/_solve.py",
-    "kpca_dask/_solve.py:_solve_nystroem",
-    "kpca_dask/estimator.py",
-    "kpca_dask/estimator.py:_fit_on",
-    "kpca_dask/plan.py",
-}
+NOT_YET_SPLIT: set[str] = set()
 
 
 def _has_reason(lines: list[str], start: int, stop: int) -> bool:
