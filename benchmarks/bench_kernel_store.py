@@ -53,7 +53,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 from kpca_dask.gram import pair_products, stored_pair_products  # noqa: E402
 from kpca_dask.kernels import RBFKernel  # noqa: E402
-from pipeline.kernel import _OPENED, KernelBlockReader, _crc, _ensure_block  # noqa: E402
+from pipeline.kernel_store import _OPENED, KernelBlockReader, _crc, _ensure_block  # noqa: E402
 from pipeline.store import Location  # noqa: E402
 
 R = 2000  # rows per block, what chunk_size="auto" picks at n = 100k

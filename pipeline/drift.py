@@ -1,7 +1,7 @@
 """The drift report of a batch of new rows against a model's training rows.
 
 Computed with the model the batch would be merged into, before it is merged
-(pipeline/update.py; docs/update.md):
+(pipeline/update_run.py; docs/update.md):
 
 * novelty: the feature-space reconstruction error (``model.score_samples``:
   the squared distance of ``phi(x)`` from the principal subspace) of the new

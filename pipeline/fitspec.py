@@ -83,7 +83,7 @@ PARAMS: tuple[Param, ...] = (
     Param("solver.n_power_iter", "n_power_iter"),
     Param("solver.tol", "tol"),
     Param("solver.max_iter", "max_iter"),
-    # Nyström: for `kpca update` (pipeline/update.py)
+    # Nyström: for `kpca update` (pipeline/update_run.py)
     Param("solver.keep_statistics", "keep_statistics"),
     # the scaling a refit (the evaluate stage's gamma cross-validation clones the model)
     # fits on its own training rows; the solve passes the split stage's fitted scaler
@@ -101,7 +101,7 @@ PARAMS: tuple[Param, ...] = (
 FIXED: Mapping[str, Any] = {"remove_zero_eig": True}
 
 #: fields the plan reads besides the estimator's: whether the kernel is materialised
-#: (stored blocks are capped in size, pipeline.kernel.plan_materialize)
+#: (stored blocks are capped in size, pipeline.kernel_store.plan_materialize)
 _PLAN_EXTRA = ("kernel_store.materialize",)
 #: fields the fit reads besides the estimator's: the residual a published model may have
 #: (pipeline.solve.check_fit)
@@ -197,7 +197,7 @@ def auto_rows(
     if solver is None:
         solver = resolve_solver(make_estimator(cfg, plans_only=True).get_params(), int(n))
     if stored is None:
-        from .kernel import plan_materialize
+        from .kernel_store import plan_materialize
 
         stored, _ = plan_materialize(cfg.kernel_store.materialize, solver, int(d))
     if threads is None:
@@ -227,7 +227,7 @@ def plan_fit(
     from kpca_dask.plan import make_plan, resolve_solver
     from kpca_dask.validation import check_min_samples
 
-    from .kernel import plan_materialize
+    from .kernel_store import plan_materialize
 
     n, d = int(n), int(d)
     est = make_estimator(cfg, plans_only=plans_only, overrides=overrides)

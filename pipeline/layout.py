@@ -80,7 +80,7 @@ REPORT_MD = "report.md"
 DENOISED = "denoised"
 #: the zarr group's own metadata file: the run folder is a zarr v3 group
 GROUP_FILE = "zarr.json"
-#: an update run's drift report (``kpca update``, pipeline/update.py)
+#: an update run's drift report (``kpca update``, pipeline/update_run.py)
 UPDATE = "update"
 DRIFT_REPORT = "drift.json"
 

@@ -2,7 +2,8 @@
 
 The plain run, the Prefect flow, its tasks and its cache keys all derive from a
 :class:`Registry` of :class:`Stage` declarations (the pipeline's own is
-:data:`pipeline.stages.REGISTRY`, ``kpca update``'s :data:`pipeline.update.UPDATE_REGISTRY`).
+:data:`pipeline.stages.REGISTRY`, ``kpca update``'s
+:data:`pipeline.update_run.UPDATE_REGISTRY`).
 
 Each :class:`Stage` declares
 
@@ -90,8 +91,8 @@ def _slice_error(stage: str, field: str, allowed: Iterable[str]) -> ConfigSliceE
     return ConfigSliceError(
         f"stage {stage!r} read config field {field!r}, which is outside its declared config "
         f"slice ({', '.join(sorted(allowed))}); add {field!r} to the stage's config in its "
-        f"declaration, pipeline/stages/{stage}_stage.py or pipeline/update.py (it is part of "
-        "the stage's cache key)."
+        f"declaration, pipeline/stages/{stage}_stage.py or pipeline/update_run.py (it is part "
+        "of the stage's cache key)."
     )
 
 

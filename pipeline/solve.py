@@ -192,7 +192,7 @@ def solve(
     when the caller already did, as the solve stage does).
 
     ``v0``: starting vectors for the exact randomized solver (an update's warm-started
-    refit, pipeline/update.py); dropped, with a log line, when the fit resolves to
+    refit, pipeline/update_run.py); dropped, with a log line, when the fit resolves to
     Nyström.
 
     ``features``: the run's features block (pipeline/features.py), saved with the model

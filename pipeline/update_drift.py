@@ -1,5 +1,5 @@
-"""The ``drift`` stage of ``kpca update`` (pipeline/update.py): the drift report of the batch
-against a seeded sample of the base run's training rows under the base model
+"""The ``drift`` stage of ``kpca update`` (pipeline/update_run.py): the drift report of the
+batch against a seeded sample of the base run's training rows under the base model
 (pipeline/drift.py), what the batch brings that the checks do not measure (findings), and
 the action the policy chooses; written to ``<new>/update/drift.json``."""
 

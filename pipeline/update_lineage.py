@@ -1,4 +1,4 @@
-"""The ``base`` stage of ``kpca update`` (pipeline/update.py): the base run verified and its
+"""The ``base`` stage of ``kpca update`` (pipeline/update_run.py): the base run verified and its
 lineage, the ingest stores holding every row it has seen (pipeline/lineage.py), and the
 rows read from them: the training rows, every row, a seeded reference sample."""
 

@@ -1,4 +1,4 @@
-"""The ``update`` stage of ``kpca update`` (pipeline/update.py): the new model, the batch's
+"""The ``update`` stage of ``kpca update`` (pipeline/update_run.py): the new model, the batch's
 sufficient statistics merged into the base model's (exact Nyström update) or a refit on
 every row of the lineage (warm-started when it can be), and which of the base model's
 kernel parameter and solver it changed, and why."""

@@ -1,4 +1,4 @@
-"""The ``project`` stage of ``kpca update`` (pipeline/update.py): the union's embedding (the
+"""The ``project`` stage of ``kpca update`` (pipeline/update_run.py): the union's embedding (the
 base's rows then the batch's, row-chunked like the base's), its row arrays (split, labels,
 ids), the spectrum and the Parquet copy."""
 

@@ -1,7 +1,7 @@
 """``kpca update``'s config: the base run's own, with the batch as input, the new run as
 output and ``update.base`` set (:func:`update_config`); the batch's columns matched to the
 base run's by name and every row of the batch checked before anything starts. Part of
-pipeline/update.py's stages (``pipeline.update`` re-exports these names)."""
+pipeline/update_run.py's stages (``pipeline.update_run`` re-exports these names)."""
 
 from __future__ import annotations
 

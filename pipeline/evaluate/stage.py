@@ -13,8 +13,8 @@ import dask.array as da
 import numpy as np
 
 from ..config import EvaluateConfig
-from ..preprocess import preprocess_report
 from ..progress import Steps
+from ..scaling import preprocess_report
 from ..store import atomic_write_json
 from .baseline import linear_pca_baseline
 from .classify import (

@@ -93,5 +93,5 @@ __all__ = [
 ]
 
 #: the full run's stages, in the order they run (``kpca update`` has its own,
-#: pipeline/update.py, sharing INGEST)
+#: pipeline/update_run.py, sharing INGEST)
 REGISTRY = Registry([INGEST, SPLIT, KERNEL, SOLVE, PROJECT, DENOISE, EVALUATE, EXPORT])

@@ -1,5 +1,5 @@
 """The ingest stage: input -> ``work/ingest.zarr``, validated and fingerprinted (shared
-by the full run and by ``kpca update``, pipeline/update.py)."""
+by the full run and by ``kpca update``, pipeline/update_run.py)."""
 
 from __future__ import annotations
 

@@ -19,11 +19,11 @@ from ..config import ConfigError
 from ..errors import InternalError
 from ..fitspec import PLAN_FIELDS, Fit, plan_fit
 from ..ingest import IngestResult
-from ..kernel import build_kernel_store
+from ..kernel_store import build_kernel_store
 from ..layout import run_layout
-from ..preprocess import scaler_id, scaler_of
 from ..registry import Stage, config_slice
 from ..results import KernelResult, SplitResult
+from ..scaling import scaler_id, scaler_of
 from .common import _same, _training_rows
 
 __all__ = ["KERNEL", "planned_fit", "stage_kernel"]

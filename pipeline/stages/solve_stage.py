@@ -8,11 +8,11 @@ from typing import Any
 from ..cluster import release_worker_memory
 from ..fitspec import FIT_FIELDS
 from ..ingest import IngestResult
-from ..kernel import KernelBlockReader
+from ..kernel_store import KernelBlockReader
 from ..layout import MODEL, run_layout
-from ..preprocess import scaler_of
 from ..registry import Stage, config_slice
 from ..results import KernelResult, SolveResult, SplitResult
+from ..scaling import scaler_of
 from ..solve import solve
 from .common import _same
 from .kernel_stage import planned_fit

@@ -12,9 +12,9 @@ import numpy as np
 from ..evaluate import make_split
 from ..ingest import IngestResult
 from ..layout import ROW_ARRAYS, run_layout
-from ..preprocess import fit_training_scaler
 from ..registry import Stage
 from ..results import SplitResult
+from ..scaling import fit_training_scaler
 from ..stage_data import ingested
 from .common import _store_array, checksums, evaluation_wanted
 

@@ -529,7 +529,7 @@ def test_update_flow_publishes_the_next_version(first_run, data_dir, dask_cluste
     naming the action. The first run's model is exact, so the action is a refit."""
     from flows.update_flow import kpca_update
     from pipeline.export import verify_run
-    from pipeline.update import update_config
+    from pipeline.update_run import update_config
 
     cfg = first_run[0]
     rng = np.random.default_rng(11)

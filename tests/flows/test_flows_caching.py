@@ -207,7 +207,7 @@ def test_only_transient_failures_are_retried():
     from pipeline.config import ConfigError
     from pipeline.export import RunExistsError
     from pipeline.ingest import InputError
-    from pipeline.kernel import KernelStoreError
+    from pipeline.kernel_store import KernelStoreError
 
     for exc in (
         OSError("reset"),

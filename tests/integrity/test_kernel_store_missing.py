@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kpca_dask.kernels import RBFKernel
-from pipeline.kernel import KernelBlockReader, KernelStoreError, build_kernel_store
+from pipeline.kernel_store import KernelBlockReader, KernelStoreError, build_kernel_store
 from pipeline.store import Location
 
 

@@ -27,7 +27,7 @@ from pipeline.errors import (
 from pipeline.evaluate import EvaluationError
 from pipeline.export import RunError
 from pipeline.ingest import InputError
-from pipeline.kernel import KernelStoreError
+from pipeline.kernel_store import KernelStoreError
 from pipeline.lock import OutputLockedError
 from pipeline.publish import TransformOutputError, TransformOutputExistsError
 from pipeline.solve import SolveError

@@ -23,7 +23,7 @@ from pipeline.fitspec import (
 from pipeline.run import stage_begin
 from pipeline.sizing import plan_run
 from pipeline.stages import REGISTRY, config_slice
-from pipeline.update import UPDATE_REGISTRY
+from pipeline.update_run import UPDATE_REGISTRY
 
 RNG = np.random.default_rng(0)
 N, D = 900, 5

@@ -62,8 +62,10 @@ ALLOWED = {
         "write_table",
         "replace",
     ): "the demo's data file in <output>-data (kpca demo); noted as a gap in issue 19",
-    ("pipeline/kernel.py", "_write_raw", "unlink"): "its own uuid-named .partial chunk file",
-    ("pipeline/kernel.py", "_write_raw", "replace"): "a chunk file of our kernel store",
+    ("pipeline/kernel_store.py", "_write_raw", "unlink"): (
+        "its own uuid-named .partial chunk file"
+    ),
+    ("pipeline/kernel_store.py", "_write_raw", "replace"): "a chunk file of our kernel store",
     (
         "kpca_dask/persistence.py",
         "save_state",

@@ -28,7 +28,7 @@ the base run (:func:`update_config`).
 The stages live by concern: update_setup.py (the update's config), update_lineage.py
 (``base``: the base run and its rows), update_drift.py (``drift``), update_model.py
 (``update``), update_project.py (``project``); the ``export`` stage and the registry are
-here, and ``pipeline.update`` is where every name is imported from.
+here, and ``pipeline.update_run`` is where every name is imported from.
 
 The base run is only read, never written: the new run goes to another folder, which
 must not overlap it.
