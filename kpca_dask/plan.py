@@ -24,7 +24,6 @@ components than landmarks...) raise here, with the same errors as ``fit``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -35,22 +34,27 @@ import dask.array as da
 import numpy as np
 
 from . import validation
+from .exceptions import InvalidInputError, InvalidParameterError
+from .kernels import Kernel
 
-# the block-rows rule lives in ._blocks; its names are importable from here, as before
-from ._blocks import (  # noqa: F401
+# the block-rows rule and the resolution of gamma live in .params (light: loading a
+# pipeline config checks values there without dask); importable from here, as before
+from .params import (  # noqa: F401
     EXACT_BLOCK_ROWS,
     LARGE_BLOCK_MIN_SAMPLES,
     LARGE_BLOCK_ROWS,
     MAX_TASKS_PER_PASS,
     NYSTROEM_BLOCK_ROWS,
+    PREIMAGE_METHODS,
     STORED_BLOCK_BYTES,
     TASKS_PER_PASS,
+    _is_precomputed,
     _upper_tasks,
     auto_block_rows,
+    check_params,
+    resolve_gamma,
+    resolve_kernel,
 )
-from .exceptions import InvalidInputError, InvalidParameterError
-from .kernels import Kernel, make_kernel
-from .params import PREIMAGE_METHODS, _is_precomputed, check_params
 
 __all__ = [
     "FitPlan",
@@ -418,59 +422,6 @@ def resolve_block_dtype(
     if eligible and n >= mixed.MIXED_MIN_SAMPLES and tol >= mixed.MIXED_MIN_TOL:
         return f32
     return dtype
-
-
-def resolve_gamma(
-    params: Mapping[str, Any], rows: da.Array | None, n: int, d: int
-) -> float | None:
-    """``gamma`` as used: None for kernels without one, ``1 / d`` for None, the median
-    heuristic on a sample of at most 1000 of ``rows`` for "scale"."""
-    kernel, gamma = params["kernel"], params["gamma"]
-    name = "callable" if callable(kernel) else kernel
-    if name not in ("rbf", "laplacian", "poly", "polynomial", "sigmoid"):
-        return None
-    if gamma is None:
-        return 1.0 / d
-    if not isinstance(gamma, str):
-        return float(gamma)
-    if rows is None:
-        raise ValueError("gamma='scale' is resolved from rows of X: pass them")
-    seed = params["random_state"]
-    rng = np.random.default_rng(seed if isinstance(seed, int) else 0)
-    m = min(n, 1000)
-    idx = np.sort(rng.choice(n, size=m, replace=False))
-    S = np.asarray(rows[idx].compute(), dtype=np.float64)
-    iu = np.triu_indices(m, 1)
-    if name == "rbf":
-        S = S - S.mean(axis=0)  # distances are translation invariant: no cancellation
-        sq = np.einsum("ij,ij->i", S, S)
-        stat = np.maximum(sq[:, None] + sq[None, :] - 2 * S @ S.T, 0)[iu]
-        med, factor = np.median(stat), 2.0
-    elif name == "laplacian":
-        from scipy.spatial.distance import pdist
-
-        med, factor = np.median(pdist(S, "cityblock")), 1.0
-    else:
-        med, factor = np.median(np.abs(S @ S.T)[iu]), 1.0
-    if not med > 0:
-        raise InvalidInputError(
-            "gamma='scale' needs distinct rows: the median pairwise statistic of a "
-            "sample of X is 0 (mostly duplicate or zero rows). Pass a numeric gamma."
-        )
-    return float(1.0 / (factor * med))
-
-
-def resolve_kernel(plan: FitPlan, params: Mapping[str, Any], rows: da.Array | None) -> FitPlan:
-    """``plan`` with its kernel: ``gamma`` resolved (from a sample of ``rows`` when "scale")."""
-    gamma = resolve_gamma(params, rows, plan.n_samples, plan.n_features)
-    kernel = make_kernel(
-        params["kernel"],
-        gamma=gamma,
-        degree=params["degree"],
-        coef0=params["coef0"],
-        kernel_params=params["kernel_params"],
-    )
-    return dataclasses.replace(plan, gamma=gamma, kernel=kernel)
 
 
 def plan_fit(

@@ -187,12 +187,13 @@ def auto_rows(
     stored: bool | None = None,
 ) -> int:
     """``chunks.block_rows`` for ``n x d`` training rows: ``auto`` is the estimator's
-    rule (:func:`kpca_dask.plan.auto_block_rows`) for this run's solver, on ``threads``
+    rule (:func:`kpca_dask.params.auto_block_rows`) for this run's solver, on ``threads``
     (default: the active cluster's), with stored blocks capped in size when the kernel
     is materialised (``stored``; default: as ``kernel_store.materialize`` decides)."""
     if cfg.chunks.block_rows != "auto":
         return min(int(cfg.chunks.block_rows), int(n))
-    from kpca_dask.plan import auto_block_rows, resolve_solver
+    from kpca_dask.params import auto_block_rows
+    from kpca_dask.plan import resolve_solver
 
     if solver is None:
         solver = resolve_solver(make_estimator(cfg, plans_only=True).get_params(), int(n))

@@ -12,7 +12,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from kpca_dask.plan import resolve_kernel
+from kpca_dask.params import resolve_kernel
 from kpca_dask.precision import centred_for_rows
 
 from ..config import ConfigError
