@@ -55,6 +55,7 @@ from typing import Any
 import kpca_dask
 import pipeline
 from pipeline.config import InputConfig, PipelineConfig
+from pipeline.ingest_store import file_stats
 from pipeline.layout import run_layout
 from pipeline.stages import RUN_CONTROL, VOLATILE, Stage, identity
 from pipeline.store import Location, json_default
@@ -108,20 +109,7 @@ def source_state(inp: InputConfig) -> list[list[Any]]:
         files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
     except (OSError, ImportError, ValueError) as exc:  # missing input: ingest will say so
         return [["unavailable", inp.path, type(exc).__name__]]
-    return sorted(
-        [
-            str(k),
-            v.get("size"),
-            str(
-                v.get("mtime")
-                or v.get("LastModified")
-                or v.get("ETag")
-                or v.get("created")
-                or ""
-            ),
-        ]
-        for k, v in files.items()
-    )
+    return file_stats(files)
 
 
 def source_hash(roots: dict[str, Path]) -> str:

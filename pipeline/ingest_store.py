@@ -21,6 +21,7 @@ from .store import Location
 from .verify import checked_array
 
 __all__ = [
+    "file_stats",
     "fingerprint_from_digests",
     "hex_digests",
     "source_signature",
@@ -30,12 +31,12 @@ __all__ = [
 ]
 
 
-def source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
-    loc = Location(cfg.path, cfg.storage_options)
-    fs, path = loc.fs, loc.fs_path
-    files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
-    stats = sorted(
-        (
+def file_stats(files: dict[str, dict]) -> list[list[Any]]:
+    """``[name, size, modification time or ETag]`` of each file of an fsspec listing
+    (``find(detail=True)``), sorted: what tells an input's files apart without reading
+    them (the ingest store's signature, the flow's cache key)."""
+    return sorted(
+        [
             str(k),
             v.get("size"),
             str(
@@ -45,9 +46,16 @@ def source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
                 or v.get("created")
                 or ""
             ),
-        )
+        ]
         for k, v in files.items()
     )
+
+
+def source_signature(cfg: InputConfig, chunks: ChunkConfig) -> dict[str, Any]:
+    loc = Location(cfg.path, cfg.storage_options)
+    fs, path = loc.fs, loc.fs_path
+    files = fs.find(path, detail=True) if fs.isdir(path) else {path: fs.info(path)}
+    stats = file_stats(files)
     sig = {
         "config": cfg.model_dump(mode="json"),
         "target_chunk_mb": chunks.target_chunk_mb,
