@@ -104,14 +104,7 @@ def recertify(
     delta = block_rounding(mu, n, rounded)
     floor = float(np.finfo(np.float64).eps) * np.sqrt(n) * (abs(float(th[0])) if k else 0.0)
 
-    # spectral norms of column blocks of Rf from its k x k Gram matrix (one n k^2
-    # product instead of an n x (b - a) SVD per cluster, twice per cluster below)
-    G = Rf.T @ Rf
-
-    def block_res(a: int, b: int) -> float:
-        if b <= a:
-            return 0.0
-        return float(np.sqrt(max(float(np.linalg.eigvalsh(G[a:b, a:b])[-1]), 0.0)))
+    block_res = _block_norms(Rf)
 
     kw = {
         "tol": tol,
@@ -153,3 +146,16 @@ def recertify(
         "delta": delta,
         "seconds": seconds,
     }
+
+
+def _block_norms(R: np.ndarray) -> Any:
+    """``(a, b) -> ||R[:, a:b]||_2`` from the k x k Gram matrix of ``R`` (one n k^2
+    product instead of an n x (b - a) SVD per call; certify calls it twice per cluster)."""
+    G = R.T @ R
+
+    def norm(a: int, b: int) -> float:
+        if b <= a:
+            return 0.0
+        return float(np.sqrt(max(float(np.linalg.eigvalsh(G[a:b, a:b])[-1]), 0.0)))
+
+    return norm
