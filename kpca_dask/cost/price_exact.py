@@ -41,7 +41,7 @@ def _auto_cache(
     """The kernel cache tier the estimator's ``kernel_cache="auto"`` picks, and the blocks
     the partial tier keeps (the rule of :meth:`kpca_dask.gram.BlockKernelMatrix.plan_cache`,
     with the memory the workers already use taken as none)."""
-    from ..block_matrix import blocks_to_cache
+    from ..cache_tiers import blocks_to_cache
     from ..gram import CACHE_MEMORY_FRACTION, upper_block_bytes
 
     upper = upper_block_bytes(chunks, item)
@@ -83,7 +83,7 @@ class _CacheSplit:
 
 
 def _cache_split(f: _Fit, tier: str, pairs: list[tuple[int, int]] | None, evals: int):
-    from ..block_matrix import block_evaluations
+    from ..cache_tiers import block_evaluations
 
     if tier == "memory":
         return _CacheSplit(evals, evals * f.item)

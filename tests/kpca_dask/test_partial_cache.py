@@ -18,7 +18,7 @@ from sklearn.datasets import make_blobs
 from sklearn.metrics.pairwise import rbf_kernel
 
 from kpca_dask import KernelPCA
-from kpca_dask.block_matrix import block_evaluations, blocks_to_cache
+from kpca_dask.cache_tiers import block_evaluations, blocks_to_cache
 from kpca_dask.cost import Cluster, Machine
 from kpca_dask.gram import BlockKernelMatrix
 from kpca_dask.kernels import RBFKernel
