@@ -60,7 +60,7 @@ def blobs():
 
 def test_certified_flat_tail_above_max_residual_is_published(blobs, tmp_path, caplog):
     """The flat tail's raw residuals exceed ``solver.max_residual`` but its certificate
-    holds: published. Measured (AMD EPYC, 2026-11-27): 11 passes, components 10-16
+    holds: published. Measured (Intel Xeon, AVX-512, 2026-11-27): 11 passes, components 10-16
     "eigenvalue only" with residuals 2.3e-3 to 7.1e-3 against max_residual = 1e-3, the
     nine before them "subspace" with residuals ~1e-15; the check before this change
     refused the fit (components 10-16 above 1e-3 * lambda + tau, tau = 5.6e-13). The
