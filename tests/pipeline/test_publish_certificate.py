@@ -20,7 +20,8 @@ from sklearn.datasets import make_blobs
 from sklearn.metrics.pairwise import rbf_kernel
 
 from pipeline.config import load_config
-from pipeline.solve import SolveError, certificate_of, check_fit, solve
+from pipeline.fit_check import certificate_of
+from pipeline.solve import SolveError, check_fit, solve
 from pipeline.store import Location
 
 # 10 blobs in d = 64, rbf gamma = 1/64, 16 components, rows as given (scale: none): nine
