@@ -14,6 +14,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import scipy.linalg as sl
+from dask.utils import parse_bytes
 from sklearn.datasets import make_blobs
 from sklearn.metrics.pairwise import rbf_kernel
 
@@ -88,7 +89,7 @@ def test_tier_by_budget(budget, tier, kept):
         dense = K.plan_cache("auto", "dense")
         K.release_cache()
     assert info["tier"] == tier and info["blocks"] == 15
-    assert info["budget"] == dask.utils.parse_bytes(budget)
+    assert info["budget"] == parse_bytes(budget)
     assert info["bytes"] == K.upper_block_bytes() == 3_920_000
     assert "above the budget" in info["reason"] or tier == "memory"
     if tier == "partial":
