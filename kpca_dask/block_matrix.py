@@ -15,7 +15,6 @@ from dask.highlevelgraph import HighLevelGraph
 from .block_products import (
     _diag_block,
     _stored_task,
-    _strip_rows,
     _sum_parts,
     cache_block,
     exact_waves,
@@ -24,6 +23,7 @@ from .block_products import (
     stored_pair_products,
     upper_block_bytes,
 )
+from .cache_tiers import block_evaluations, blocks_to_cache
 from .cluster_waves import ClusterWaves
 from .exceptions import InvalidInputError
 from .kernels import Kernel
@@ -82,6 +82,8 @@ class BlockKernelMatrix(ClusterWaves):
         self._products = 0  # products computed: the stored path alternates their order
         self._cache: dict[tuple[int, int], Any] | None = None  # (I, J) -> persisted block
         self._cache_pending = False  # fill the cache at the next product
+        #: the blocks the next fill keeps (None: every upper block, the memory tier)
+        self._cache_pairs: list[tuple[int, int]] | None = None
 
     @property
     def n(self) -> int:
@@ -107,13 +109,8 @@ class BlockKernelMatrix(ClusterWaves):
         strip from its diagonal on (the upper triangle plus the lower half of
         each strip's diagonal square).
         """
-        c = self.row_chunks
-        off = sum(ci * cj for i, ci in enumerate(c) for cj in c[i + 1 :])
-        diag = 0
-        for r in c:
-            step = _strip_rows(r, self.dtype.itemsize)
-            diag += sum((min(a + step, r) - a) * (r - a) for a in range(0, r, step))
-        return int(off + diag)
+        c, item = self.row_chunks, self.dtype.itemsize
+        return sum(block_evaluations(c[i], c[j], i == j, item) for i, j in self.upper_blocks())
 
     def upper_block_bytes(self) -> int:
         """Bytes of all upper blocks ``K_IJ`` (``I <= J``, diagonal squares whole) in
@@ -135,14 +132,19 @@ class BlockKernelMatrix(ClusterWaves):
 
         Tiers: ``"memory"`` evaluates every upper block once (first pass) and keeps
         it in memory -- on the workers of a distributed cluster, in this process on
-        the threaded scheduler -- until :meth:`release_cache`; ``"recompute"``
-        evaluates the blocks again at every pass (memory: one strip per task);
-        ``"store"`` reads them from the kernel store (``block_reader``). ``mode``:
-        ``"auto"`` keeps the blocks in memory when they fit
-        :func:`kernel_cache_budget` and the solver makes several passes (a stored
-        kernel stays on disk: the caller chose it); ``"memory"`` and ``"recompute"``
-        force a tier (``"memory"`` with a stored kernel reads each block once).
-        Returns the decision (JSON-serialisable, for ``solver_info_``).
+        the threaded scheduler -- until :meth:`release_cache`; ``"partial"`` keeps
+        the upper blocks that fit the budget that way (:func:`blocks_to_cache`) and
+        evaluates the others at every pass; ``"recompute"`` evaluates the blocks
+        again at every pass (memory: one strip per task); ``"store"`` reads them
+        from the kernel store (``block_reader``). ``mode``: ``"auto"`` keeps all the
+        blocks in memory when they fit :func:`kernel_cache_budget`, as many as fit
+        when the budget holds at least one block but not all, none below that, when
+        the solver makes several passes (a stored kernel stays on disk: the caller
+        chose it); ``"memory"`` and ``"recompute"`` force a tier (``"memory"`` with
+        a stored kernel reads each block once).
+        Returns the decision (JSON-serialisable, for ``solver_info_``): ``tier``,
+        ``reason``, ``bytes`` (all upper blocks), ``cached_bytes``, ``blocks_cached``
+        and ``blocks`` (upper blocks in all), with ``"auto"`` the ``budget``.
         """
         from dask.utils import format_bytes
 
@@ -152,6 +154,7 @@ class BlockKernelMatrix(ClusterWaves):
             )
         nbytes = self.upper_block_bytes()
         info: dict[str, Any] = {"requested": mode, "bytes": nbytes}
+        pairs: list[tuple[int, int]] | None = None  # the partial tier's blocks
         source = "store" if self.block_reader is not None else "recompute"
         if solver not in ("randomized", "arpack"):
             tier, why = source, f"the {solver} solver reads every block once"
@@ -165,19 +168,38 @@ class BlockKernelMatrix(ClusterWaves):
             budget, where = kernel_cache_budget()
             info["budget"] = int(budget)
             fits = nbytes <= budget
-            tier = "memory" if fits else "recompute"
             why = (
                 f"upper blocks {format_bytes(nbytes)} {'within' if fits else 'above'} "
                 f"the budget {format_bytes(budget)} ({where})"
             )
+            if fits:
+                tier = "memory"
+            else:
+                pairs = blocks_to_cache(self.row_chunks, self.dtype.itemsize, budget)
+                tier = "partial" if pairs else "recompute"
+                why += (
+                    f": {len(pairs)} of {len(self.upper_blocks())} blocks kept, the others "
+                    "evaluated at every pass"
+                    if pairs
+                    else ": not one block fits"
+                )
+        total = len(self.upper_blocks())
+        kept = {"memory": total, "partial": len(pairs or ())}.get(tier, 0)
+        c, item = self.row_chunks, self.dtype.itemsize
         info["tier"], info["reason"] = tier, why
-        self._cache_pending = tier == "memory"
+        info["blocks"], info["blocks_cached"] = total, kept
+        info["cached_bytes"] = (
+            nbytes if tier == "memory" else sum(c[i] * c[j] * item for i, j in pairs or ())
+        )
+        self._cache_pending = tier in ("memory", "partial")
+        self._cache_pairs = pairs
         return info
 
     def _fill_cache(self) -> None:
-        """Evaluate (or read) every upper block once and keep it: ``dask.persist`` of
-        one task per block (futures held on the workers of a distributed cluster,
-        arrays in this process on the threaded scheduler)."""
+        """Evaluate (or read) every upper block once -- the partial tier: the blocks it
+        chose -- and keep it: ``dask.persist`` of one task per block (futures held on
+        the workers of a distributed cluster, arrays in this process on the threaded
+        scheduler)."""
         import dask
 
         self._cache_pending = False
@@ -188,7 +210,7 @@ class BlockKernelMatrix(ClusterWaves):
             self.cache_eval_dtype.str,
             self.block_reader if self.block_reader is not None else "eval",
         )
-        pairs = self.upper_blocks()
+        pairs = self.upper_blocks() if self._cache_pairs is None else list(self._cache_pairs)
         if self.block_reader is not None:
             tasks = [
                 dask.delayed(self.block_reader, pure=True)(
@@ -216,6 +238,18 @@ class BlockKernelMatrix(ClusterWaves):
         cluster frees them) or arrays."""
         self._cache = None
         self._cache_pending = False
+        self._cache_pairs = None
+
+    def _evaluates_blocks(self) -> bool:
+        """Whether a product evaluates kernel blocks (it needs the rows of X): no
+        kernel store and not every block cached."""
+        if self.block_reader is not None:
+            return False
+        return self._cache is None or len(self._cache) < len(self.upper_blocks())
+
+    def _cache_token(self) -> Any:
+        """What the products' keys depend on about the cache: the blocks it holds."""
+        return None if self._cache is None else sorted(self._cache)
 
     @contextlib.contextmanager
     def kernel_cache(
@@ -268,8 +302,8 @@ class BlockKernelMatrix(ClusterWaves):
         for i in rows:
             for j in range(i, nb):
                 zj = None if i == j else zkey(j)
-                if self._cache is not None:
-                    blk = self._cache[(i, j)]
+                blk = None if self._cache is None else self._cache.get((i, j))
+                if blk is not None:
                     deps.append(blk)
                     task = (stored_pair_products, blk.key, zkey(i), zj, self.dtype.str)
                 elif self.block_reader is not None:
@@ -317,7 +351,7 @@ class BlockKernelMatrix(ClusterWaves):
             self.dtype.str,
             Z,
             self.block_reader is None,
-            self._cache is not None,
+            self._cache_token(),
         )
         dsk, deps, oname = self._pair_graph(Z, range(self.n_blocks), token)
         graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
@@ -353,7 +387,7 @@ class BlockKernelMatrix(ClusterWaves):
             self.dtype.str,
             Z,
             self.block_reader is None,
-            self._cache is not None,
+            self._cache_token(),
         )
         waves = exact_waves(self.row_chunks, wave_tasks)
         if self.block_reader is not None and self._cache is None:
@@ -420,15 +454,17 @@ class BlockKernelMatrix(ClusterWaves):
 
         xb = self.X.to_delayed()[:, 0]
         pairs = self.upper_blocks()
-        if self._cache is not None:  # e.g. the randomized solver escalated to dense
-            tasks = [self._cache[p] for p in pairs]
-        elif self.block_reader is not None:
-            tasks = [dask.delayed(self.block_reader, pure=True)(i, j) for i, j in pairs]
-        else:
-            tasks = [
-                dask.delayed(kernel_block, pure=True)(self.kernel, xb[i], xb[j], self.dtype)
-                for i, j in pairs
-            ]
+        cache = self._cache or {}  # e.g. the randomized solver escalated to dense
+        tasks = []
+        for i, j in pairs:
+            if (i, j) in cache:
+                tasks.append(cache[(i, j)])
+            elif self.block_reader is not None:
+                tasks.append(dask.delayed(self.block_reader, pure=True)(i, j))
+            else:
+                tasks.append(
+                    dask.delayed(kernel_block, pure=True)(self.kernel, xb[i], xb[j], self.dtype)
+                )
         blocks = dask.compute(*tasks)
         offsets = np.concatenate([[0], np.cumsum(self.row_chunks)])
         K = np.empty((self.n, self.n), dtype=self.dtype)

@@ -13,7 +13,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 class ClusterWaves:
     """:meth:`BlockKernelMatrix.product` on a distributed cluster (a mixin: it uses the
-    matrix's ``X``, ``block_reader``, ``_cache``, ``row_chunks`` and ``_pair_graph``)."""
+    matrix's ``X``, ``row_chunks``, ``_evaluates_blocks`` and ``_pair_graph``)."""
 
     def _product_on_cluster(self, client, Zsrc, waves, token, offsets, Y) -> None:
         """The waves of one pass on a distributed cluster, their partial sums added on the
@@ -36,7 +36,7 @@ class ClusterWaves:
         # block). Persisted for the pass, X is also read from its store once per
         # pass instead of once per wave. Held by this frame only.
         X = None
-        if self.block_reader is None and self._cache is None:
+        if self._evaluates_blocks():  # recomputed blocks, or those a partial cache lacks
             X = client.persist(self.X)
         nb, ncols = self.n_blocks, int(Zsrc.shape[1])
         # the row blocks each wave makes final: those no later wave adds to (a wave

@@ -250,10 +250,13 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         the first. "memory": evaluated once and kept in memory (the workers' on
         a cluster) until the fit ends; "recompute": evaluated again at every
         pass; "auto": "memory" when the upper blocks (``n^2 / 2`` values in
-        ``dtype``) fit half of the workers' memory limits, or of the available
-        RAM on the threaded scheduler (dask config ``kpca.kernel-cache-budget``
-        overrides), else "recompute". The choice is in
-        ``solver_info_["kernel_cache"]`` (docs/kernel-store.md).
+        the blocks' dtype) fit the budget -- half of the workers' memory limits,
+        or of the available RAM on the threaded scheduler; the dask config
+        ``kpca.kernel-cache-budget`` (e.g. ``"400MB"``, set around ``fit`` with
+        ``dask.config.set``) overrides it -- the tier "partial" when the budget
+        holds some blocks but not all (those kept, the others evaluated at every
+        pass: memory traded for time), else "recompute". The choice is in
+        ``solver_info_["kernel_cache"]`` (docs/kernel-store.md, docs/tuning.md).
     block_dtype : {"auto", "float32", "float64"}, default="auto"
         Precision of the kernel blocks of a float64 model (randomized solver,
         rbf or laplacian kernel): "float32" is mixed precision -- blocks

@@ -22,7 +22,12 @@ from kpca_dask.exceptions import (
 )
 
 from .config import PipelineConfig
-from .errors import UserError
+from .fit_check import (
+    CONSTANT_KERNEL,
+    SolveError,
+    certificate_record,
+    check_fit,
+)
 from .fitspec import Fit, plan_fit
 from .store import Location
 
@@ -37,72 +42,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pipeline")
-
-
-class SolveError(UserError, ValueError):
-    """The fit is not good enough to publish; the message says why and what to change."""
-
-
-# One message for a constant centred kernel, whichever code path notices it: the solver
-# (no positive eigenvalue at all, kpca_dask's ConstantKernelError) or check_fit (eigenvalues
-# that are rounding noise). Which one fires depends on the CPU's rounding, not on the data.
-CONSTANT_KERNEL = (
-    "the centred kernel matrix is zero to rounding: the data are constant in feature "
-    "space (every row identical, or kernel.gamma so large or small that the kernel is "
-    "constant); check the input and kernel.gamma."
-)
-
-
-def check_fit(est: KernelPCA, cfg: PipelineConfig) -> None:
-    """Refuse a fit that is not what was asked for, or not accurate, before it is saved.
-
-    - fewer components than ``solver.n_components`` (the estimator drops
-      non-positive eigenvalues with a warning; a run must not publish k-1
-      columns to a downstream job that expects k);
-    - a certified residual above ``solver.max_residual``.
-    """
-    k_req, k = int(cfg.solver.n_components), int(est.n_components_)
-    trace = float(getattr(est, "kernel_trace_", 0.0) or 0.0)
-    # rounding noise of the kernel's dtype: float32 leaves ~1e-9 * trace of noise eigenvalues
-    # on a constant kernel, float64 ~1e-16; a real signal is far above either bound
-    noise = max(1e-10, 100 * float(np.finfo(np.dtype(cfg.solver.dtype)).eps))
-    if trace > 0 and float(np.max(est.eigenvalues_)) <= noise * trace:
-        raise SolveError(CONSTANT_KERNEL)
-    if k < k_req:
-        if cfg.kernel.name == "sigmoid":
-            why = (
-                f"the sigmoid kernel is not positive semi-definite and only {k} eigenvalues "
-                "of the centred kernel matrix are clearly positive"
-            )
-        else:
-            why = (
-                f"the centred kernel matrix has only {k} clearly positive eigenvalues "
-                "(duplicate rows or rank-deficient data)"
-            )
-        raise SolveError(
-            f"solver.n_components={k_req} but {why}; set solver.n_components to {k} or less."
-        )
-    lim = cfg.solver.max_residual
-    res = getattr(est, "residuals_", None)
-    if lim is not None and res is not None and len(res) and _above(est, res, lim):
-        raise SolveError(
-            f"the {est.eigen_solver_} solver's certified residual {float(np.max(res)):.2g} "
-            f"exceeds solver.max_residual={lim:g}: the eigenpairs are not accurate (too few "
-            "passes for this spectrum); use eigen_solver: dense (n up to ~20k), set "
-            "solver.n_power_iter: auto, raise solver.n_oversamples or solver.max_iter, or ask "
-            "for fewer components."
-        )
-
-
-def _above(est: KernelPCA, res: np.ndarray, lim: float) -> bool:
-    """Whether a pair's residual ``r = residuals_ * lambda`` exceeds ``lim * lambda``
-    plus the solver's rounding level (``tau = eps sqrt(n) ||Kc||``: no product in the
-    kernel's dtype resolves less; float32 on a small tail eigenvalue reaches it)."""
-    lam = np.abs(np.asarray(est.eigenvalues_, dtype=np.float64))[: len(res)]
-    cert = (getattr(est, "solver_info_", None) or {}).get("certificate") or {}
-    floor = float(cert.get("rounding_level", 0.0))
-    r = np.nan_to_num(np.asarray(res, dtype=np.float64), nan=0.0) * lam
-    return bool(np.any(r > lim * lam + floor))
 
 
 #: Share of the workers' memory (all workers' memory limits together; without a cluster,
@@ -258,7 +197,7 @@ def _fit_caught(est: KernelPCA, X_train: da.Array, fit_kw: dict[str, Any]) -> li
     constant kernel)."""
     with warnings.catch_warnings(record=True) as caught:
         # fewer components than asked is an error here (check_fit), not a warning;
-        # an uncertified solve is logged and then judged by check_fit (max_residual)
+        # an uncertified solve is logged and then judged by check_fit (its certificate)
         warnings.filterwarnings("ignore", category=DroppedComponentsWarning)
         warnings.simplefilter("always", ConvergenceWarning)
         warnings.simplefilter("always", PrecisionWarning)
@@ -273,7 +212,7 @@ def _fit_caught(est: KernelPCA, X_train: da.Array, fit_kw: dict[str, Any]) -> li
 
 def _report_warnings(caught: list[Any]) -> None:
     """An uncertified solve, or a precision the data/kernel cannot support: the log's
-    warning line (the run goes on; check_fit judges the residuals); others re-emitted."""
+    warning line (the run goes on; check_fit judges the certificate); others re-emitted."""
     for w in caught:
         if issubclass(w.category, (ConvergenceWarning, PrecisionWarning)):
             logger.warning("solve: %s", w.message)
@@ -291,6 +230,7 @@ def _solve_info(
         "n_passes": int(getattr(est, "n_passes_", 0)),
         "converged": bool(getattr(est, "converged_", True)),
         "max_residual": float(np.max(est.residuals_)) if est.residuals_ is not None else None,
+        "certificate": certificate_record(est),
         "gamma": est.gamma_,
         "kernel": est.kernel_.to_dict(),
         "preprocess": None if scaler is None else scaler.method,

@@ -43,8 +43,11 @@ def estimate(
     (evaluate every block at every pass), "memory" (cached after the first pass),
     "store" (read from a kernel store at the machine's storage bandwidth) or "auto"
     (the estimator's rule, :meth:`kpca_dask.gram.BlockKernelMatrix.plan_cache`:
-    "memory" when the upper blocks fit half of the workers' memory and the fit makes
-    more than one pass; the cluster's ``memory`` unknown: "recompute").
+    "memory" when the upper blocks fit half of the workers' memory -- or the dask
+    config ``kpca.kernel-cache-budget`` when set -- and the fit makes more than one
+    pass, "partial" (the blocks that fit kept, the others evaluated at every pass)
+    when at least one block fits, else "recompute"; the cluster's ``memory`` unknown
+    and no budget set: "recompute").
     ``input_in_memory``: numpy rows on the client (sent to the workers once); False:
     a dask/zarr source the workers read (Nyström re-reads it at every pass above
     256 MB, as :meth:`FitPlan.persists` decides; ``persist`` overrides: the pipeline
@@ -95,4 +98,6 @@ def _estimate_of(f: _Fit, p: _Priced) -> Estimate:
         machine=f.m.to_dict(),
         assumptions=f.assumptions,
         kernel_cache=p.kernel_cache,
+        kernel_cache_bytes=int(p.kernel_cache_bytes),
+        kernel_cache_share=float(p.kernel_cache_share),
     )

@@ -23,25 +23,77 @@ from .pricing import (
 from .rates import _eff_skinny, _eval_seconds, _pass_compute, _stored_seconds
 
 
+def _budget_override() -> float | None:
+    """The dask config key ``kpca.kernel-cache-budget`` in bytes, when set (it overrides the
+    estimator's budget on any scheduler, so it overrides the cluster's memory here)."""
+    from dask import config
+    from dask.utils import parse_bytes
+
+    from ..resources import CACHE_BUDGET_CONFIG
+
+    value = config.get(CACHE_BUDGET_CONFIG, None)
+    return None if value is None else float(parse_bytes(value))
+
+
 def _auto_cache(
     chunks: list[int], item: int, cl: Cluster, passes: int | None, notes: list[str]
-) -> str:
-    """The kernel cache tier the estimator's ``kernel_cache="auto"`` picks (the rule of
-    :meth:`kpca_dask.gram.BlockKernelMatrix.plan_cache`, with the memory the workers
-    already use taken as none)."""
+) -> tuple[str, list[tuple[int, int]] | None]:
+    """The kernel cache tier the estimator's ``kernel_cache="auto"`` picks, and the blocks
+    the partial tier keeps (the rule of :meth:`kpca_dask.gram.BlockKernelMatrix.plan_cache`,
+    with the memory the workers already use taken as none)."""
+    from ..cache_tiers import blocks_to_cache
     from ..gram import CACHE_MEMORY_FRACTION, upper_block_bytes
 
     upper = upper_block_bytes(chunks, item)
-    if cl.memory is None or (passes is not None and passes <= 1):
-        return "recompute"
-    budget = CACHE_MEMORY_FRACTION * float(cl.memory) * max(1, cl.workers)
+    if passes is not None and passes <= 1:
+        return "recompute", None
+    budget = _budget_override()
+    if budget is not None:
+        where = "the budget set by dask config kpca.kernel-cache-budget"
+    elif cl.memory is None:
+        return "recompute", None
+    else:
+        budget = CACHE_MEMORY_FRACTION * float(cl.memory) * max(1, cl.workers)
+        where = "half of the workers' memory"
     if upper <= budget:
         notes.append(
-            f"kernel cache 'auto': the upper blocks ({upper / 2**30:.2f} GiB) fit half of the "
-            "workers' memory: kept after pass 1"
+            f"kernel cache 'auto': the upper blocks ({upper / 2**30:.2f} GiB) fit {where}: "
+            "kept after pass 1"
         )
-        return "memory"
-    return "recompute"
+        return "memory", None
+    pairs = blocks_to_cache(chunks, item, budget)
+    if not pairs:
+        return "recompute", None
+    notes.append(
+        f"kernel cache 'auto': the upper blocks ({upper / 2**30:.2f} GiB) exceed {where}: "
+        f"{len(pairs)} of {len(chunks) * (len(chunks) + 1) // 2} blocks kept after pass 1 "
+        "(partial), the others evaluated at every pass"
+    )
+    return "partial", pairs
+
+
+@dataclass
+class _CacheSplit:
+    """What a pass reads from the kernel cache and what it evaluates."""
+
+    #: kernel evaluations a pass saves by reading kept blocks (all: the memory tier)
+    cached_evals: int
+    #: bytes of the kept blocks, on all workers together
+    cached_bytes: int
+
+
+def _cache_split(f: _Fit, tier: str, pairs: list[tuple[int, int]] | None, evals: int):
+    from ..cache_tiers import block_evaluations
+
+    if tier == "memory":
+        return _CacheSplit(evals, evals * f.item)
+    if tier != "partial" or not pairs:
+        return _CacheSplit(0, 0)
+    c, item = f.chunks, f.item
+    return _CacheSplit(
+        sum(block_evaluations(c[i], c[j], i == j, item) for i, j in pairs),
+        sum(c[i] * c[j] * item for i, j in pairs),
+    )
 
 
 @dataclass
@@ -102,29 +154,38 @@ def _exact_graph(f: _Fit, kernel_cache: str) -> _ExactGraph:
 
 
 def _exact_compute(
-    f: _Fit, c: int, evals: int, block_tasks: int, kernel_cache: str
+    f: _Fit, c: int, evals: int, block_tasks: int, kernel_cache: str, split: _CacheSplit
 ) -> tuple[float, float]:
-    """Seconds of the block tasks of the first pass and of each later one."""
+    """Seconds of the block tasks of the first pass and of each later one. The partial
+    tier: the kept blocks' share as the memory tier prices all of them, the rest as
+    recomputed blocks."""
     m, d, elem, dtype, cores = f.m, f.d, f.elem, f.dtype, f.cores
     # tasks of similar size over the cores: the last round is as long as a full one
     rounds = block_tasks / cores
     imbalance = math.ceil(rounds) / rounds if rounds > 0 else 1.0
     t_comp = _pass_compute(evals, d, c, elem, m, dtype, cores) * imbalance
-    if kernel_cache in ("memory", "store"):
-        t_comp_later = (
-            _stored_seconds(evals, c, m, dtype) * m.factor("stored", dtype) / cores * imbalance
+
+    def stored(values: float) -> float:
+        return (
+            _stored_seconds(values, c, m, dtype) * m.factor("stored", dtype) / cores * imbalance
+        )
+
+    if kernel_cache == "store":
+        t_comp_later = stored(evals)
+    elif kernel_cache in ("memory", "partial"):
+        kept = split.cached_evals
+        rest = _pass_compute(evals - kept, d, c, elem, m, dtype, cores) * imbalance
+        t_comp_later = stored(kept) + rest
+        # the first pass evaluates the kept blocks whole into fresh memory, then
+        # multiplies them as every later pass does (mixed precision evaluates in
+        # float64 and keeps the blocks rounded to float32); the others as recomputed
+        fill = np.dtype(np.float64) if f.mixed else dtype
+        t_comp = (
+            _eval_seconds(kept, d, elem, m, fill) * m.factor("fill", fill) / cores * imbalance
+            + t_comp_later
         )
     else:
         t_comp_later = t_comp
-    if kernel_cache == "memory":
-        # the first pass evaluates every block whole into fresh memory, then
-        # multiplies the kept blocks as every later pass does (mixed precision
-        # evaluates in float64 and keeps the blocks rounded to float32)
-        fill = np.dtype(np.float64) if f.mixed else dtype
-        t_comp = (
-            _eval_seconds(evals, d, elem, m, fill) * m.factor("fill", fill) / cores * imbalance
-            + t_comp_later
-        )
     return t_comp, t_comp_later
 
 
@@ -144,7 +205,7 @@ def _exact_client(f: _Fit, c: int, p: int, rows_back: int) -> tuple[int, float]:
 
 
 def _exact_memory(
-    f: _Fit, c: int, g: _ExactGraph, evals: int, kernel_cache: str, basis: int
+    f: _Fit, c: int, g: _ExactGraph, split: _CacheSplit, kernel_cache: str, basis: int
 ) -> tuple[float, float]:
     """(bytes per worker, bytes on the client) of an exact fit."""
     n, r, d, item, nb, W = f.n, f.r, f.d, f.item, f.nb, f.W
@@ -154,9 +215,14 @@ def _exact_memory(
     mem_worker = (
         f.x_bytes / W + nb * r * c * item / W + f.cl.threads * per_task + wave_partials / W
     )
-    if kernel_cache == "memory":
-        mem_worker += evals * item / W
-        f.assumptions.append("kernel blocks cached in the workers' memory after pass 1")
+    if kernel_cache in ("memory", "partial"):
+        mem_worker += split.cached_bytes / W
+        f.assumptions.append(
+            "kernel blocks cached in the workers' memory after pass 1"
+            if kernel_cache == "memory"
+            else f"{split.cached_bytes / 2**30:.2f} GiB of kernel blocks cached in the "
+            "workers' memory after pass 1, the others evaluated at every pass"
+        )
     mem_client = float(f.x_bytes)  # X_fit kept on the client (training rows)
     mem_client += 8 * n * (basis + 4 * c) + 2 * max(
         (n - g.offsets[s]) * c * 8 for s, _ in g.waves
@@ -168,11 +234,13 @@ def _price_exact(f: _Fit, kernel_cache: str) -> _Priced:
     """Per pass: the block tasks, the waves' sums and accumulators, Z persisted; final row
     blocks come back to the client; the Krylov basis lives on the client."""
     cl, m, n, d, r, nb, item, W = f.cl, f.m, f.n, f.d, f.r, f.nb, f.item, f.W
+    pairs = None
     if kernel_cache == "auto":
-        kernel_cache = _auto_cache(f.chunks, item, cl, f.passes, f.assumptions)
+        kernel_cache, pairs = _auto_cache(f.chunks, item, cl, f.passes, f.assumptions)
     c, p, p_range = _exact_passes(f)
     g = _exact_graph(f, kernel_cache)
     evals = _kernel_evals(f.chunks, item)
+    split = _cache_split(f, kernel_cache, pairs, evals)
     to_client = g.rows_back * c * 8
     from_client = n * c * item
     # partials to their sum tasks, X and Z blocks to the block tasks (each task needs
@@ -185,7 +253,7 @@ def _price_exact(f: _Fit, kernel_cache: str) -> _Priced:
         f.assumptions.append("kernel blocks read from a kernel store at every pass")
     else:
         storage = 0
-    t_comp, t_comp_later = _exact_compute(f, c, evals, g.block_tasks, kernel_cache)
+    t_comp, t_comp_later = _exact_compute(f, c, evals, g.block_tasks, kernel_cache, split)
     basis, client_per_pass = _exact_client(f, c, p, g.rows_back)
 
     def pass_parts(t_c: float) -> dict[str, float]:
@@ -209,7 +277,7 @@ def _price_exact(f: _Fit, kernel_cache: str) -> _Priced:
         f.assumptions.append(
             "mixed precision: float32 kernel blocks, certified by one float64 pass"
         )
-    mem_worker, mem_client = _exact_memory(f, c, g, evals, kernel_cache, basis)
+    mem_worker, mem_client = _exact_memory(f, c, g, split, kernel_cache, basis)
     return _Priced(
         passes=p,
         passes_range=p_range,
@@ -227,4 +295,6 @@ def _price_exact(f: _Fit, kernel_cache: str) -> _Priced:
         mem_worker=mem_worker,
         mem_client=mem_client,
         kernel_cache=kernel_cache,
+        kernel_cache_bytes=split.cached_bytes,
+        kernel_cache_share=split.cached_evals / evals if evals else 0.0,
     )

@@ -165,6 +165,8 @@ class _Priced:
     mem_worker: float
     mem_client: float
     kernel_cache: str | None = None
+    kernel_cache_bytes: int = 0
+    kernel_cache_share: float = 0.0
 
 
 def _fit_of(

@@ -53,8 +53,13 @@ class Estimate:
     machine: dict
     assumptions: list[str]
     #: Where an exact solver's kernel blocks come from after the first pass ("memory",
-    #: "recompute", "store"; None for Nyström and dense).
+    #: "partial", "recompute", "store"; None for Nyström and dense).
     kernel_cache: str | None = None
+    #: Bytes of the kept kernel blocks on all workers ("memory" and "partial" tiers).
+    kernel_cache_bytes: int = 0
+    #: Share of a later pass's kernel evaluations read from kept blocks instead (1.0:
+    #: "memory", between 0 and 1: "partial", 0.0: evaluated or read from a store).
+    kernel_cache_share: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -78,7 +83,13 @@ class Estimate:
             f"{self.worker_to_worker_bytes_per_pass / gb:.3g} GB, storage "
             f"{self.storage_bytes_per_pass / gb:.3g} GB",
             f"memory: {self.memory_per_worker / gb:.3g} GB per worker, "
-            f"{self.memory_client / gb:.3g} GB on the client",
+            f"{self.memory_client / gb:.3g} GB on the client"
+            + (
+                f", kernel cache {self.kernel_cache} {self.kernel_cache_bytes / gb:.3g} GB "
+                f"({self.kernel_cache_share:.0%} of a pass's kernel values)"
+                if self.kernel_cache in ("memory", "partial")
+                else ""
+            ),
         ]
         for s in self.stages:
             each = f" ({s.count} x {s.seconds / max(1, s.count):.3g} s)" if s.count > 1 else ""

@@ -170,9 +170,14 @@ class SolverConfig(_Model):
     max_residual: float | None = Field(
         1e-2,
         gt=0,
-        description="Largest certified residual ||Kc v - lambda v|| / lambda a "
-        "published model may have (typical: 1e-4 float32, 1e-7 float64); "
-        "a fit above it is refused, not published. null disables.",
+        description="Largest residual ||Kc v - lambda v|| / lambda (plus the rounding "
+        "level) a published pair whose vector is certified may have: pairs the randomized "
+        "solver certifies as vectors or subspaces, and every pair of a solver without a "
+        "certificate (dense, arpack, Nyström's covariance method); a fit above it is "
+        "refused. 'Eigenvalue only' pairs (a flat tail) are held to the level they were "
+        "certified to (1 %; lower solver.tol to tighten it), and a fit whose certificate "
+        "does not hold is refused at any value (docs/solvers.md, What you can rely on). "
+        "null: no accuracy check at all (uncertified fits are published).",
     )
     n_landmarks: int | None = Field(
         None, description="Nyström landmarks m (default chosen by the solver)."

@@ -133,12 +133,14 @@ def test_arpack_reads_the_cache(sk_ref):
 
 
 def test_auto_chooses_recompute_when_the_budget_is_too_small():
+    # below the smallest upper block (the last row block's 100 x 100 float64 square,
+    # 80 kB): between one block and all of them is the partial tier (test_partial_cache.py)
     small = KernelPCA(6, **K_FIT)
-    with dask.config.set({"scheduler": "threads", "kpca.kernel-cache-budget": "100kB"}):
+    with dask.config.set({"scheduler": "threads", "kpca.kernel-cache-budget": "50kB"}):
         small.fit(X)
     info = small.solver_info_["kernel_cache"]
     assert info["requested"] == "auto" and info["tier"] == "recompute"
-    assert info["budget"] == 100_000 < info["bytes"]
+    assert info["budget"] == 50_000 < info["bytes"]
     assert "above the budget" in info["reason"]
     with dask.config.set({"scheduler": "threads", "kpca.kernel-cache-budget": "1GiB"}):
         big = KernelPCA(6, **K_FIT).fit(X)
