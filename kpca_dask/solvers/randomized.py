@@ -490,7 +490,7 @@ def _from_last_pass(kry: _Krylov, step: _Step, cert: Certificate) -> _Final:
     (n x k)."""
     s = kry.s
     k_ret = _n_existing(step.theta, s.k, s.rank_rtol, step.tau)
-    V = _matmul(kry.W.view[:, : kry.M.shape[0]], step.U[:, :k_ret])
+    V = kry.W.view[:, : kry.M.shape[0]] @ step.U[:, :k_ret]  # row-major, as returned
     theta = step.theta[:k_ret].copy()
     with np.errstate(divide="ignore", invalid="ignore"):
         residuals = step.res[:k_ret] / np.abs(theta)
