@@ -8,6 +8,20 @@ the growing column store of the block Krylov basis.
 Memory: every function works on n x c panels (c a block's columns) and the basis
 ``W`` (n x L) it is given; the small Gram and triangular factors are c x c. No
 n x n array is ever formed.
+
+Speed (issue 29): the basis work is BLAS-3 on column-major (Fortran-ordered)
+float64 panels, called through ``scipy.linalg.blas`` so that nothing is copied or
+transposed on the way: ``W^T R`` is one ``dgemm`` (``trans_a``), ``R -= W S`` one
+``dgemm`` accumulating in place (``beta = 1``), Gram matrices one ``dsyrk`` (half
+the flops of ``R.T @ R``), and CholQR's ``Q C^-T`` one in-place ``dtrmm`` with the
+small inverse factor. The basis ``W`` (:class:`_Columns`) is column-major, and a
+block comes out of :func:`_next_block` column-major, so appending it is one
+contiguous copy. What is computed is what the numpy expressions computed, in the
+same order, to rounding; numpy's ``@`` on a column-major ``W`` and a row-major
+right-hand side took twice as long (measured at n = 20 000, L = 384, one BLAS
+thread: ``W @ S`` 24.6 ms against 8.8 ms, docs/solvers.md). Every call runs on the
+caller's BLAS thread budget (``threads.blas_threads_for_driver`` for the solver:
+threadpoolctl limits both numpy's and scipy's OpenBLAS).
 """
 
 from __future__ import annotations
@@ -16,11 +30,14 @@ from collections.abc import Callable
 
 import numpy as np
 import scipy.linalg
+from scipy.linalg.blas import dgemm, dsyrk, dtrmm
 
 __all__ = [
     "COND_CHOLQR",
     "_Columns",
+    "_block_norm2",
     "_krylov_residuals",
+    "_matmul",
     "_next_block",
     "_orth",
     "_rank_revealing_orth",
@@ -28,30 +45,124 @@ __all__ = [
 ]
 
 
-def _orth(R: np.ndarray, gram: np.ndarray | None = None) -> np.ndarray:
-    """Orthonormal basis of a tall-skinny, well-conditioned ``R`` (n x c).
+# ----------------------------------------------------------- BLAS-3 helpers
+#: Rows per slice when a row-major panel is copied to column-major (:func:`_fortran`).
+_TRANSPOSE_ROWS = 64
 
-    Cholesky QR, twice (CholQR2): two GEMMs and two triangular solves, an
+
+def _fortran(A: np.ndarray, copy: bool = False) -> np.ndarray:
+    """``A`` as a column-major float64 array (copied only when it is not one, or
+    when ``copy``).
+
+    A row-major n x c panel (the products ``A Q`` are) is copied in slices of
+    :data:`_TRANSPOSE_ROWS` rows, which stay in cache: numpy's one-piece transposing
+    copy of a 20 000 x 32 panel took 3.5 ms, the slices 0.6 ms."""
+    if A.flags.f_contiguous and A.dtype == np.float64 and not copy:
+        return A
+    if A.ndim == 2 and A.flags.c_contiguous and A.shape[1] > 1 and A.shape[0] > _TRANSPOSE_ROWS:
+        out = np.empty(A.shape, dtype=np.float64, order="F")
+        for i in range(0, A.shape[0], _TRANSPOSE_ROWS):
+            out[i : i + _TRANSPOSE_ROWS] = A[i : i + _TRANSPOSE_ROWS]
+        return out
+    if copy:
+        return np.array(A, dtype=np.float64, order="F", copy=True)
+    return np.asfortranarray(A, dtype=np.float64)
+
+
+def _tn(W: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """``W^T R`` (L x c, column-major) for column-major ``W`` (n x L) and ``R`` (n x c)."""
+    if W.shape[1] == 0 or R.shape[1] == 0 or W.shape[0] == 0:
+        return np.zeros((W.shape[1], R.shape[1]), order="F")
+    return dgemm(1.0, W, R, trans_a=1)
+
+
+def _minus(W: np.ndarray, S: np.ndarray, R: np.ndarray) -> None:
+    """``R -= W S`` in place (``R`` column-major float64, n x c)."""
+    if W.shape[1] == 0 or R.shape[1] == 0 or R.shape[0] == 0:
+        return
+    out = dgemm(-1.0, W, _fortran(S), 1.0, R, overwrite_c=1)
+    if out is not R:  # pragma: no cover - f2py works in place on a column-major R
+        R[...] = out
+
+
+def _matmul(W: np.ndarray, U: np.ndarray) -> np.ndarray:
+    """``W @ U`` (column-major result) with ``W`` column-major: ``W @ U`` by numpy
+    with a row-major ``U`` takes about twice as long."""
+    if W.shape[1] == 0 or U.shape[1] == 0 or W.shape[0] == 0:
+        return np.zeros((W.shape[0], U.shape[1]), order="F")
+    return dgemm(1.0, _fortran(W), _fortran(U))
+
+
+def _gram(R: np.ndarray) -> np.ndarray:
+    """``R^T R`` for column-major ``R`` by ``dsyrk``: its lower triangle, the upper one
+    zero (``eigvalsh`` and ``cholesky`` read the lower triangle)."""
+    if R.shape[0] == 0:
+        return np.zeros((R.shape[1], R.shape[1]), order="F")
+    return dsyrk(1.0, R, trans=1, lower=1)
+
+
+def _block_norm2(R: np.ndarray) -> Callable[[int, int], float]:
+    """``(a, b) -> ||R[:, a:b]||_2`` from the small Gram matrix of ``R`` (n x c), computed
+    once: the largest singular value from the largest Gram eigenvalue (relative error
+    of a few ``eps``), instead of an SVD of an n-row slice per call."""
+    G = _gram(_fortran(R)) if R.size else np.zeros((R.shape[1], R.shape[1]))
+
+    def norm2(a: int, b: int) -> float:
+        if b <= a or R.shape[0] == 0:
+            return 0.0
+        top = np.linalg.eigvalsh(G[a:b, a:b])[-1]
+        return float(np.sqrt(max(top, 0.0)))
+
+    return norm2
+
+
+def _cholqr2(Q: np.ndarray, gram: np.ndarray | None) -> bool:
+    """CholQR2 in place on the column-major float64 ``Q`` (n x c); ``gram``: its
+    Gram matrix's lower triangle when the caller has it. True when the result is
+    orthonormal to 1e-10; False (``Q`` then spans the same space, not orthonormal)
+    when a Cholesky factorisation failed or the result is not orthonormal."""
+    c = Q.shape[1]
+    eye = np.eye(c)
+    try:
+        for it in range(2):
+            C = np.linalg.cholesky(gram if it == 0 and gram is not None else _gram(Q))
+            # Q C^-T as a product with the (tiny) inverse factor, in place (dtrmm):
+            # a triangular solve with n right-hand sides is several times slower
+            Cinv = scipy.linalg.solve_triangular(C, eye, lower=True, check_finite=False)
+            out = dtrmm(1.0, Cinv, Q, side=1, lower=1, trans_a=1, overwrite_b=1)
+            if out is not Q:  # pragma: no cover - f2py works in place on a column-major Q
+                Q[...] = out
+    except np.linalg.LinAlgError:
+        return False
+    return bool(np.abs(_gram(Q) - eye).max() < 1e-10)
+
+
+def _householder(R: np.ndarray, overwrite: bool) -> np.ndarray:
+    return scipy.linalg.qr(R, mode="economic", check_finite=False, overwrite_a=overwrite)[0]
+
+
+def _orth(R: np.ndarray, gram: np.ndarray | None = None, overwrite: bool = False) -> np.ndarray:
+    """Orthonormal basis of a tall-skinny, well-conditioned ``R`` (n x c), column-major.
+
+    Cholesky QR, twice (CholQR2): two Gram matrices and two triangular products, an
     order of magnitude faster than Householder QR on n x c panels here.
-    Falls back to Householder QR when ``R`` is too ill-conditioned for it.
-    ``gram``: ``R.T @ R`` when the caller has it already.
+    Falls back to Householder QR of ``R`` when ``R`` is too ill-conditioned for it.
+    ``gram``: the lower triangle of ``R.T @ R`` when the caller has it.
+    ``overwrite``: ``R`` is column-major float64 and may be overwritten (the result
+    is then ``R`` itself, unless the fallback ran; the fallback then starts from what
+    CholQR2 left in ``R``, which spans the same space: the solver only overwrites
+    blocks it knows to be well conditioned, where the fallback does not run).
     """
     if R.shape[1] == 0:
         return R
-    Q = R
-    try:
-        for it in range(2):
-            C = np.linalg.cholesky(gram if it == 0 and gram is not None else Q.T @ Q)
-            # Q C^-T as a GEMM with the (tiny) inverse factor: a triangular
-            # solve with n right-hand sides is ~10x slower here.
-            Cinv = scipy.linalg.solve_triangular(C, np.eye(C.shape[0]), lower=True)
-            Q = Q @ Cinv.T
-        err = np.abs(Q.T @ Q - np.eye(Q.shape[1])).max()
-        if err < 1e-10:
-            return np.ascontiguousarray(Q)
-    except np.linalg.LinAlgError:
-        pass
-    return scipy.linalg.qr(R, mode="economic", check_finite=False)[0]
+    in_place = overwrite and R.dtype == np.float64 and R.flags.f_contiguous
+    Q = R if in_place else _fortran(R, True)
+    if _cholqr2(Q, gram):
+        return Q
+    if in_place:
+        return _householder(Q, overwrite=True)
+    Rf = _fortran(R)  # float64, the caller's R untouched
+    return _householder(Rf, overwrite=Rf is not R)
 
 
 #: Largest condition number of a block that :func:`_rank_revealing_orth` orthonormalises
@@ -59,38 +170,44 @@ def _orth(R: np.ndarray, gram: np.ndarray | None = None) -> np.ndarray:
 COND_CHOLQR = 1e4
 
 
-def _rank_revealing_orth(R: np.ndarray, tau: float) -> tuple[np.ndarray, float, bool]:
+def _rank_revealing_orth(
+    R: np.ndarray, tau: float, overwrite: bool = False
+) -> tuple[np.ndarray, float, bool]:
     """Orthonormal basis of the directions of ``R`` whose singular value exceeds ``tau``.
 
-    Returns the basis (n x r, ``r <= c``), the largest dropped singular value (0 if
-    none: ``R`` equals its projection on the basis up to that), and whether ``R`` was
-    well conditioned. The singular values come from the small Gram matrix when it
-    resolves them (condition number at most :data:`COND_CHOLQR` and every singular
-    value above ``10 tau``: then the cheap CholQR2 path is taken, nothing is dropped
-    and the flag is True), else from Householder QR plus the SVD of its factor.
+    Returns the basis (n x r, ``r <= c``, column-major), the largest dropped singular
+    value (0 if none: ``R`` equals its projection on the basis up to that), and whether
+    ``R`` was well conditioned. The singular values come from the small Gram matrix
+    when it resolves them (condition number at most :data:`COND_CHOLQR` and every
+    singular value above ``10 tau``: then the cheap CholQR2 path is taken, nothing is
+    dropped and the flag is True), else from Householder QR plus the SVD of its factor.
+    ``overwrite``: ``R`` (column-major float64) may be overwritten.
     """
     c = R.shape[1]
     if c == 0:
         return R, 0.0, True
-    G = R.T @ R
-    s2 = np.linalg.eigvalsh((G + G.T) / 2)
+    own = overwrite and R.dtype == np.float64 and R.flags.f_contiguous
+    Rf = R if own else _fortran(R)
+    scratch = own or Rf is not R  # Rf may be overwritten
+    G = _gram(Rf)
+    s2 = np.linalg.eigvalsh(G)
     smax = float(np.sqrt(max(s2[-1], 0.0)))
     if smax <= tau:
-        return np.zeros((R.shape[0], 0)), smax, False
+        return np.zeros((R.shape[0], 0), order="F"), smax, False
     if s2[0] > s2[-1] / COND_CHOLQR**2 and np.sqrt(max(s2[0], 0.0)) > 10.0 * tau:
-        return _orth(R, gram=G), 0.0, True
-    Q0, Rf = scipy.linalg.qr(R, mode="economic", check_finite=False)
-    U, s, _ = np.linalg.svd(Rf)
+        return _orth(Rf, gram=G, overwrite=scratch), 0.0, True
+    Q0, Rt = scipy.linalg.qr(Rf, mode="economic", check_finite=False, overwrite_a=scratch)
+    U, s, _ = np.linalg.svd(Rt)
     keep = s > tau
     dropped = float(s[~keep].max()) if (~keep).any() else 0.0
-    return np.ascontiguousarray(Q0 @ U[:, keep]), dropped, False
+    return _matmul(Q0, U[:, keep]), dropped, False
 
 
 def _next_block(
     W: np.ndarray, Y: np.ndarray, tau: float
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Deflated orthonormal basis of ``Y`` with ``W``'s span removed, ``W^T Y``, and
-    the norm of what was dropped.
+    """Deflated orthonormal basis of ``Y`` with ``W``'s span removed (column-major),
+    ``W^T Y``, and the norm of what was dropped.
 
     Classical block Gram-Schmidt twice (CGS2), then rank-revealing
     orthonormalisation. After CGS2, ``W^T R`` is at the rounding level of ``R``
@@ -102,27 +219,36 @@ def _next_block(
     rounding of the projection by up to ``||R|| / tau``) it is projected once more
     and re-orthonormalised. Skipping it where it is not needed saves about a third of
     this function's work (docs/tuning.md).
+
+    Work: four ``dgemm`` of n x L x c (two per projection, the second accumulating
+    in place), the block's ``dsyrk`` Gram matrices and two in-place ``dtrmm``; one
+    copy of ``Y`` (into the column-major remainder ``R``, which becomes the block).
     """
-    S = W.T @ Y
+    Wf = _fortran(W)  # the solver's basis is column-major already: no copy
+    R = _fortran(Y, copy=True)  # Y is kept by the caller
+    S = _tn(Wf, R)
     room = W.shape[0] - W.shape[1]
     if room <= 0:
-        return np.zeros((W.shape[0], 0)), S, 0.0
-    R = Y - W @ S
-    R -= W @ (W.T @ R)
-    Q, dropped, well_conditioned = _rank_revealing_orth(R, tau)
+        return np.zeros((W.shape[0], 0), order="F"), S, 0.0
+    _minus(Wf, S, R)
+    _minus(Wf, _tn(Wf, R), R)
+    Q, dropped, well_conditioned = _rank_revealing_orth(R, tau, overwrite=True)
     if Q.shape[1] > room:  # pragma: no cover - rounding noise beyond the space
         Q = Q[:, :room]
     if Q.shape[1] and not well_conditioned:
-        Q -= W @ (W.T @ Q)
-        Q = _orth(Q)
+        Q = _fortran(Q)
+        _minus(Wf, _tn(Wf, Q), Q)
+        Q = _orth(Q, overwrite=True)
     return Q, S, dropped
 
 
 class _Columns:
     """An n x L array that grows by blocks of columns without copying old ones.
 
-    Column-major storage: appending a block writes contiguous memory and the
-    live part ``view`` is a Fortran-contiguous array BLAS takes as is.
+    Column-major storage: appending a block writes contiguous memory (one copy of
+    contiguous memory when the block is column-major, as :func:`_next_block`'s are;
+    a row-major block is transposed on the way, ten times slower) and the live part
+    ``view`` is a Fortran-contiguous array BLAS takes as is.
     """
 
     def __init__(self, n: int, capacity: int):
@@ -174,8 +300,4 @@ def _subspace_residuals(
     """Exact residuals of subspace iteration's Ritz pairs (``W`` is the block ``Q``,
     ``Y = A Q``). Memory: n x l."""
     Rm = Y @ U - W @ (U * theta)
-
-    def block_res(a, b):
-        return np.linalg.norm(Rm[:, a:b], 2)
-
-    return np.linalg.norm(Rm, axis=0), block_res
+    return np.linalg.norm(Rm, axis=0), _block_norm2(Rm)

@@ -76,8 +76,10 @@ from ..threads import blas_threads_for_driver
 from ._common import EigResult, deterministic_signs
 from .certificate import Certificate, certify, not_converged_message
 from .krylov_basis import (
+    _block_norm2,
     _Columns,
     _krylov_residuals,
+    _matmul,
     _next_block,
     _orth,
     _rank_revealing_orth,
@@ -432,7 +434,7 @@ def _advance(kry: _Krylov, step: _Step) -> np.ndarray:
         return Q
     if kry.W.width + step.Q_next.shape[1] > s.max_basis:
         # Restart from the current best approximations.
-        Q = _orth(s.prep(kry.W.view @ step.U[:, : s.l]))
+        Q = _orth(s.prep(_matmul(kry.W.view, step.U[:, : s.l])), overwrite=True)
         kry.W.reset(Q)
         kry.M, kry.drop2 = np.zeros((0, 0)), 0.0
         logger.info("randomized solver: restart (basis would exceed %d columns)", s.max_basis)
@@ -459,8 +461,8 @@ def _certification_pass(op: SymmetricOperator, kry: _Krylov, step: _Step) -> _Fi
     s = kry.s
     k_ret = _n_existing(step.theta, s.k, s.rank_rtol, step.tau)
     Wm = kry.W.view[:, : kry.M.shape[0]]
-    V = s.prep(Wm @ step.U[:, :k_ret])
-    V = _orth(V) if k_ret else V
+    V = s.prep(_matmul(Wm, step.U[:, :k_ret]))
+    V = _orth(V, overwrite=True) if k_ret else V
     AV = op.matmul(V) if k_ret else np.zeros((s.n, 0))
     th2, U2 = _rayleigh_ritz(V.T @ AV)
     Vr, AVr = V @ U2, AV @ U2
@@ -468,9 +470,10 @@ def _certification_pass(op: SymmetricOperator, kry: _Krylov, step: _Step) -> _Fi
     r2 = np.linalg.norm(Rf, axis=0)
     th_all = np.concatenate([th2, step.theta[k_ret:]])
     res_all = np.concatenate([r2, step.res[k_ret:]])
+    rf_norm2 = _block_norm2(Rf)
 
     def final_block_res(a, b):
-        inner = np.linalg.norm(Rf[:, a : min(b, k_ret)], 2) if a < k_ret else 0.0
+        inner = rf_norm2(a, min(b, k_ret)) if a < k_ret else 0.0
         outer = step.block_res(max(a, k_ret), b) if b > k_ret else 0.0
         return float(np.hypot(inner, outer))
 
@@ -487,7 +490,7 @@ def _from_last_pass(kry: _Krylov, step: _Step, cert: Certificate) -> _Final:
     (n x k)."""
     s = kry.s
     k_ret = _n_existing(step.theta, s.k, s.rank_rtol, step.tau)
-    V = kry.W.view[:, : kry.M.shape[0]] @ step.U[:, :k_ret]
+    V = kry.W.view[:, : kry.M.shape[0]] @ step.U[:, :k_ret]  # row-major, as returned
     theta = step.theta[:k_ret].copy()
     with np.errstate(divide="ignore", invalid="ignore"):
         residuals = step.res[:k_ret] / np.abs(theta)
