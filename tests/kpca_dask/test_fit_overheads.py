@@ -214,3 +214,25 @@ def test_cache_block_is_the_kernel_block_flushed(kernel, params):
             assert np.count_nonzero((blk != 0) & (blk < TINY)) > 0  # there was work to do
     b64 = cache_block(k, X[:50], X, np.float64)
     np.testing.assert_array_equal(b64, kernel_block(k, X[:50], X, np.float64))
+
+
+def test_recertify_takes_the_span_of_vectors_that_are_not_orthonormal():
+    """recertify's bounds take V orthonormal: vectors of the same span that are not
+    (scaled, mixed) give the same eigenpairs as an orthonormal basis of it."""
+    import dask.array as da
+
+    from kpca_dask.gram import BlockKernelMatrix
+    from kpca_dask.mixed import recertify
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(300, 4))
+    K = BlockKernelMatrix(
+        da.from_array(X, chunks=(100, 4)), make_kernel("rbf", gamma=0.3), "f8"
+    )
+    V = np.linalg.qr(rng.normal(size=(300, 5)))[0]
+    skew = V @ np.triu(rng.uniform(0.5, 2.0, size=(5, 5)))
+    kw = dict(tol=1e-8, rounded=False, had_tail=False)
+    a, b = recertify(K, V, **kw), recertify(K, skew, **kw)
+    np.testing.assert_allclose(b["eigenvalues"], a["eigenvalues"], rtol=1e-12)
+    Vb = b["eigenvectors"]
+    np.testing.assert_allclose(Vb.T @ Vb, np.eye(5), atol=1e-12)
