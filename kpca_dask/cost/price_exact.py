@@ -267,8 +267,11 @@ def _price_exact(f: _Fit, kernel_cache: str) -> _Priced:
         }
 
     f.stage("first pass", pass_parts(t_comp))
-    if p > 1:
-        f.stage("passes", pass_parts(t_comp_later), count=p - 1)
+    # mixed precision: the last of the p passes is the float64 certifying pass (the
+    # float32 iteration has no certification pass of its own; kpca_dask._solve_mixed)
+    on_blocks = p - 1 if f.mixed else p
+    if on_blocks > 1:
+        f.stage("passes", pass_parts(t_comp_later), count=on_blocks - 1)
     if f.mixed:
         # the pairs are certified on the kernel evaluated afresh in float64 (one pass on
         # the k vectors and a column of ones; kpca_dask.mixed)
