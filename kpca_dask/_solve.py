@@ -305,7 +305,11 @@ def _solve_mixed(
         # no certification pass on the float32 blocks: recertify's float64 pass measures
         # the residuals that count, and a Rayleigh-Ritz step on the same span (the last
         # pass's Ritz vectors) is all the float32 pass would have added
-        res = randomized_eigh(op, k, warn=False, certification_pass=False, **kw)
+        # the tail stops where its bounds meet tail_tol without float32's rounding level:
+        # the float64 pass allows only float64's (no fallback for a bound in between)
+        res = randomized_eigh(
+            op, k, warn=False, certification_pass=False, tail_floor=False, **kw
+        )
     cert32 = res.info.get("certificate") or {}
     if res.converged and res.eigenvalues.size:
         # certified on the kernel evaluated afresh in float64 (K64 has no cache; the

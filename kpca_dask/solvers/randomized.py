@@ -166,6 +166,7 @@ def randomized_eigh(
     warn: bool = True,
     v0: np.ndarray | None = None,
     certification_pass: bool = True,
+    tail_floor: bool = True,
 ) -> EigResult:
     """Leading eigenpairs of a symmetric operator by randomized iteration, certified.
 
@@ -243,6 +244,12 @@ def randomized_eigh(
         proven bounds, from ``A W - W M = Q_next H + E``; the measured residuals
         differ from them by rounding) and one pass fewer; ``residuals`` are then
         those bounds (upper bounds of the measured ones).
+    tail_floor : bool, default=True
+        Whether the rounding level ``tau`` counts toward the flat tail's level, as it
+        does toward every other level. False (mixed precision's float32 iteration,
+        whose pairs a float64 pass then certifies without ``tau32``): the tail's
+        eigenvalues stop at ``tail_tol - tau / theta_k`` (at least ``tail_tol / 2``),
+        so that a bound the float32 run accepts meets ``tail_tol`` by itself.
 
     Memory (driver): the basis ``W`` (n x L float64, L <= ``max_basis`` + l),
     one product ``A Q`` (n x l) and its projection residual (n x l), and
@@ -263,6 +270,7 @@ def randomized_eigh(
         rank_rtol=rank_rtol,
         cluster_rtol=cluster_rtol,
         tail_tol=tail_tol,
+        tail_floor=tail_floor,
     )
     Q, n_warm = _first_block(s, random_state, v0)
     kry = _Krylov(s, Q)
@@ -404,8 +412,21 @@ def _certify(
         angle_tol=s.angle_tol,
         below=step.below,
         cluster_tol=s.tol**0.75,
-        tail_tol=s.tail_tol,
+        tail_tol=_tail_level(theta, step.tau, s),
     )
+
+
+def _tail_level(theta: np.ndarray, tau: float, s: _Settings) -> float | None:
+    """The flat tail's level: ``tail_tol``, less ``tau / theta_k`` when the rounding
+    level must not count toward it (``tail_floor=False``): then a pair accepted at
+    ``b lambda <= level lambda + tau`` has ``b lambda <= tail_tol lambda`` (``lambda >=
+    theta_k``)."""
+    if s.tail_tol is None or s.tail_floor:
+        return s.tail_tol
+    last = float(theta[min(s.k, len(theta)) - 1]) if len(theta) else 0.0
+    if last <= 0.0:
+        return s.tail_tol / 2
+    return max(s.tail_tol - tau / last, s.tail_tol / 2)
 
 
 def _log_pass(p: int, kry: _Krylov, step: _Step, cert: Certificate) -> None:

@@ -86,6 +86,7 @@ class _Settings(NamedTuple):
     angle_tol: float
     tail_tol: float | None
     noise: float  # rounding level of a product, relative to ||A||
+    tail_floor: bool  # the rounding level counts toward the flat tail's level
     prep: Callable[[np.ndarray], np.ndarray]  # centring of blocks and vectors
 
 
@@ -104,6 +105,7 @@ def _settings(
     rank_rtol: float | None,
     cluster_rtol: float | None,
     tail_tol: float | None,
+    tail_floor: bool = True,
 ) -> _Settings:
     """Check ``method`` and resolve every default of :func:`randomized_eigh`."""
     if method not in ("block_krylov", "subspace"):
@@ -127,6 +129,7 @@ def _settings(
         angle_tol=float(np.sqrt(tol)),
         tail_tol=tail if tail > 0 else None,
         noise=float(eps) * np.sqrt(n),
+        tail_floor=bool(tail_floor),
         # The test matrix is centred: Kc's null vector 1 carries no information.
         prep=_centre if centre else _identity,
     )

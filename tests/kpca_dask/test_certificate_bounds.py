@@ -159,3 +159,51 @@ def test_fixed_passes_without_the_certification_pass():
     b = _solve(A, k, 0, False, n_power_iter=2)
     assert (a.n_passes, b.n_passes) == (4, 3)
     assert b.info["finish"] == "last_pass" and a.info["finish"] == "rayleigh_ritz"
+
+
+class Float32Dense(Dense):
+    """Products in float32 (mixed precision's iteration): the rounding level ``tau``
+    is float32's, 1e8 times float64's."""
+
+    def __init__(self, A: np.ndarray):
+        super().__init__(A)
+        self.A32 = A.astype(np.float32)
+
+    def matmul(self, Z: np.ndarray) -> np.ndarray:
+        return (self.A32 @ Z.astype(np.float32)).astype(np.float64)
+
+
+@pytest.mark.parametrize("name", ["clustered", "gaussian", "flat-tail"])
+def test_tail_floor_false_meets_the_tail_level_without_tau(problems, name):
+    """Mixed precision's float32 iteration stops its flat tail at ``tail_tol - tau /
+    theta_k`` (``tail_floor=False``): every tail bound it accepts meets ``tail_tol``
+    by itself, so the float64 certification, which allows only float64's rounding,
+    does not reject it (seen at n = 20 000: a bound of 0.01029 accepted at 1 % + 4e-4,
+    then refused, and the fit solved again on float64 blocks)."""
+    A, k, ref = problems[name]
+    eps32 = float(np.finfo(np.float32).eps)
+    for seed in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            on = randomized_eigh(Float32Dense(A), k, random_state=seed, eps=eps32)
+            off = randomized_eigh(
+                Float32Dense(A), k, random_state=seed, eps=eps32, tail_floor=False
+            )
+        c_on, c_off = on.info["certificate"], off.info["certificate"]
+        assert c_off["rounding_level"] > 0
+        if c_off["tail_start"] is None:  # no flat tail: the two runs are the same
+            assert c_on["eigenvalue_levels"] == c_off["eigenvalue_levels"]
+            continue
+        t = c_off["tail_start"]
+        tail_tol = c_on["eigenvalue_levels"][t]
+        theta = off.eigenvalues
+        level = c_off["eigenvalue_levels"][t]
+        expected = max(tail_tol - c_off["rounding_level"] / theta[k - 1], tail_tol / 2)
+        assert level == pytest.approx(expected, rel=1e-12)
+        assert level < tail_tol
+        if off.converged:
+            bounds = np.asarray(c_off["eigenvalue_bounds"][t:k])
+            assert np.all(bounds <= tail_tol), (seed, bounds, tail_tol)
+            # and the pairs are right: within tail_tol of the dense eigenvalues
+            lam = ref[t:k]
+            assert np.all(np.abs(theta[t:k] - lam) <= tail_tol * lam + c_off["rounding_level"])
