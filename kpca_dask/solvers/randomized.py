@@ -90,8 +90,10 @@ from .randomized_setup import (
     _first_block,
     _generator,  # noqa: F401  (kpca_dask._solve and _preimage_fit import it from here)
     _n_existing,
+    _rayleigh_ritz,
     _Settings,
     _settings,
+    _tail_level,
     default_max_basis,
     default_rank_rtol,
     default_tail_tol,
@@ -121,14 +123,6 @@ class SymmetricOperator(Protocol):
     def n(self) -> int: ...
 
     def matmul(self, Z: np.ndarray) -> np.ndarray: ...
-
-
-def _rayleigh_ritz(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ritz values of A on span(W) from ``M = W^T A W``, descending, and their coordinates."""
-    M = (M + M.T) / 2
-    theta, U = np.linalg.eigh(M)
-    order = np.argsort(theta)[::-1]
-    return theta[order], U[:, order]
 
 
 # --------------------------------------------------------------------- solver
@@ -414,19 +408,6 @@ def _certify(
         cluster_tol=s.tol**0.75,
         tail_tol=_tail_level(theta, step.tau, s),
     )
-
-
-def _tail_level(theta: np.ndarray, tau: float, s: _Settings) -> float | None:
-    """The flat tail's level: ``tail_tol``, less ``tau / theta_k`` when the rounding
-    level must not count toward it (``tail_floor=False``): then a pair accepted at
-    ``b lambda <= level lambda + tau`` has ``b lambda <= tail_tol lambda`` (``lambda >=
-    theta_k``)."""
-    if s.tail_tol is None or s.tail_floor:
-        return s.tail_tol
-    last = float(theta[min(s.k, len(theta)) - 1]) if len(theta) else 0.0
-    if last <= 0.0:
-        return s.tail_tol / 2
-    return max(s.tail_tol - tau / last, s.tail_tol / 2)
 
 
 def _log_pass(p: int, kry: _Krylov, step: _Step, cert: Certificate) -> None:

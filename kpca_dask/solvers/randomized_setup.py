@@ -191,3 +191,24 @@ def _n_existing(theta: np.ndarray, k: int, rank_rtol: float, tau: float) -> int:
         return 0
     cut = max(rank_rtol * theta[0], tau)
     return int(min(k, np.count_nonzero(theta > cut)))
+
+
+def _tail_level(theta: np.ndarray, tau: float, s: _Settings) -> float | None:
+    """The flat tail's level: ``tail_tol``, less ``tau / theta_k`` when the rounding
+    level must not count toward it (``tail_floor=False``): then a pair accepted at
+    ``b lambda <= level lambda + tau`` has ``b lambda <= tail_tol lambda`` (``lambda >=
+    theta_k``)."""
+    if s.tail_tol is None or s.tail_floor:
+        return s.tail_tol
+    last = float(theta[min(s.k, len(theta)) - 1]) if len(theta) else 0.0
+    if last <= 0.0:
+        return s.tail_tol / 2
+    return max(s.tail_tol - tau / last, s.tail_tol / 2)
+
+
+def _rayleigh_ritz(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ritz values of A on span(W) from ``M = W^T A W``, descending, and their coordinates."""
+    M = (M + M.T) / 2
+    theta, U = np.linalg.eigh(M)
+    order = np.argsort(theta)[::-1]
+    return theta[order], U[:, order]
