@@ -34,6 +34,10 @@ CACHE_MEMORY_FRACTION = 0.5
 #: dask config key overriding the budget (bytes, or a string such as "2GiB").
 CACHE_BUDGET_CONFIG = "kpca.kernel-cache-budget"
 
+#: :func:`kernel_cache_budget`'s reason when the budget is the user's (that config key):
+#: only then does ``kernel_cache="auto"`` keep part of the blocks (the partial tier).
+BUDGET_SET = f"dask config {CACHE_BUDGET_CONFIG}"
+
 
 def _scheduler_kind() -> tuple[str, Any]:
     """("local", None) (threaded or synchronous: data stays in this process),
@@ -101,7 +105,7 @@ def kernel_cache_budget() -> tuple[int, str]:
 
     override = dask.config.get(CACHE_BUDGET_CONFIG, None)
     if override is not None:
-        return int(parse_bytes(override)), f"dask config {CACHE_BUDGET_CONFIG}"
+        return int(parse_bytes(override)), BUDGET_SET
     import psutil
 
     kind, client = _scheduler_kind()

@@ -61,6 +61,8 @@ def _auto_cache(
             "kept after pass 1"
         )
         return "memory", None
+    if _budget_override() is None:  # the partial tier only on a budget the user set
+        return "recompute", None
     pairs = blocks_to_cache(chunks, item, budget)
     if not pairs:
         return "recompute", None

@@ -313,11 +313,15 @@ def test_cost_model_prices_the_partial_tier():
     upper = plan.estimate(
         Cluster(workers=2, threads=1, memory=1e12), m, passes=6
     ).kernel_cache_bytes
-    # half of each worker's memory over 2 workers is the budget: 40 % of the blocks
+    # half of each worker's memory over 2 workers: 40 % of the blocks fit, but a default
+    # budget keeps none of them (the partial tier is the user's choice)...
     cl = Cluster(workers=2, threads=1, memory=0.4 * upper)
-    part = plan.estimate(cl, m, passes=6)
-    kept = plan.estimate(cl, m, passes=6, kernel_cache="memory")
-    again = plan.estimate(cl, m, passes=6, kernel_cache="recompute")
+    assert plan.estimate(cl, m, passes=6).kernel_cache == "recompute"
+    # ...and a budget set in dask's config keeps the 40 % that fit
+    with dask.config.set({BUDGET: int(0.4 * upper)}):
+        part = plan.estimate(cl, m, passes=6)
+        kept = plan.estimate(cl, m, passes=6, kernel_cache="memory")
+        again = plan.estimate(cl, m, passes=6, kernel_cache="recompute")
     assert part.kernel_cache == "partial"
     assert 0.3 * upper < part.kernel_cache_bytes <= 0.4 * upper
     share = part.kernel_cache_share
@@ -333,8 +337,8 @@ def test_cost_model_prices_the_partial_tier():
         part.kernel_cache_bytes / 2
     )
     assert "partial" in part.summary()
-    tight = Cluster(workers=2, threads=1, memory=1e6)  # below one block
-    assert plan.estimate(tight, m, passes=6).kernel_cache == "recompute"
+    with dask.config.set({BUDGET: "1MB"}):  # below one block
+        assert plan.estimate(cl, m, passes=6).kernel_cache == "recompute"
 
 
 def test_cost_model_prices_the_tier_the_fit_takes():
