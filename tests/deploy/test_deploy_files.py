@@ -276,11 +276,18 @@ def test_prefect_deploy_registers_every_deployment(tmp_path):
         assert set(by_name) == {
             "kpca-nightly",
             "kpca-transform",
+            "kpca-update-nightly",
             "kpca-nightly-k8s",
             "kpca-transform-k8s",
         }
         assert by_name["kpca-nightly"]["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
         assert by_name["kpca-transform"]["schedules"] == []
+        # the nightly update runs after the batch lands, one at a time, on the series folder
+        update = by_name["kpca-update-nightly"]
+        assert update["schedules"][0]["schedule"]["cron"] == "30 2 * * *"
+        assert update["parameters"]["run"] == "/srv/kpca/runs/features"
+        assert update["global_concurrency_limit"]["limit"] == 1
+        assert update["concurrency_options"]["collision_strategy"] == "ENQUEUE"
         assert by_name["kpca-nightly-k8s"]["job_variables"]["image"] == IMAGE
     finally:
         server.terminate()
