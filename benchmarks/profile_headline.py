@@ -9,7 +9,7 @@ Per pass:
 * ``wall``: the pass (``CentredKernel._product``: graph build, dask, sums);
 * ``kernel_eval_cs``: core-seconds inside ``Kernel.evaluate`` (the GEMM with the
   appended norm columns, plus ``exp``), in recomputing tasks;
-* ``cache_fill_cs``: core-seconds of the cache-filling tasks (``kernel_block``, their
+* ``cache_fill_cs``: core-seconds of the cache-filling tasks (``cache_block``, their
   kernel evaluation included: ``cache_fill_other_cs`` is the rest);
 * ``product_cs``: core-seconds of the ``K_IJ Z`` GEMMs (recomputing tasks: the task
   less its kernel evaluation; cached tasks: the whole task);
@@ -89,9 +89,9 @@ def instrument(clock: Clock) -> None:
             clock.add(f"kernel_eval_{where}_cs", time.perf_counter() - t)
 
     kernels.RBFKernel.evaluate = evaluate
-    orig_block = gram.kernel_block
+    orig_block = block_products.cache_block  # the memory tier's fill (not kernel_block)
 
-    def kernel_block(*a, **kw):
+    def cache_block(*a, **kw):
         local.where = "fill"
         try:
             return orig_block(*a, **kw)
@@ -101,7 +101,7 @@ def instrument(clock: Clock) -> None:
     timed = {
         "pair_products": clock.timed("recompute_task_cs", gram.pair_products),
         "stored_pair_products": clock.timed("cached_task_cs", gram.stored_pair_products),
-        "kernel_block": clock.timed("cache_fill_cs", kernel_block),
+        "cache_block": clock.timed("cache_fill_cs", cache_block),
         "_sum_parts": clock.timed("sums_cs", gram._sum_parts),
     }
     # each name where the tasks and the matrix look it up (gram.py only re-exports them)
