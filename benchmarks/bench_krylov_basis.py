@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import scipy.linalg
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -33,63 +32,14 @@ from bench_headline import GAMMA, K, make_data  # noqa: E402
 from bench_passes import cpu_model  # noqa: E402
 
 from kpca_dask import KernelPCA  # noqa: E402
-from kpca_dask.solvers import krylov_basis as kb  # noqa: E402
 from kpca_dask.solvers import randomized, randomized_setup  # noqa: E402
-
-
-# ------------------------------------------ the numpy formulas (before issue 29)
-def orth_numpy(R, gram=None, overwrite=False):
-    if R.shape[1] == 0:
-        return R
-    Q = R
-    try:
-        for it in range(2):
-            C = np.linalg.cholesky(gram if it == 0 and gram is not None else Q.T @ Q)
-            Cinv = scipy.linalg.solve_triangular(C, np.eye(C.shape[0]), lower=True)
-            Q = Q @ Cinv.T
-        if np.abs(Q.T @ Q - np.eye(Q.shape[1])).max() < 1e-10:
-            return np.ascontiguousarray(Q)
-    except np.linalg.LinAlgError:
-        pass
-    return scipy.linalg.qr(R, mode="economic", check_finite=False)[0]
-
-
-def rank_revealing_numpy(R, tau, overwrite=False):
-    if R.shape[1] == 0:
-        return R, 0.0, True
-    G = R.T @ R
-    s2 = np.linalg.eigvalsh((G + G.T) / 2)
-    smax = float(np.sqrt(max(s2[-1], 0.0)))
-    if smax <= tau:
-        return np.zeros((R.shape[0], 0)), smax, False
-    if s2[0] > s2[-1] / kb.COND_CHOLQR**2 and np.sqrt(max(s2[0], 0.0)) > 10.0 * tau:
-        return orth_numpy(R, gram=G), 0.0, True
-    Q0, Rf = scipy.linalg.qr(R, mode="economic", check_finite=False)
-    U, s, _ = np.linalg.svd(Rf)
-    keep = s > tau
-    dropped = float(s[~keep].max()) if (~keep).any() else 0.0
-    return np.ascontiguousarray(Q0 @ U[:, keep]), dropped, False
-
-
-def next_block_numpy(W, Y, tau):
-    S = W.T @ Y
-    room = W.shape[0] - W.shape[1]
-    if room <= 0:
-        return np.zeros((W.shape[0], 0)), S, 0.0
-    R = Y - W @ S
-    R -= W @ (W.T @ R)
-    Q, dropped, well = rank_revealing_numpy(R, tau)
-    if Q.shape[1] and not well:
-        Q -= W @ (W.T @ Q)
-        Q = orth_numpy(Q)
-    return Q, S, dropped
-
+from tests.kpca_dask import krylov_reference as ref  # noqa: E402  (numpy, before issue 29)
 
 NUMPY = {
-    (randomized, "_next_block"): next_block_numpy,
-    (randomized, "_orth"): orth_numpy,
-    (randomized, "_rank_revealing_orth"): rank_revealing_numpy,
-    (randomized_setup, "_orth"): orth_numpy,
+    (randomized, "_next_block"): ref.next_block_ref,
+    (randomized, "_orth"): ref.orth_ref,
+    (randomized, "_rank_revealing_orth"): ref.rank_revealing_ref,
+    (randomized_setup, "_orth"): ref.orth_ref,
     (randomized, "_matmul"): lambda W, U: W @ U,
 }
 

@@ -15,6 +15,8 @@ from sklearn.datasets import make_blobs
 from kpca_dask.solvers import randomized
 from kpca_dask.solvers.randomized import _next_block, _rank_revealing_orth
 
+from .krylov_reference import Dense
+
 EPS = np.finfo(np.float64).eps
 
 
@@ -95,18 +97,6 @@ def low_rank_matrix(n=1500, r=7):
     X = np.random.default_rng(4).standard_normal((n, r)) * np.arange(r, 0, -1)
     X -= X.mean(0)
     return X @ X.T
-
-
-class Dense:
-    def __init__(self, A):
-        self.A = A
-
-    @property
-    def n(self):
-        return self.A.shape[0]
-
-    def matmul(self, Z):
-        return self.A @ Z
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,8 @@ from sklearn.metrics.pairwise import linear_kernel, rbf_kernel
 
 from kpca_dask.solvers.randomized import randomized_eigh
 
+from .krylov_reference import Dense
+
 
 def _centred(K: np.ndarray) -> np.ndarray:
     mu = K.mean(axis=1)
@@ -72,14 +74,6 @@ CASES = {
     "flat-tail": (flat_tail, 8),
     "duplicates": (duplicates, 8),
 }
-
-
-class Dense:
-    def __init__(self, A: np.ndarray):
-        self.A, self.n = A, A.shape[0]
-
-    def matmul(self, Z: np.ndarray) -> np.ndarray:
-        return self.A @ Z
 
 
 @pytest.fixture(scope="module")

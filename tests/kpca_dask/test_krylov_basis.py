@@ -12,13 +12,14 @@ thread limit the solver sets covers scipy's BLAS as well as numpy's.
 
 import numpy as np
 import pytest
-import scipy.linalg
 from sklearn.datasets import make_blobs
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from kpca_dask.solvers import krylov_basis as kb
 from kpca_dask.solvers import randomized, randomized_setup
 from kpca_dask.threads import blas_threads_for_driver
+
+from .krylov_reference import Dense, next_block_ref, orth_ref, rank_revealing_ref
 
 EPS = np.finfo(np.float64).eps
 
@@ -29,56 +30,6 @@ def one_blas_thread():
     own algebra too: OpenBLAS threads spinning on a busy machine cost seconds here."""
     with blas_threads_for_driver():
         yield
-
-
-# ----------------------------------------------------- the numpy reference
-def orth_ref(R, gram=None):
-    """CholQR2 as numpy expressions, Householder QR when it fails (the code before)."""
-    if R.shape[1] == 0:
-        return R
-    Q = R
-    try:
-        for it in range(2):
-            C = np.linalg.cholesky(gram if it == 0 and gram is not None else Q.T @ Q)
-            Cinv = scipy.linalg.solve_triangular(C, np.eye(C.shape[0]), lower=True)
-            Q = Q @ Cinv.T
-        if np.abs(Q.T @ Q - np.eye(Q.shape[1])).max() < 1e-10:
-            return Q
-    except np.linalg.LinAlgError:
-        pass
-    return scipy.linalg.qr(R, mode="economic")[0]
-
-
-def rank_revealing_ref(R, tau):
-    c = R.shape[1]
-    if c == 0:
-        return R, 0.0, True
-    G = R.T @ R
-    s2 = np.linalg.eigvalsh((G + G.T) / 2)
-    smax = float(np.sqrt(max(s2[-1], 0.0)))
-    if smax <= tau:
-        return np.zeros((R.shape[0], 0)), smax, False
-    if s2[0] > s2[-1] / kb.COND_CHOLQR**2 and np.sqrt(max(s2[0], 0.0)) > 10.0 * tau:
-        return orth_ref(R, gram=G), 0.0, True
-    Q0, Rf = scipy.linalg.qr(R, mode="economic")
-    U, s, _ = np.linalg.svd(Rf)
-    keep = s > tau
-    dropped = float(s[~keep].max()) if (~keep).any() else 0.0
-    return Q0 @ U[:, keep], dropped, False
-
-
-def next_block_ref(W, Y, tau):
-    S = W.T @ Y
-    room = W.shape[0] - W.shape[1]
-    if room <= 0:
-        return np.zeros((W.shape[0], 0)), S, 0.0
-    R = Y - W @ S
-    R -= W @ (W.T @ R)
-    Q, dropped, well = rank_revealing_ref(R, tau)
-    if Q.shape[1] and not well:
-        Q = Q - W @ (W.T @ Q)
-        Q = orth_ref(Q)
-    return Q, S, dropped
 
 
 # ----------------------------------------------------------------- helpers
@@ -307,18 +258,6 @@ def test_driver_limit_covers_scipys_blas_too():
 
 
 # ------------------------------------------------------- whole solves
-class Dense:
-    def __init__(self, A):
-        self.A = A
-
-    @property
-    def n(self):
-        return self.A.shape[0]
-
-    def matmul(self, Z):
-        return self.A @ Z
-
-
 def blob_kernel(n=1500):
     X, _ = make_blobs(n, n_features=32, centers=10, random_state=0)
     d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
