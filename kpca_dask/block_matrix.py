@@ -344,6 +344,18 @@ class BlockKernelMatrix(ClusterWaves):
             )
         return dsk, deps, oname
 
+    def _product_token(self, Z: Any) -> str:
+        """The graph keys' token of a product with ``Z``: the rows, the kernel, the
+        compute dtype, where the blocks come from and what the cache holds."""
+        return tokenize(
+            self.X.name,
+            self.kernel,
+            self.dtype.str,
+            Z,
+            self.block_reader is None,
+            self._cache_token(),
+        )
+
     def matmul(self, Z: np.ndarray | da.Array) -> da.Array:
         """Lazy ``K @ Z`` for ``Z`` of shape (n, l): one task per upper block.
 
@@ -357,14 +369,7 @@ class BlockKernelMatrix(ClusterWaves):
             raise InvalidInputError(f"Z must have shape ({self.n}, l), got {Z.shape}.")
         if self._cache_pending:
             self._fill_cache()
-        token = tokenize(
-            self.X.name,
-            self.kernel,
-            self.dtype.str,
-            Z,
-            self.block_reader is None,
-            self._cache_token(),
-        )
+        token = self._product_token(Z)
         dsk, deps, oname = self._pair_graph(Z, range(self.n_blocks), token)
         graph = HighLevelGraph.from_collections(oname, dsk, dependencies=deps)
         return da.Array(
@@ -393,14 +398,7 @@ class BlockKernelMatrix(ClusterWaves):
         wave_tasks = wave_tasks or max(128, 4 * _cluster_threads())
         offsets = np.concatenate([[0], np.cumsum(self.row_chunks)])
         Y = np.zeros((self.n, Z.shape[1]), dtype=np.float64)
-        token = tokenize(
-            self.X.name,
-            self.kernel,
-            self.dtype.str,
-            Z,
-            self.block_reader is None,
-            self._cache_token(),
-        )
+        token = self._product_token(Z)
         waves = exact_waves(self.row_chunks, wave_tasks)
         if self.block_reader is not None and self._cache is None:
             # A stored K read in the same order every pass defeats the page cache as
