@@ -249,6 +249,11 @@ def handle_interrupts(
         # what unwinds now (a client losing its futures, a cluster closing, Prefect
         # recording a crash) would log its own errors: the CLI's one line says it all
         logging.disable(logging.CRITICAL)
+        # ... and so would Prefect's API log worker, which writes "--- Error logging to
+        # API ---" straight to stderr (not through a logger) when the ephemeral server it
+        # sends to was stopped first; it, like the stdlib's handlers, writes only while
+        # ``logging.raiseExceptions`` is set
+        logging.raiseExceptions = False
         threading.Thread(target=watchdog, name="kpca-interrupt", daemon=True).start()
         raise KeyboardInterrupt
 

@@ -194,6 +194,34 @@ def test_sigterm_mid_solve_exits_143_stops_every_child_and_the_run_resumes(tmp_p
     assert "ingest" not in ran and "solve" in ran, prefect_line
 
 
+def test_after_a_stop_signal_prefects_log_worker_writes_nothing_to_stderr(tmp_path):
+    """The race behind a flaky three-line SIGTERM: the ephemeral API server is stopped, and
+    Prefect's API log worker then fails to send its last batch and writes "--- Error logging
+    to API ---" and the connection error straight to stderr. A real log worker, sending to an
+    address where nothing listens, in a process that got SIGTERM inside
+    ``handle_interrupts``: stderr holds the one line and nothing else."""
+    script = """
+import os, signal, time
+from flows.runtime import handle_interrupts, report_interrupt
+from prefect.logging.handlers import APILogWorker
+try:
+    with handle_interrupts(lambda: "stopped", grace=30):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+except KeyboardInterrupt:
+    report_interrupt("stopped")
+APILogWorker.instance().send({"message": "x", "level": 20, "name": "t",
+    "timestamp": "2026-11-27T00:00:00Z", "flow_run_id": None, "task_run_id": None})
+APILogWorker.drain_all(timeout=20)
+"""
+    env = _env(tmp_path, PREFECT_API_URL=f"http://127.0.0.1:{_closed_port()}/api")
+    res = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == ["stopped"], res.stderr
+
+
 def test_prefects_copies_of_the_final_error_stay_off_the_console():
     """The console filter (flows/runtime.py): the task's and the flow's own ERROR records of
     a failure are dropped (the CLI prints it once); a retried failure is still shown, and a
