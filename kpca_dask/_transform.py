@@ -7,7 +7,6 @@ The estimator's methods call these with themselves as ``est``; nothing here know
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import dask
@@ -31,6 +30,12 @@ from .threads import blas_threads_for_dask
 SCATTER_BYTES = 1 << 20
 _SCATTERED: dict[tuple[int, str], list] = {}  # (client, model token) -> futures, newest last
 _SCATTERED_KEEP = 4
+
+
+#: a lazy (dask input) transform's graph is built, and its NaN check computed, on the
+#: active scheduler: without a client, named as dask's threads so that dask's
+#: ``get_scheduler`` and ``rechunk`` do not import ``distributed`` to look for one
+_ACTIVE = _cost.Execution("scheduler", "the active dask scheduler")
 
 
 def _on_cluster(token: str, *arrays: np.ndarray) -> list | None:
@@ -94,7 +99,7 @@ def project(est: Any, X: Any, what: str) -> Any:
     # where the embedding runs (numpy rows: maybe this process's threads), decided
     # first so that the NaN check runs there too, not as a cluster round trip
     where = _cost.transform_execution(est, int(Xd.shape[0])) if kind == "numpy" else None
-    with where.scheduler() if where is not None else contextlib.nullcontext():
+    with (where or _ACTIVE).scheduler():
         validation.check_finite(Xd, names=None if est._is_precomputed() else names)
     scaler = getattr(est, "preprocess_", None)
     if scaler is not None:
@@ -119,7 +124,8 @@ def project_array(est: Any, Xd: da.Array, kind: str, what: str, where: Any = Non
     model = model_of(est)
     k = est.n_components_
     out_cols = k if what == "transform" else 1
-    Xr = Xd.rechunk({0: est.chunk_size_, 1: -1})
+    with (where or _ACTIVE).scheduler():  # dask's rechunk would import distributed
+        Xr = Xd.rechunk({0: est.chunk_size_, 1: -1})
     name = f"kpca-{what}-" + tokenize(token, Xr.name)
     train_key, coef_key = "kpca-train-" + token, "kpca-coef-" + token
     dsk: dict[Any, Any] = {train_key: est.X_fit_, coef_key: A_aug}
@@ -144,7 +150,8 @@ def project_array(est: Any, Xd: da.Array, kind: str, what: str, where: Any = Non
         with where.scheduler(), blas_threads_for_dask():
             (res,) = dask.compute(out)
         return res if what == "transform" else res[:, 0]
-    out = out.rechunk({0: Xd.chunks[0]})
+    with _ACTIVE.scheduler():
+        out = out.rechunk({0: Xd.chunks[0]})
     return out if what == "transform" else out[:, 0]
 
 

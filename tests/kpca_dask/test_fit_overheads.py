@@ -41,8 +41,9 @@ def _run(code: str) -> dict:
 @pytest.mark.cluster  # a fresh Python process
 def test_fit_without_a_client_does_not_import_distributed():
     """Fits of every exact tier and Nyström, numpy and dask input, mixed precision,
-    transform and fit_transform: ``distributed`` stays unimported (dask's own
-    ``get_scheduler`` and ``rechunk`` import it to look for a client)."""
+    transform (numpy rows, and the graph of dask rows) and fit_transform: ``distributed``
+    stays unimported (dask's own ``get_scheduler`` and ``rechunk`` import it to look for a
+    client)."""
     got = _run(
         """
         import json, sys
@@ -58,6 +59,8 @@ def test_fit_without_a_client_does_not_import_distributed():
                 m = KernelPCA(3, kernel="rbf", gamma=0.2, random_state=0, **kw).fit(x)
                 runs.append([m.converged_, m.solver_info_["executed"]])
         m.transform(X[:7]); m.fit_transform(X)
+        lazy = m.transform(da.from_array(X, chunks=150))  # built, NaN-checked, not computed
+        assert lazy.chunks[0] == (150, 150, 100)
         print(json.dumps({"distributed": "distributed" in sys.modules, "runs": runs}))
         """
     )
