@@ -148,6 +148,9 @@ def dask_client(dask_cluster):
     from distributed import Client
 
     with Client(dask_cluster) as client, dask.config.set({"kpca.execution": "cluster"}):
+        # the cluster lives for the session: a worker an earlier test lost (its nanny
+        # restarts it) is waited for here, so a test starts on both, or says why not
+        client.wait_for_workers(2, timeout=60)
         yield client
 
 
