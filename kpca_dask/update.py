@@ -111,6 +111,13 @@ def rows_statistics(est: Any, X: Any, basis: NystroemBasis | None = None) -> Nys
         return batch_statistics(Xb, basis)
 
 
+#: what a merged model keeps of its fit's ``solver_info_``: the landmarks, which are still
+#: the fit's. The solve's entries (a randomized fit's certificate, passes and block sizes,
+#: where it ran) described pairs the merge replaced: a reader would take the old
+#: certificate for the new pairs'.
+FIT_INFO_KEPT = ("solver", "landmarks", "landmark_seconds", "n_landmarks")
+
+
 def apply_statistics(est: Any, stats: NystroemStatistics, basis: NystroemBasis | None = None):
     """Set ``est``'s fitted attributes to the model of ``stats`` (same landmarks)."""
     basis = model_basis(est) if basis is None else basis
@@ -122,8 +129,9 @@ def apply_statistics(est: Any, stats: NystroemStatistics, basis: NystroemBasis |
         lam = np.concatenate([lam, np.zeros(pad)])
         A = np.hstack([A, np.zeros((A.shape[0], pad))])
         resid = np.concatenate([resid, np.full(pad, np.nan)])
+    old = dict(getattr(est, "solver_info_", {}) or {})
     info = {
-        **dict(getattr(est, "solver_info_", {}) or {}),
+        **{key: old[key] for key in FIT_INFO_KEPT if key in old},
         **fit.info,
         "update": {"n_rows": int(stats.n_rows)},
     }

@@ -149,6 +149,25 @@ def test_randomized_fit_keeps_statistics_only_when_asked():
     assert off.statistics_ is None
 
 
+def test_an_updated_randomized_model_carries_no_stale_certificate():
+    """A randomized Nyström fit that kept its statistics has a certificate for its own
+    pairs; ``partial_fit`` replaces them by the covariance solve of the merged statistics,
+    so the merged model's ``solver_info_`` says so: no certificate, block sizes or passes
+    of the old solve (a reader would take them for the new pairs'), the landmarks' entries
+    kept, and eigenvalues those of the union's covariance solve."""
+    X = _data(900, 6)
+    m = _model(nystroem_method="randomized", keep_statistics=True).fit(X[:500])
+    before = dict(m.solver_info_)
+    assert before["certificate"] and m.nystroem_method_ == "randomized"
+    m.partial_fit(X[500:])
+    info = m.solver_info_
+    assert "certificate" not in info and "block_columns" not in info, sorted(info)
+    assert info["method"] == "covariance" and info["update"] == {"n_rows": 900}
+    assert info["landmarks"] == before["landmarks"]
+    _, ref = _union_fit(m, X)
+    np.testing.assert_allclose(m.eigenvalues_, ref.eigenvalues, rtol=1e-10)
+
+
 def test_update_refuses_what_it_cannot_do_exactly():
     X = _data(300, 6)
     exact = KernelPCA(3, kernel="rbf", gamma=0.2, eigen_solver="dense").fit(X)
