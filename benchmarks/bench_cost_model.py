@@ -91,6 +91,9 @@ def main() -> None:
                 "bound": e.bound,
                 "measured_over_predicted": sec / e.seconds,
                 "stages": {s.name: s.seconds for s in e.stages},
+                # what each pass took (the first: kernel blocks evaluated, kept ones
+                # filled), to set beside the predicted stages
+                "measured_pass_seconds": list(est.solver_info_.get("pass_seconds") or []),
                 "load": [load0, load1],
             }
             rows.append(row)

@@ -98,8 +98,10 @@ def _measure_cluster(client: Any, tasks: int = 2000) -> tuple[float, float, floa
     return per_task, roundtrip, net
 
 
-#: Blocks larger than this are priced with the ``fill_large`` factor (glibc's largest
-#: mmap threshold: a larger buffer is always a fresh mapping).
+#: Blocks larger than this are the ``fill_large`` factor's (glibc's largest mmap
+#: threshold: a larger buffer is always a fresh mapping). Measured and recorded, but the
+#: pricing uses ``fill`` for every block (docs/scaling.md, "Re-checked a day later": with
+#: the calibrations made, neither factor prices a fit's first pass).
 FILL_LARGE_BYTES = 32 << 20
 
 #: The block shape the block factors are measured on: the exact solver's blocks at
