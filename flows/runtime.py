@@ -117,6 +117,11 @@ def quiet_prefect() -> None:
     # telemetry from it (Prefect's documented switch; offline it logged "Failed to send
     # telemetry" as an ERROR on every run). Set it to true in the environment to keep it.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Nor from Prefect's client: on its first import in a terminal it printed a notice
+    # that it collects usage data (a newcomer's first lines of `kpca demo`, though the
+    # temporary server above sends none) and sends onboarding events to a server that
+    # allows them. DO_NOT_TRACK is the client's documented switch; set it to 0 to keep them.
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     import prefect.main  # noqa: F401  (configures Prefect's loggers; filtered after)
 
     for handler in logging.getLogger().handlers:

@@ -134,3 +134,50 @@ def _cmd(p) -> list[str]:
         return p.cmdline()
     except Exception:  # noqa: BLE001 - gone meanwhile
         return []
+
+
+def test_a_newcomers_terminal_shows_no_prefect_telemetry_notice(tmp_path):
+    """Prefect's client, imported for the first time in a terminal (a fresh PREFECT_HOME,
+    stdout and stderr a tty), printed a notice that it collects usage data -- the first
+    lines a newcomer's `kpca run` or `kpca demo` showed, though the CLI's temporary server
+    sends none. The real command on a pseudo-terminal: only its own lines (here: a Prefect
+    API that is not reachable, which ends it right after Prefect's import), and Prefect
+    recorded no notice as shown."""
+    import os
+    import pty
+
+    from tests.flows.test_cli_prefect import _closed_port
+
+    cfg = _config(tmp_path)
+    env = _env(tmp_path, PREFECT_API_URL=f"http://127.0.0.1:{_closed_port()}/api")
+    env.pop("DO_NOT_TRACK", None)
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "run", str(cfg), "--no-progress"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+        )
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the terminal's last writer is gone
+                break
+            if not data:
+                break
+            chunks.append(data)
+        rc = proc.wait(timeout=300)
+    finally:
+        os.close(master)
+    text = b"".join(chunks).decode(errors="replace")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    assert rc == 2, text
+    assert lines[0].startswith("kpca run: checking "), lines
+    assert lines[1] == "kpca run: input and output checked; loading Prefect", lines
+    assert len(lines) == 3 and lines[2].startswith("kpca run: error: the Prefect API"), lines
+    assert "usage data" not in text
+    assert not (tmp_path / "prefect-home" / ".sdk_telemetry" / "notice_shown").exists()
