@@ -56,7 +56,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(
         f"kpca calibrate: {m.cpu} [{m.simd}]: GEMM {m.gemm('float64') / 1e9:.1f} / "
         f"{m.gemm('float32') / 1e9:.1f} Gflop/s per core (float64/float32), exp "
-        f"{m.exp('float64') / 1e6:.0f} M/s, memory {m.mem_bandwidth / 1e9:.1f} GB/s, "
+        f"{m.exp('float64') / 1e6:.0f} M/s, memory {m.mem_bandwidth / 1e9:.1f} GB/s "
+        f"(new pages {m.page_touch / 1e9:.1f} GB/s), "
         f"{m.task_seconds * 1e3:.2f} ms a task, round trip {m.roundtrip_seconds * 1e3:.0f} ms, "
         f"client-worker {m.network / 1e9:.2f} GB/s; block tasks on every core at "
         f"{m.factor('recompute', 'float32'):.2f}x / {m.factor('fill', 'float32'):.2f}x / "

@@ -100,8 +100,8 @@ def _measure_cluster(client: Any, tasks: int = 2000) -> tuple[float, float, floa
 
 #: Blocks larger than this are the ``fill_large`` factor's (glibc's largest mmap
 #: threshold: a larger buffer is always a fresh mapping). Measured and recorded, but the
-#: pricing uses ``fill`` for every block (docs/scaling.md, "Re-checked a day later": with
-#: the calibrations made, neither factor prices a fit's first pass).
+#: pricing uses ``fill`` (reused memory) and ``Machine.page_touch`` (the new pages) for
+#: every block (docs/scaling.md, "Re-checked a day later").
 FILL_LARGE_BYTES = 32 << 20
 
 #: The block shape the block factors are measured on: the exact solver's blocks at
@@ -109,17 +109,50 @@ FILL_LARGE_BYTES = 32 << 20
 FACTOR_SHAPE = {"rows": 4096, "features": 32, "columns": 32}
 
 
+def _page_touch_rate(nbytes: int = 256 << 20, reps: int = 3) -> float:
+    """Bytes per second this thread takes new pages into use: one write per page of a
+    fresh anonymous mapping (the page fault and the zeroing; :attr:`Machine.page_touch`)."""
+    import mmap
+
+    page = mmap.PAGESIZE
+    rates = []
+    for _ in range(reps):
+        buf = mmap.mmap(-1, nbytes)
+        a = np.frombuffer(buf, dtype=np.uint8)
+        t0 = time.perf_counter()
+        a[::page] = 1
+        rates.append(nbytes / max(1e-9, time.perf_counter() - t0))
+        del a
+        buf.close()
+    return float(np.median(rates))
+
+
+def _page_touch_on_every_core(client: Any, nbytes: int) -> float:
+    """:func:`_page_touch_rate` of one core while every core of ``client``'s cluster
+    takes new pages at once, as the workers of a first pass do (the median core)."""
+    import dask
+
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    threads = max(1, sum(int(w.get("nthreads", 1)) for w in workers))
+    runs = [dask.delayed(_page_touch_rate, pure=False)(nbytes) for _ in range(threads)]
+    return float(np.median(client.compute(runs, sync=True)))
+
+
 def _block_task_seconds(kind: str, rows: int, d: int, c: int, dtype: str, reps: int) -> float:
     """Median seconds of one kind of block task at one shape, on one thread: run as a task
     on every core of a cluster at once, one kind at a time (:func:`calibrate`).
     ``recompute``: a block evaluated strip by strip and multiplied; ``fill`` /
     ``fill_large``: a whole block of ``rows / 2`` / ``rows`` rows evaluated into fresh
-    memory and kept, as the kernel cache's first pass keeps every block (new pages each
-    time: kept blocks of 64 MB cost 2.5x the time of blocks evaluated into reused memory
-    here); ``stored``: a kept block multiplied."""
+    memory, by :func:`~kpca_dask.block_products.cache_block`, the function the kernel
+    cache's first pass runs (it flushes float32 subnormals). ``fill`` keeps one block at
+    a time, so that the allocator reuses its memory: whether a block landed on new pages
+    depended on what the tasks measured before had freed (a 16 MB block took twice as
+    long on new pages here), and the new pages are priced apart (:func:`_page_touch_rate`).
+    ``fill_large`` keeps every block (recorded; above glibc's largest mmap threshold each
+    is a new mapping). ``stored``: a kept block multiplied."""
     from threadpoolctl import threadpool_limits
 
-    from ..gram import kernel_block, pair_products, stored_pair_products
+    from ..gram import cache_block, kernel_block, pair_products, stored_pair_products
     from ..kernels import make_kernel
 
     rng = np.random.default_rng()
@@ -131,14 +164,19 @@ def _block_task_seconds(kind: str, rows: int, d: int, c: int, dtype: str, reps: 
     times, kept = [], []
     with threadpool_limits(1):
         K = kernel_block(kern, xi, xj, dtype) if kind == "stored" else None
+        for _ in range(2 if kind == "fill" else 0):  # the allocator settles (mmap, heap)
+            kept.clear()
+            kept.append(cache_block(kern, xi, xj, dtype))
         for _ in range(reps):
+            if kind == "fill":
+                kept.clear()  # its memory is the next block's
             t0 = time.perf_counter()
             if kind == "recompute":
                 pair_products(kern, xi, xj, zi, zj, dtype)
             elif kind == "stored":
                 stored_pair_products(K, zi, zj, dtype)
             else:
-                kept.append(kernel_block(kern, xi, xj, dtype))
+                kept.append(cache_block(kern, xi, xj, dtype))
             times.append(time.perf_counter() - t0)
     del kept, K
     return float(np.median(times))
@@ -278,19 +316,21 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
     rates = Machine(gemm_flops=gemm, exp_rate=exps, mem_bandwidth=bw)
     zw, zr = _zarr_rates(1 if quick else 3)
 
-    def on(c: Any) -> tuple[float, float, float, dict]:
+    def on(c: Any) -> tuple[float, float, float, dict, float]:
         # quick: blocks of 2 048 rows (a quarter of the work; its "fill_large" is then a
         # 16 MiB block, below the mmap threshold, and under-states a large block's fill)
         factors = _block_factors(c, rates, reps, 2048 if quick else None)
-        return (*_measure_cluster(c, 500 if quick else 2000), factors)
+        touch = _page_touch_on_every_core(c, 64 << 20 if quick else 256 << 20)
+        return (*_measure_cluster(c, 500 if quick else 2000), factors, touch)
 
-    per_task, roundtrip, net, factors = _on_a_cluster(client, on)
+    per_task, roundtrip, net, factors, touch = _on_a_cluster(client, on)
     cpu, simd = _cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return Machine(
         gemm_flops=gemm,
         exp_rate=exps,
         mem_bandwidth=bw,
+        page_touch=touch,
         task_seconds=per_task,
         roundtrip_seconds=roundtrip,
         network=net,

@@ -37,6 +37,13 @@ class Machine:
     exp_rate: dict = field(default_factory=lambda: {"float64": 1.2e9, "float32": 1.9e9})
     #: Streaming memory bandwidth of one core (bytes/s; a copy counts read + write).
     mem_bandwidth: float = 2.5e10
+    #: Bytes per second one core takes new pages into use (their first touch: a page
+    #: fault and the zeroing each): what the memory tier's first pass pays on top of
+    #: evaluating the blocks it keeps, which land on new pages as the cache grows. A
+    #: 16 MB block took twice as long into new pages as into reused memory here
+    #: (docs/scaling.md). Measured by ``kpca calibrate`` with every core at once; the
+    #: built-in value is this machine's of 2026-11-27 (2.6e9), the others 2026-11-26's.
+    page_touch: float = 2.6e9
     #: Scheduler (and worker bookkeeping) seconds per task of a large graph.
     task_seconds: float = 2.0e-3
     #: Seconds from submitting a one-task graph to having its result on the client.
@@ -58,8 +65,9 @@ class Machine:
     #: Measured time of the real block tasks, run on every core at once, over the time
     #: the rates above predict for them (:func:`kpca_dask.cost.calibration._block_factors`):
     #: ``recompute`` (a block evaluated strip by strip and multiplied), ``fill`` (a whole
-    #: block evaluated into fresh memory: the kernel cache's first pass, page faults
-    #: included) and ``stored`` (a kept block multiplied). Above 1 when cores slow each
+    #: block evaluated as the kernel cache's first pass does, into reused memory: the new
+    #: pages are ``page_touch``'s; files of earlier calibrations measured it on new pages,
+    #: sometimes) and ``stored`` (a kept block multiplied). Above 1 when cores slow each
     #: other down (shared caches, memory bandwidth, clock) or a kernel misses the rates'
     #: shapes (repeated calibrations here spread 1.4-2.0 for ``recompute``; the predicted
     #: time of the exact 100k pipeline's solve from them, 64-86 s).

@@ -178,12 +178,14 @@ def _exact_compute(
         kept = split.cached_evals
         rest = _pass_compute(evals - kept, d, c, elem, m, dtype, cores) * imbalance
         t_comp_later = stored(kept) + rest
-        # the first pass evaluates the kept blocks whole into fresh memory, then
-        # multiplies them as every later pass does (mixed precision evaluates in
-        # float64 and keeps the blocks rounded to float32); the others as recomputed
+        # the first pass evaluates the kept blocks whole onto new pages (their first
+        # touch priced apart: Machine.page_touch), then multiplies them as every later
+        # pass does (mixed precision evaluates in float64 and keeps the blocks rounded to
+        # float32); the others as recomputed
         fill = np.dtype(np.float64) if f.mixed else dtype
         t_comp = (
             _eval_seconds(kept, d, elem, m, fill) * m.factor("fill", fill) / cores * imbalance
+            + split.cached_bytes / m.page_touch / cores * imbalance
             + t_comp_later
         )
     else:

@@ -264,6 +264,8 @@ def test_calibration_is_measured_and_read_back(dask_cluster, tmp_path, monkeypat
     c = plan.estimate(cl, slow, passes=5, kernel_cache="recompute").stages[-1].parts["compute"]
     a = plan.estimate(cl, m, passes=5, kernel_cache="recompute").stages[-1].parts["compute"]
     assert c == pytest.approx(2 * a, rel=1e-6)
+    # new pages: measured (every core at once), and read back above
+    assert 1e7 < m.page_touch < 1e12 and math.isfinite(m.page_touch)
 
 
 # ------------------------------------------------------------- kernel cache tier
@@ -301,6 +303,17 @@ def test_memory_tier_prices_the_fill_then_kept_blocks():
     first, later = (s.parts["compute"] for s in kept.stages[1:3])
     assert later / 5 < first  # the fill on top of the products
     assert later / 5 < again.stages[2].parts["compute"] / 5  # kept blocks: no evaluation
+    # the kept blocks land on new pages: their bytes at Machine.page_touch, on each core,
+    # in the first pass only
+    slow_pages = Machine(page_touch=m.page_touch / 2)
+    paged = plan.estimate(cl, slow_pages, passes=6, kernel_cache="memory")
+    first_paged, later_paged = (s.parts["compute"] for s in paged.stages[1:3])
+    assert later_paged == pytest.approx(later, rel=1e-12)
+    kept_bytes = kept.kernel_cache_bytes
+    assert kept_bytes >= 50_000 * 50_000 // 2 * 4  # the upper blocks, float32 at least
+    cores = cl.cores
+    assert first_paged - first >= 0.99 * kept_bytes / m.page_touch / cores
+    assert first_paged - first <= 1.2 * kept_bytes / m.page_touch / cores  # imbalance
     # compute and the scheduler add (a worker waits for its next task); the client after
     s = kept.stages[2]
     assert s.seconds == pytest.approx(
