@@ -39,6 +39,15 @@ CACHE_BUDGET_CONFIG = "kpca.kernel-cache-budget"
 BUDGET_SET = f"dask config {CACHE_BUDGET_CONFIG}"
 
 
+def user_cache_budget() -> int | None:
+    """The budget the user set (dask config :data:`CACHE_BUDGET_CONFIG`) in bytes, or None."""
+    import dask
+    from dask.utils import parse_bytes
+
+    value = dask.config.get(CACHE_BUDGET_CONFIG, None)
+    return None if value is None else int(parse_bytes(value))
+
+
 def _scheduler_kind() -> tuple[str, Any]:
     """("local", None) (threaded or synchronous: data stays in this process),
     ("distributed", client) or ("other", None) (e.g. the multiprocessing
@@ -100,12 +109,11 @@ def kernel_cache_budget() -> tuple[int, str]:
     machine's available memory. The dask config key ``kpca.kernel-cache-budget``
     overrides both.
     """
-    import dask
-    from dask.utils import format_bytes, parse_bytes
+    from dask.utils import format_bytes
 
-    override = dask.config.get(CACHE_BUDGET_CONFIG, None)
+    override = user_cache_budget()
     if override is not None:
-        return int(parse_bytes(override)), BUDGET_SET
+        return override, BUDGET_SET
     import psutil
 
     kind, client = _scheduler_kind()

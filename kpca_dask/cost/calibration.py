@@ -109,6 +109,12 @@ FILL_LARGE_BYTES = 32 << 20
 FACTOR_SHAPE = {"rows": 4096, "features": 32, "columns": 32}
 
 
+def _client_threads(client: Any) -> int:
+    """Worker threads of ``client``'s cluster, all workers together."""
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    return max(1, sum(int(w.get("nthreads", 1)) for w in workers))
+
+
 def _page_touch_rate(nbytes: int = 256 << 20, reps: int = 3) -> float:
     """Bytes per second this thread takes new pages into use: one write per page of a
     fresh anonymous mapping (the page fault and the zeroing; :attr:`Machine.page_touch`)."""
@@ -132,8 +138,7 @@ def _page_touch_on_every_core(client: Any, nbytes: int) -> float:
     takes new pages at once, as the workers of a first pass do (the median core)."""
     import dask
 
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    threads = max(1, sum(int(w.get("nthreads", 1)) for w in workers))
+    threads = _client_threads(client)
     runs = [dask.delayed(_page_touch_rate, pure=False)(nbytes) for _ in range(threads)]
     return float(np.median(client.compute(runs, sync=True)))
 
@@ -189,8 +194,7 @@ def _block_factors(
     cluster running one of the same kind at once (:attr:`Machine.block_factors`)."""
     import dask
 
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    threads = max(1, sum(int(w.get("nthreads", 1)) for w in workers))
+    threads = _client_threads(client)
     r, d, c = rows or FACTOR_SHAPE["rows"], FACTOR_SHAPE["features"], FACTOR_SHAPE["columns"]
     evals = float(r * r)
     factors = {}

@@ -23,18 +23,6 @@ from .pricing import (
 from .rates import _eff_skinny, _eval_seconds, _pass_compute, _stored_seconds
 
 
-def _budget_override() -> float | None:
-    """The dask config key ``kpca.kernel-cache-budget`` in bytes, when set (it overrides the
-    estimator's budget on any scheduler, so it overrides the cluster's memory here)."""
-    from dask import config
-    from dask.utils import parse_bytes
-
-    from ..resources import CACHE_BUDGET_CONFIG
-
-    value = config.get(CACHE_BUDGET_CONFIG, None)
-    return None if value is None else float(parse_bytes(value))
-
-
 def _auto_cache(
     chunks: list[int], item: int, cl: Cluster, passes: int | None, notes: list[str]
 ) -> tuple[str, list[tuple[int, int]] | None]:
@@ -43,12 +31,16 @@ def _auto_cache(
     with the memory the workers already use taken as none)."""
     from ..cache_tiers import blocks_to_cache
     from ..gram import CACHE_MEMORY_FRACTION, upper_block_bytes
+    from ..resources import user_cache_budget
 
     upper = upper_block_bytes(chunks, item)
     if passes is not None and passes <= 1:
         return "recompute", None
-    budget = _budget_override()
-    if budget is not None:
+    # the user's budget (dask config kpca.kernel-cache-budget) overrides the estimator's
+    # on any scheduler, so it overrides the cluster's memory here
+    user = user_cache_budget()
+    if user is not None:
+        budget = float(user)
         where = "the budget set by dask config kpca.kernel-cache-budget"
     elif cl.memory is None:
         return "recompute", None
@@ -61,7 +53,7 @@ def _auto_cache(
             "kept after pass 1"
         )
         return "memory", None
-    if _budget_override() is None:  # the partial tier only on a budget the user set
+    if user is None:  # the partial tier only on a budget the user set
         return "recompute", None
     pairs = blocks_to_cache(chunks, item, budget)
     if not pairs:
