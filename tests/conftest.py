@@ -149,9 +149,35 @@ def dask_client(dask_cluster):
 
     with Client(dask_cluster) as client, dask.config.set({"kpca.execution": "cluster"}):
         # the cluster lives for the session: a worker an earlier test lost (its nanny
-        # restarts it) is waited for here, so a test starts on both, or says why not
+        # restarts it) is waited for here, and one left paused, busy or holding memory by
+        # an earlier test is restarted, so that a test starts on two idle workers
         client.wait_for_workers(2, timeout=60)
+        if not _idle(client):
+            client.restart()
+            client.wait_for_workers(2, timeout=60)
         yield client
+
+
+def _idle(client, wait: float = 5.0) -> bool:
+    """Whether both workers run, process nothing and hold under half of their
+    memory limit (waiting up to ``wait`` seconds for an earlier test's tasks to end)."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        ok = (
+            len(info) == 2
+            and all(w.get("status") == "running" for w in info)
+            and all(
+                (w.get("metrics", {}).get("memory") or 0) < 0.5 * (w.get("memory_limit") or 1)
+                for w in info
+            )
+            and not any(client.processing().values())
+        )
+        if ok or time.monotonic() > deadline:
+            return ok
+        time.sleep(0.2)
 
 
 def align_signs(A: np.ndarray, B: np.ndarray) -> np.ndarray:
