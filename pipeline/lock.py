@@ -44,6 +44,7 @@ from .layout import LOCK
 from .store import Location
 
 __all__ = [
+    "LEASE_SECONDS",
     "LOCK_NAME",
     "LockHolder",
     "OutputLockedError",
@@ -58,6 +59,10 @@ __all__ = [
 logger = logging.getLogger("pipeline")
 
 LOCK_NAME = LOCK  # pipeline/layout.py
+
+#: how long a lock stays valid without being renewed by its holder (seconds); a lock
+#: not renewed within it is expired, whoever held it (issue 36: locks are leases)
+LEASE_SECONDS = 600
 
 #: tokens of the locks this process holds (``check_unlocked`` lets them through)
 _HELD: dict[str, str] = {}
