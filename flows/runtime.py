@@ -4,6 +4,7 @@ within seconds, leaving no process behind."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -30,6 +31,10 @@ __all__ = [
     "stop_children",
     "forward_library_logs",
     "LIBRARY_LOGGERS",
+    "OneLineRunErrors",
+    "RUN_LOGGERS",
+    "expected_failure",
+    "one_line_run_errors",
     "dashboard_line",
 ]
 
@@ -297,6 +302,60 @@ def quiet_libraries(verbose: int = 0) -> None:
     _QUIETED["done"] = True
 
 
+#: Prefect's loggers of flow and task runs (the run log a worker prints and sends)
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+def expected_failure(exc: BaseException) -> bool:
+    """Whether a failure is one the taxonomy (pipeline/errors.py) names in one line: the
+    user's input or config, or the environment (I/O, network, lost workers, a full disk).
+    Anything else is a bug, whose traceback is kept."""
+    from pipeline.errors import is_transient, is_user_error
+
+    if is_user_error(exc) or is_transient(exc):
+        return True
+    return type(exc).__name__ == "KilledWorker"
+
+
+class OneLineRunErrors(logging.Filter):
+    """A failed flow run logs its error once, in one line.
+
+    Prefect logs the exception that ends a run up to three times, each with a full
+    traceback: the task's "Task run failed with exception", the flow's "Encountered
+    exception during execution" and the engine's "Engine execution exited with unexpected
+    exception" (a worker's log showed two full tracebacks per failed night). On the run
+    loggers (so the console a worker prints and the run log on the server alike) the
+    first record of an exception is kept and the later ones are dropped; for an expected
+    failure (:func:`expected_failure`) its traceback is dropped too -- its message is the
+    one line naming the cause and the fix. A bug keeps one traceback. Prefect's state
+    message ("Finished in state Failed(...)") is untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: collections.deque[tuple[str, str]] = collections.deque(maxlen=32)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None:
+            return True
+        key = (type(exc).__name__, str(exc))
+        if "Retry" not in record.getMessage():  # each retry of a task is shown
+            if key in self._seen:
+                return False
+            self._seen.append(key)
+        if expected_failure(exc):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def one_line_run_errors() -> None:
+    """Install :class:`OneLineRunErrors` on Prefect's run loggers (once per process)."""
+    for name in RUN_LOGGERS:
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, OneLineRunErrors) for f in lg.filters):
+            lg.addFilter(OneLineRunErrors())
+
+
 @contextlib.contextmanager
 def forward_library_logs(names: tuple[str, ...] = LIBRARY_LOGGERS) -> Iterator[None]:
     """Send the ``pipeline``/``kpca_dask`` stdlib loggers to the Prefect run log meanwhile.
@@ -307,6 +366,8 @@ def forward_library_logs(names: tuple[str, ...] = LIBRARY_LOGGERS) -> Iterator[N
     """
     from prefect.logging.handlers import APILogHandler
 
+    # Prefect logs the run's failure after this context has ended: the filter stays
+    one_line_run_errors()
     if not _QUIETED["done"]:
         # a flow run a Prefect worker started (a deployment) has not been through the
         # CLI: its console and run log get the CLI's default levels too, not

@@ -18,6 +18,7 @@ What is shown here, with evidence rather than assumption:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -469,6 +470,87 @@ def test_transient_errors_are_retried_and_validation_errors_are_not(prefect_api)
     calls.clear()
     state = one_stage("invalid", return_state=True)
     assert state.is_failed() and calls == ["invalid"]
+
+
+class _Records(logging.Handler):
+    """The records Prefect's run loggers pass on to their handlers (after the loggers'
+    own filters), formatted as a worker's console shows them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[tuple[int, str]] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelno, self.format(record)))
+
+
+@pytest.mark.parametrize("where", ["before the stages", "in a stage task"])
+def test_a_failed_flow_run_logs_its_error_once_in_one_line(
+    prefect_api, data_dir, tmp_path, dask_cluster, where
+):
+    """A flow run that fails on bad input logs the error once, as one line without a
+    traceback, on the run loggers a Prefect worker prints and sends to the server (a
+    scheduled night wrote two or three full tracebacks: the task's, the flow's and the
+    engine's); the run's state message still names the error."""
+    from flows.pipeline_flow import kpca_pipeline
+    from flows.runtime import RUN_LOGGERS
+
+    cfg = make_config(data_dir, dask_cluster.scheduler_address, out=f"failed-{len(where)}")
+    if where == "before the stages":
+        cfg.input.path = str(tmp_path / "missing.csv")
+        cause = "does not exist"
+    else:
+        frame = pd.read_csv(data_dir / "in.csv")
+        frame.loc[N // 2, "b"] = np.nan
+        frame.to_csv(tmp_path / "nan.csv", index=False)
+        cfg.input.path = str(tmp_path / "nan.csv")
+        cause = "NaN"
+    records = _Records()
+    for name in RUN_LOGGERS:
+        logging.getLogger(name).addHandler(records)
+    try:
+        state = kpca_pipeline(config=cfg, return_state=True)
+    finally:
+        for name in RUN_LOGGERS:
+            logging.getLogger(name).removeHandler(records)
+    assert state.is_failed(), state
+    assert cause in state.message, state.message
+    errors = [text for level, text in records.lines if level >= logging.ERROR]
+    # Prefect's state message of the failed task ("Finished in state Failed(...)") aside
+    ours = [e for e in errors if cause in e and "Finished in state" not in e]
+    assert len(ours) == 1, errors
+    text = "\n".join(t for _, t in records.lines)
+    assert "Traceback" not in text, text
+
+
+def test_a_bug_keeps_one_traceback_in_the_run_log():
+    """The filter behind one line per failure keeps the traceback of an unexpected
+    exception (a bug) -- once: the flow's and the engine's copies of it are dropped."""
+    from flows.runtime import OneLineRunErrors
+
+    keep = OneLineRunErrors()
+
+    def record(msg: str, exc: BaseException) -> logging.LogRecord:
+        try:
+            raise exc
+        except BaseException:
+            info = sys.exc_info()
+        return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, msg, (), info)
+
+    bug = KeyError("a bug")
+    first = record("Encountered exception during execution", bug)
+    assert keep.filter(first) and first.exc_info is not None
+    assert not keep.filter(record("Engine execution exited with unexpected exception", bug))
+    user = ValueError("n_components must be >= 1")  # a bare ValueError is a bug's, not ours
+    from pipeline.errors import RunError
+
+    ours = record("Task run failed with exception", RunError("the run's manifest differs"))
+    assert keep.filter(ours) and ours.exc_info is None
+    retried = record("Task run failed with exception - Retry 1/3 will start", OSError("reset"))
+    again = record("Task run failed with exception - Retry 2/3 will start", OSError("reset"))
+    assert keep.filter(retried) and keep.filter(again)  # every retry is shown
+    assert keep.filter(record("Encountered exception", user))
 
 
 def test_invalid_parameters_fail_before_any_task(prefect_api, tmp_path):
