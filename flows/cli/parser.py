@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from .commands_drain import cmd_drain
 from .commands_info import cmd_info
 from .commands_plan import cmd_calibrate, cmd_plan
 from .commands_run import cmd_demo, cmd_run, cmd_validate
@@ -362,6 +363,46 @@ def _add_unlock(sub) -> None:
     _storage_flags(u, "the output folder")
 
 
+def _add_drain(sub) -> None:
+    d = _subcommand(
+        sub,
+        "drain",
+        cmd_drain,
+        help="stop a Prefect worker without killing the flow run it is running",
+        description="Pauses the work pool (no new flow run starts on its workers; nights "
+        "that come due wait and start on resume), waits until no flow run of the pool is "
+        "pending or running, then stops the worker given by --worker-pid with SIGTERM. "
+        "A worker stopped with a run in flight kills that run (deploy/README.md).",
+    )
+    d.add_argument("pool", help="the work pool (e.g. kpca-process)")
+    d.add_argument(
+        "--worker-pid",
+        type=int,
+        metavar="PID",
+        help="the worker process to stop once the pool is drained (default: stop it yourself)",
+    )
+    d.add_argument(
+        "--timeout",
+        type=float,
+        default=6 * 3600,
+        metavar="SECONDS",
+        help="give up (the pool stays paused, nothing stopped) after this long (default 6 h)",
+    )
+    d.add_argument(
+        "--settle",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how long the pool must stay idle to count as drained: longer than the "
+        "workers' polling interval (PREFECT_WORKER_QUERY_SECONDS, default 10) (default 15)",
+    )
+    d.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume the pool instead (waiting flow runs start on its workers)",
+    )
+
+
 SUBCOMMANDS = [
     _add_demo,
     _add_run,
@@ -372,6 +413,7 @@ SUBCOMMANDS = [
     _add_info,
     _add_update,
     _add_unlock,
+    _add_drain,
 ]
 
 
