@@ -82,6 +82,50 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _positive_int(text: str) -> int:
+    """A count of at least 1 (workers, threads, passes, rows)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    """A finite number above 0 (a bandwidth)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number above 0")
+    return v
+
+
+#: The largest memory a worker is priced with (1 EiB): beyond it a typo, not a node.
+_MAX_MEMORY = float(1 << 60)
+
+
+def _memory(text: str) -> str:
+    """A memory size dask reads (``64GiB``, ``8e9``), above 0 and at most 1 EiB; the text
+    itself (``kpca plan`` parses it again as the config's value)."""
+    from dask.utils import parse_bytes
+
+    try:
+        v = float(parse_bytes(text))
+    except (ValueError, OverflowError, TypeError):
+        v = -1.0
+    if not 0 < v <= _MAX_MEMORY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a memory size above 0 and at most 1 EiB (e.g. 64GiB)"
+        )
+    return text
+
+
 def _cluster_flags(sp: argparse.ArgumentParser, address: str | None) -> None:
     """--worker-timeout (and, with ``address``, --cluster)."""
     if address:
@@ -209,13 +253,21 @@ def _add_plan(sub) -> None:
         "time per stage and what bounds it. Starts nothing, writes nothing.",
     )
     c.add_argument("config", help="YAML config (see docs/config.md)")
-    c.add_argument("--workers", type=int, help="worker processes (nodes)")
-    c.add_argument("--threads", type=int, help="threads per worker")
-    c.add_argument("--memory", help="memory per worker, e.g. 64GiB")
-    c.add_argument("--network", type=float, help="network bandwidth per node in Gbit/s")
-    c.add_argument("--rows", type=int, help="input rows (default: read from the input)")
-    c.add_argument("--features", type=int, help="feature columns (default: from the input)")
-    c.add_argument("--passes", type=int, help="solver passes (default: the expected number)")
+    c.add_argument("--workers", type=_positive_int, help="worker processes (nodes)")
+    c.add_argument("--threads", type=_positive_int, help="threads per worker")
+    c.add_argument("--memory", type=_memory, help="memory per worker, e.g. 64GiB")
+    c.add_argument(
+        "--network", type=_positive_float, help="network bandwidth per node in Gbit/s"
+    )
+    c.add_argument(
+        "--rows", type=_positive_int, help="input rows (default: read from the input)"
+    )
+    c.add_argument(
+        "--features", type=_positive_int, help="feature columns (default: from the input)"
+    )
+    c.add_argument(
+        "--passes", type=_positive_int, help="solver passes (default: the expected number)"
+    )
     c.add_argument("--calibration", help="calibration JSON (default: kpca calibrate's)")
     c.add_argument("--json", action="store_true", help="the whole prediction as JSON")
 

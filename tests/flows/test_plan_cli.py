@@ -97,3 +97,29 @@ def test_plan_stages_of_a_run(tmp_path, capsys):
     # a Nyström model evaluates every row against its landmarks; an exact one only
     # reads its rows and writes the embedding
     assert ex["stages"]["embed"] < ny["stages"]["embed"]
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--memory", "1e400GiB"),  # overflows to infinity: was a traceback and exit 70
+        ("--memory", "0"),
+        ("--memory", "-8GB"),
+        ("--workers", "0"),
+        ("--threads", "0"),
+        ("--network", "-5"),
+        ("--network", "inf"),
+        ("--passes", "0"),
+        ("--rows", "0"),
+    ],
+)
+def test_plan_refuses_a_cluster_that_cannot_exist_in_one_line(tmp_path, capsys, flag, value):
+    data = tmp_path / "x.npy"
+    np.save(data, np.zeros((300, 3)))
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", _config(tmp_path, data), f"{flag}={value}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith(f"kpca plan: error: argument {flag}: '{value}' is not")
