@@ -230,14 +230,24 @@ def _add_calibrate(sub) -> None:
         "calibrate",
         cmd_calibrate,
         help="measure this machine's constants for `kpca plan` (about 30 s)",
-        description="Measures GEMM and exp rates on one core, memory bandwidth, and on a "
-        "one-worker LocalCluster the scheduler's seconds per task, the round trip of one "
-        "graph and the client-worker bandwidth; writes them as JSON (default "
+        description="Measures GEMM and exp rates on one core, memory bandwidth, the local "
+        "disk and Parquet encoding, an object store's rates (--store), the scheduler's "
+        "seconds per task and the round trip of one graph with the scheduler in its own "
+        "process, and on a LocalCluster the client-worker bandwidth and the block tasks; "
+        "writes them as JSON (default "
         "$KPCA_CALIBRATION, else ~/.cache/kpca/calibration.json), which `kpca plan` and "
         "the estimator's execution rule read. See docs/scaling.md.",
     )
     c.add_argument("--output", help="JSON file to write (default: see above)")
     c.add_argument("--quick", action="store_true", help="a few seconds, less precise")
+    c.add_argument(
+        "--store",
+        metavar="URL",
+        help="also measure this object store (e.g. s3://bucket/tmp): request latency, one "
+        "stream's and all streams' bandwidth; a few objects are written below it and "
+        "removed again. `kpca plan` prices inputs and outputs on that URL scheme with them",
+    )
+    _storage_flags(c, "--store")
 
 
 def _add_plan(sub) -> None:
