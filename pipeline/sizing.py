@@ -309,6 +309,7 @@ def plan_run(
     rows: int | None = None,
     features: int | None = None,
     passes: int | None = None,
+    driver: str = "blocks",
 ) -> RunPlan:
     """The run's prediction on ``cluster`` (see the module docstring)."""
     from .fitspec import plan_fit
@@ -333,6 +334,7 @@ def plan_run(
         # the solve stage reads the rows into the workers' memory when they fit half of it
         # (pipeline.solve.nystroem_rows, memory_budget)
         persist=n_train * d * 8 <= 0.5 * (cluster.memory or 4e9) * cluster.workers,
+        driver=driver,
     )
     io, storage, stages = _io_stages(cfg, planned, fit, src, n, n_train, d, cluster, machine)
     stages["solve"] = fit.seconds

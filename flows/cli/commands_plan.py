@@ -49,7 +49,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         nodes=nodes,
     )
     rp = plan_run(
-        cfg, cluster, machine, rows=args.rows, features=args.features, passes=args.passes
+        cfg,
+        cluster,
+        machine,
+        rows=args.rows,
+        features=args.features,
+        passes=args.passes,
+        driver=args.driver,
     )
     if args.json:
         print(json.dumps(rp.to_dict(), indent=2, default=str))

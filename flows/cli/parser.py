@@ -279,6 +279,14 @@ def _add_plan(sub) -> None:
         "--passes", type=_positive_int, help="solver passes (default: the expected number)"
     )
     c.add_argument("--calibration", help="calibration JSON (default: kpca calibrate's)")
+    c.add_argument(
+        "--driver",
+        choices=["blocks", "workers"],
+        default="blocks",
+        help="the solve's driver priced: blocks (as the fit runs today: a task per kernel "
+        "or row block) or workers (a few tasks per worker and a reduction tree per pass, "
+        "the basis on the workers; docs/scaling.md)",
+    )
     c.add_argument("--json", action="store_true", help="the whole prediction as JSON")
 
 

@@ -88,6 +88,8 @@ class _Fit:
     #: float32 blocks under a float64 model (``dtype`` is then the blocks' float32):
     #: the cache is filled from a float64 evaluation and one float64 pass certifies
     mixed: bool = False
+    #: "blocks" (the drivers as they run) or "workers" (per-worker, :mod:`.price_workers`)
+    driver: str = "blocks"
     stages: list[Stage] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from flows.cli import main
+from kpca_dask.cost import Machine
 
 
 def _config(tmp_path, data, solver="randomized"):
@@ -62,6 +63,12 @@ def test_calibrate_writes_what_plan_reads(tmp_path, capsys):
     assert plan["fit"]["machine"]["source"].startswith("kpca calibrate")
     assert m["zarr_write"] > 1e6 and m["zarr_read"] > 1e6  # measured, not the defaults'
     assert set(m["block_factors"]) == {"float32", "float64"}
+    # measured since issue 38: the disk, Parquet's encoding, and the scheduler's time a
+    # task in its own process beside the in-process LocalCluster's (kept as a record)
+    defaults = Machine()
+    assert m["storage"] != defaults.storage and m["parquet_write"] != defaults.parquet_write
+    assert m["scheduler_in_client"]["task_seconds"] > 0
+    assert m["task_seconds"] != m["scheduler_in_client"]["task_seconds"]
 
 
 def _stages(tmp_path, capsys, extra: str, solver: str = "nystroem"):
