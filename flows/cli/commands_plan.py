@@ -15,11 +15,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from dask.utils import parse_bytes
 
     from kpca_dask.cost import Cluster, load_machine
-    from pipeline.config import load_config
+    from pipeline.config import ConfigError, load_config
     from pipeline.sizing import configured_cluster, plan_run
 
     cfg = load_config(args.config)
-    machine = load_machine(args.calibration) if args.calibration else load_machine()
+    try:
+        machine = load_machine(args.calibration) if args.calibration else load_machine()
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"--calibration {args.calibration}: not a calibration file "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); pass the JSON "
+            "`kpca calibrate --output FILE` wrote, or leave --calibration out"
+        ) from exc
     given = (args.workers, args.threads, args.memory)
     if cfg.cluster.address and not all(given):
         # the running cluster, as its scheduler reports it; the flags given replace parts

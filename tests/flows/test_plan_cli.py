@@ -130,3 +130,13 @@ def test_plan_refuses_a_cluster_that_cannot_exist_in_one_line(tmp_path, capsys, 
     errors = [line for line in err.splitlines() if "error" in line]
     assert len(errors) == 1 and "Traceback" not in err
     assert errors[0].startswith(f"kpca plan: error: argument {flag}: '{value}' is not")
+
+
+def test_plan_refuses_a_calibration_file_it_cannot_read_in_one_line(tmp_path, capsys):
+    data = tmp_path / "x.npy"
+    np.save(data, np.zeros((300, 3)))
+    bad = tmp_path / "cal.json"
+    bad.write_text("not json")
+    assert main(["plan", _config(tmp_path, data), "--calibration", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kpca plan: error: --calibration {bad}")
