@@ -335,6 +335,8 @@ def plan_run(
         # (pipeline.solve.nystroem_rows, memory_budget)
         persist=n_train * d * 8 <= 0.5 * (cluster.memory or 4e9) * cluster.workers,
         driver=driver,
+        # the solve reads the ingest store, under the output
+        store=cfg.output.path,
     )
     io, storage, stages = _io_stages(cfg, planned, fit, src, n, n_train, d, cluster, machine)
     stages["solve"] = fit.seconds

@@ -37,6 +37,7 @@ def estimate(
     input_in_memory: bool = True,
     persist: bool | None = None,
     driver: str = "blocks",
+    store: str | None = None,
 ) -> Estimate:
     """Predict the cost of the fit ``plan`` describes (see :mod:`kpca_dask.cost`).
 
@@ -61,7 +62,7 @@ def estimate(
     if driver not in ("blocks", "workers"):
         raise ValueError(f"driver {driver!r}: 'blocks' or 'workers'")
     f = _fit_of(plan, cluster, machine, n_components, n_oversamples, passes, params)
-    f.driver = driver
+    f.driver, f.store = driver, store
     f.stage("read", _read(f, input_in_memory, persist))
     if plan.solver == "nystroem":
         priced = _price_nystroem_workers(f) if driver == "workers" else _price_nystroem(f)

@@ -89,3 +89,19 @@ def test_the_per_worker_driver_keeps_the_client_flat_in_n():
 def test_an_unknown_driver_is_refused():
     with pytest.raises(ValueError, match="'blocks' or 'workers'"):
         _plan(10_000).estimate(Cluster(), driver="nodes")
+
+
+def test_the_solves_read_of_the_rows_is_priced_at_the_stores_rates():
+    plan = _plan(1_000_000, "nystroem")
+    cl = Cluster(workers=4, threads=2, memory=64e9)
+    slow = {k: v / 100 for k, v in STORE.items()} | {"latency": 1.0}
+    m = Machine(object_stores={"s3": slow})
+
+    def read(store):
+        est = plan.estimate(cl, m, input_in_memory=False, persist=True, store=store)
+        return est.stages[0].parts["storage"]
+
+    local = read("/data/run")
+    assert read(None) == local
+    # 8 chunks of rows from a store of 1 s a request and 10-40 kB/s: far slower
+    assert read("s3://bucket/run") > 100 * local
