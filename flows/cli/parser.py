@@ -83,6 +83,50 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _positive_int(text: str) -> int:
+    """A count of at least 1 (workers, threads, passes, rows)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    """A finite number above 0 (a bandwidth)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number above 0")
+    return v
+
+
+#: The largest memory a worker is priced with (1 EiB): beyond it a typo, not a node.
+_MAX_MEMORY = float(1 << 60)
+
+
+def _memory(text: str) -> str:
+    """A memory size dask reads (``64GiB``, ``8e9``), above 0 and at most 1 EiB; the text
+    itself (``kpca plan`` parses it again as the config's value)."""
+    from dask.utils import parse_bytes
+
+    try:
+        v = float(parse_bytes(text))
+    except (ValueError, OverflowError, TypeError):
+        v = -1.0
+    if not 0 < v <= _MAX_MEMORY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a memory size above 0 and at most 1 EiB (e.g. 64GiB)"
+        )
+    return text
+
+
 def _cluster_flags(sp: argparse.ArgumentParser, address: str | None) -> None:
     """--worker-timeout (and, with ``address``, --cluster)."""
     if address:
@@ -187,14 +231,24 @@ def _add_calibrate(sub) -> None:
         "calibrate",
         cmd_calibrate,
         help="measure this machine's constants for `kpca plan` (about 30 s)",
-        description="Measures GEMM and exp rates on one core, memory bandwidth, and on a "
-        "one-worker LocalCluster the scheduler's seconds per task, the round trip of one "
-        "graph and the client-worker bandwidth; writes them as JSON (default "
+        description="Measures GEMM and exp rates on one core, memory bandwidth, the local "
+        "disk and Parquet encoding, an object store's rates (--store), the scheduler's "
+        "seconds per task and the round trip of one graph with the scheduler in its own "
+        "process, and on a LocalCluster the client-worker bandwidth and the block tasks; "
+        "writes them as JSON (default "
         "$KPCA_CALIBRATION, else ~/.cache/kpca/calibration.json), which `kpca plan` and "
         "the estimator's execution rule read. See docs/scaling.md.",
     )
     c.add_argument("--output", help="JSON file to write (default: see above)")
     c.add_argument("--quick", action="store_true", help="a few seconds, less precise")
+    c.add_argument(
+        "--store",
+        metavar="URL",
+        help="also measure this object store (e.g. s3://bucket/tmp): request latency, one "
+        "stream's and all streams' bandwidth; a few objects are written below it and "
+        "removed again. `kpca plan` prices inputs and outputs on that URL scheme with them",
+    )
+    _storage_flags(c, "--store")
 
 
 def _add_plan(sub) -> None:
@@ -210,14 +264,30 @@ def _add_plan(sub) -> None:
         "time per stage and what bounds it. Starts nothing, writes nothing.",
     )
     c.add_argument("config", help="YAML config (see docs/config.md)")
-    c.add_argument("--workers", type=int, help="worker processes (nodes)")
-    c.add_argument("--threads", type=int, help="threads per worker")
-    c.add_argument("--memory", help="memory per worker, e.g. 64GiB")
-    c.add_argument("--network", type=float, help="network bandwidth per node in Gbit/s")
-    c.add_argument("--rows", type=int, help="input rows (default: read from the input)")
-    c.add_argument("--features", type=int, help="feature columns (default: from the input)")
-    c.add_argument("--passes", type=int, help="solver passes (default: the expected number)")
+    c.add_argument("--workers", type=_positive_int, help="worker processes (nodes)")
+    c.add_argument("--threads", type=_positive_int, help="threads per worker")
+    c.add_argument("--memory", type=_memory, help="memory per worker, e.g. 64GiB")
+    c.add_argument(
+        "--network", type=_positive_float, help="network bandwidth per node in Gbit/s"
+    )
+    c.add_argument(
+        "--rows", type=_positive_int, help="input rows (default: read from the input)"
+    )
+    c.add_argument(
+        "--features", type=_positive_int, help="feature columns (default: from the input)"
+    )
+    c.add_argument(
+        "--passes", type=_positive_int, help="solver passes (default: the expected number)"
+    )
     c.add_argument("--calibration", help="calibration JSON (default: kpca calibrate's)")
+    c.add_argument(
+        "--driver",
+        choices=["blocks", "workers"],
+        default="blocks",
+        help="the solve's driver priced: blocks (as the fit runs today: a task per kernel "
+        "or row block) or workers (a few tasks per worker and a reduction tree per pass, "
+        "the basis on the workers; docs/scaling.md)",
+    )
     c.add_argument("--json", action="store_true", help="the whole prediction as JSON")
 
 

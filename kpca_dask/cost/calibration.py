@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .calibration_io import _disk_rates, _parquet_rate, _store_rates
 from .machine import Machine
 from .rates import _eval_seconds, _recompute_seconds, _stored_seconds
 
@@ -251,6 +252,28 @@ def _zarr_rates(chunks: int) -> tuple[float, float]:
     return X.nbytes / max(1e-6, w), X.nbytes / max(1e-6, r)
 
 
+def _scheduler_task_seconds(tasks: int) -> tuple[float, float]:
+    """(seconds a task, round trip of a one-task graph) with the scheduler in its own
+    process and two one-thread worker processes (distributed's SubprocessCluster): what a
+    deployed cluster's client sees, the scheduler not sharing the client's interpreter."""
+    import warnings
+
+    from distributed import Client
+    from distributed.deploy.subprocess import SubprocessCluster
+
+    with (
+        warnings.catch_warnings(),
+        SubprocessCluster(
+            host="127.0.0.1", n_workers=2, threads_per_worker=1, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster, set_as_default=False) as c,
+    ):
+        warnings.simplefilter("ignore")
+        c.wait_for_workers(2, timeout=60)
+        per_task, roundtrip, _ = _measure_cluster(c, tasks)
+    return per_task, roundtrip
+
+
 def _one_core_rates(quick: bool) -> tuple[dict, dict, float]:
     """GEMM flops and exp evaluations per second on one thread (BLAS limited to one
     thread), by dtype, and the bandwidth of a memory copy."""
@@ -304,7 +327,13 @@ def _on_a_cluster(client: Any, measure: Callable[[Any], Any]) -> Any:
         return measure(c)
 
 
-def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
+def calibrate(
+    client: Any = None,
+    *,
+    quick: bool = False,
+    store: str | None = None,
+    storage_options: dict | None = None,
+) -> Machine:
     """Measure this machine's constants (under about 30 s; ``quick``: a few seconds).
 
     GEMM and exp on one thread (BLAS limited to one thread), a memory copy, and, on
@@ -314,6 +343,14 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
     every core at once, against what the one-thread rates predict for them). The
     network bandwidth measured on one machine is the loopback's: pass a cluster's real
     figure to :func:`~kpca_dask.cost.estimate` (``kpca plan --network``).
+
+    Without ``client``, the scheduler's seconds per task and the round trip are measured
+    again with the scheduler in its own process (a LocalCluster's runs in this one), and
+    those are the ones kept. The I/O rates: the local disk (one stream, cold reads; the
+    time to open a small file), Parquet's encoding on one core and, with ``store`` (an
+    object-store URL, e.g. ``s3://bucket/tmp``, with its ``storage_options``), that
+    store's request latency and stream and aggregate bandwidths, under its URL scheme
+    (written below ``store`` and removed again).
     """
     reps = 2 if quick else 4
     gemm, exps, bw = _one_core_rates(quick)
@@ -328,6 +365,18 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
         return (*_measure_cluster(c, 500 if quick else 2000), factors, touch)
 
     per_task, roundtrip, net, factors, touch = _on_a_cluster(client, on)
+    in_process = {"task_seconds": per_task, "roundtrip_seconds": roundtrip}
+    if client is None:
+        per_task, roundtrip = _scheduler_task_seconds(500 if quick else 2000)
+    disk, disk_latency = _disk_rates(64 << 20 if quick else 256 << 20)
+    stores = dict(Machine().object_stores)
+    if store:
+        from ..threads import cpu_count
+
+        scheme = store.split("://", 1)[0].lower() if "://" in store else "file"
+        stores[scheme] = _store_rates(
+            store, storage_options or {}, 8 << 20 if quick else 32 << 20, 2 * cpu_count()
+        )
     cpu, simd = _cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return Machine(
@@ -341,6 +390,11 @@ def calibrate(client: Any = None, *, quick: bool = False) -> Machine:
         block_factors=factors,
         zarr_write=zw,
         zarr_read=zr,
+        storage=disk,
+        disk_latency=disk_latency,
+        object_stores=stores,
+        parquet_write=_parquet_rate(1 << 18 if quick else 1 << 20),
+        scheduler_in_client=in_process,
         cpu=cpu,
         simd=simd,
         source=(

@@ -19,20 +19,31 @@ class Cluster:
     network: float | None = None
     #: False for the threaded scheduler (tasks in the client's process: no transfers).
     distributed: bool = True
+    #: Machines the workers run on (None: one worker a node); their storage and network
+    #: links are what the I/O stages share (:mod:`kpca_dask.cost.io`).
+    nodes: int | None = None
 
     @property
     def cores(self) -> int:
         return max(1, int(self.workers) * int(self.threads))
 
+    @property
+    def node_count(self) -> int:
+        return max(1, int(self.nodes if self.nodes is not None else self.workers))
+
     @classmethod
     def from_client(cls, client: Any) -> Cluster:
+        """The cluster ``client``'s scheduler knows: its workers, their threads (the
+        mean), the smallest memory limit, and the hosts they run on."""
         info = client.scheduler_info(n_workers=-1)["workers"]
         threads = [int(w.get("nthreads", 1)) for w in info.values()] or [1]
         mem = [float(w.get("memory_limit") or 0) for w in info.values()]
+        hosts = {str(w.get("host") or addr.rsplit(":", 1)[0]) for addr, w in info.items()}
         return cls(
             workers=len(threads),
             threads=max(1, round(sum(threads) / len(threads))),
             memory=min(mem) if mem and all(mem) else None,
+            nodes=max(1, len(hosts)),
         )
 
     @classmethod

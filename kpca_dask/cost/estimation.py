@@ -17,6 +17,7 @@ from .machine import Machine
 from .price_dense import _price_dense
 from .price_exact import _price_exact
 from .price_nystroem import _price_nystroem
+from .price_workers import _price_exact_workers, _price_nystroem_workers
 from .pricing import _Fit, _fit_of, _Priced, _read
 from .result import Estimate
 
@@ -35,6 +36,8 @@ def estimate(
     params: dict | None = None,
     input_in_memory: bool = True,
     persist: bool | None = None,
+    driver: str = "blocks",
+    store: str | None = None,
 ) -> Estimate:
     """Predict the cost of the fit ``plan`` describes (see :mod:`kpca_dask.cost`).
 
@@ -52,13 +55,21 @@ def estimate(
     a dask/zarr source the workers read (Nyström re-reads it at every pass above
     256 MB, as :meth:`FitPlan.persists` decides; ``persist`` overrides: the pipeline
     reads the rows into the workers' memory when they fit).
+    ``driver``: "blocks" (the drivers as they run: a task per kernel block or row block)
+    or "workers" (the per-worker drivers of issue 38: a few tasks per worker and a
+    reduction tree per pass, the basis on the workers; :mod:`.price_workers`).
     """
+    if driver not in ("blocks", "workers"):
+        raise ValueError(f"driver {driver!r}: 'blocks' or 'workers'")
     f = _fit_of(plan, cluster, machine, n_components, n_oversamples, passes, params)
+    f.driver, f.store = driver, store
     f.stage("read", _read(f, input_in_memory, persist))
     if plan.solver == "nystroem":
-        priced = _price_nystroem(f)
+        priced = _price_nystroem_workers(f) if driver == "workers" else _price_nystroem(f)
     elif plan.solver == "dense":
         priced = _price_dense(f)
+    elif driver == "workers":
+        priced = _price_exact_workers(f, kernel_cache)
     else:  # randomized (and arpack, priced as block passes of one column)
         priced = _price_exact(f, kernel_cache)
     return _estimate_of(f, priced)
@@ -71,6 +82,7 @@ def _estimate_of(f: _Fit, p: _Priced) -> Estimate:
         f"{p.passes} passes ({'measured' if f.passes else 'expected; the spectrum decides'})"
     )
     return Estimate(
+        driver=f.driver,
         solver=f.plan.solver,
         n_samples=f.n,
         n_features=f.d,

@@ -46,12 +46,41 @@ class Machine:
     page_touch: float = 2.6e9
     #: Scheduler (and worker bookkeeping) seconds per task of a large graph.
     task_seconds: float = 2.0e-3
+    #: ``kpca calibrate``'s seconds per task and round trip on a LocalCluster, whose
+    #: scheduler runs in the client's process (``task_seconds`` above is measured with the
+    #: scheduler in its own process, as deployed, since 2026-11-28); a record only.
+    scheduler_in_client: dict = field(default_factory=dict)
     #: Seconds from submitting a one-task graph to having its result on the client.
     roundtrip_seconds: float = 0.012
     #: Network bandwidth of a node, each direction (bytes/s): 10 Gbit/s.
     network: float = 1.25e9
-    #: Storage read/write bandwidth of a node (bytes/s); not calibrated (given).
+    #: Storage read/write bandwidth of a node's local disk (bytes/s, one stream; cold
+    #: reads: the page cache dropped). ``kpca calibrate`` measures it since 2026-11-28
+    #: (:func:`kpca_dask.cost.calibration._disk_rates`); the built-in value is given.
     storage: float = 5.0e8
+    #: Seconds per file or object opened on the local disk (open + first read).
+    disk_latency: float = 1.0e-4
+    #: An object store reached through fsspec, by URL scheme (``s3``, ``gs``, ``az``,
+    #: ...; ``*`` for any other): ``latency`` seconds per request, ``read`` and ``write``
+    #: bytes/s of one stream, ``read_aggregate`` / ``write_aggregate`` bytes/s of all a
+    #: node's streams together. ``kpca calibrate --store URL`` measures the store given
+    #: (:func:`kpca_dask.cost.calibration._store_rates`); the built-in ``*`` entry is
+    #: given, not measured: a cloud object store's usual 30 ms first byte and 100 MB/s a
+    #: stream, a node's streams together at its network's rate.
+    object_stores: dict = field(
+        default_factory=lambda: {
+            "*": {
+                "latency": 0.03,
+                "read": 1.0e8,
+                "write": 1.0e8,
+                "read_aggregate": 1.25e9,
+                "write_aggregate": 1.25e9,
+            }
+        }
+    )
+    #: Bytes per second one core writes a Parquet file of the embedding's columns
+    #: (pyarrow, snappy) into memory: the format's own cost, the store's is added.
+    parquet_write: float = 2.0e8
     #: Bytes per second one core writes into / reads from a local zarr store with zarr's
     #: default codec, in 64 MB chunks with a digest each (what a pipeline's ingest,
     #: scaling and embedding stages pay per byte of rows beyond the storage itself).
@@ -94,6 +123,14 @@ class Machine:
 
     def exp(self, dtype: Any) -> float:
         return float(self.exp_rate.get(np.dtype(dtype).name, self.exp_rate["float64"]))
+
+    def object_store(self, scheme: str) -> dict[str, float]:
+        """The object store rates for URL scheme ``scheme`` (the ``*`` entry, else the
+        built-in one, when it was not calibrated)."""
+        stores = self.object_stores or {}
+        got = stores.get(scheme) or stores.get("*") or Machine().object_stores["*"]
+        base = Machine().object_stores["*"]
+        return {k: float(got.get(k, base[k])) for k in base}
 
     def factor(self, kind: str, dtype: Any = "float64") -> float:
         f = (self.block_factors or {}).get(np.dtype(dtype).name) or {}

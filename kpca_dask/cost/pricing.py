@@ -88,6 +88,10 @@ class _Fit:
     #: float32 blocks under a float64 model (``dtype`` is then the blocks' float32):
     #: the cache is filled from a float64 evaluation and one float64 pass certifies
     mixed: bool = False
+    #: "blocks" (the drivers as they run) or "workers" (per-worker, :mod:`.price_workers`)
+    driver: str = "blocks"
+    #: URL of the store the workers read the rows from (None or a path: the local disk)
+    store: str | None = None
     stages: list[Stage] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
 
@@ -214,14 +218,26 @@ def _read(f: _Fit, input_in_memory: bool, persist: bool | None) -> dict[str, flo
         f.persisted = x_bytes <= (256 << 20)
     else:
         f.persisted = True
+    if from_storage and f.store and "://" in f.store and not f.store.startswith("file://"):
+        # an object store (kpca_dask.cost.io): a request a zarr chunk, the streams' rates,
+        # decoding on the cores, floored by the nodes' aggregate
+        from .io import Transfer, price_transfers
+
+        objects = max(f.nb, -(-x_bytes // (64 << 20)))
+        stored = price_transfers(
+            [Transfer("rows", f.store, x_bytes, objects, False, m.zarr_read)],
+            m,
+            chunks=f.nb,
+            cores=f.cores,
+            nodes=cl.node_count,
+        )["seconds"]
+    elif from_storage:  # a zarr source: the disk's bandwidth, or decoding, the slower
+        stored = max(x_bytes / (m.storage * f.W), x_bytes / (m.zarr_read * f.cores))
+    else:
+        stored = 0.0
     read = {
         "network": (x_bytes / f.net) if cl.distributed and not from_storage else 0.0,
-        # a zarr source: the storage's bandwidth, or decoding on the cores, the slower
-        "storage": (
-            max(x_bytes / (m.storage * f.W), x_bytes / (m.zarr_read * f.cores))
-            if from_storage
-            else 0.0
-        ),
+        "storage": stored,
         "scheduler": 3 * f.rt + f.nb * f.ts,
     }
     if f.plan.solver != "nystroem":  # the training rows come to the client after the solve

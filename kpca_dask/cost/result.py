@@ -60,6 +60,8 @@ class Estimate:
     #: Share of a later pass's kernel evaluations read from kept blocks instead (1.0:
     #: "memory", between 0 and 1: "partial", 0.0: evaluated or read from a store).
     kernel_cache_share: float = 0.0
+    #: The driver priced: "blocks" (as they run) or "workers" (issue 38's per-worker ones).
+    driver: str = "blocks"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -71,7 +73,8 @@ class Estimate:
         gb = 1e9
         c = self.cluster
         lines = [
-            f"{self.solver} solver, n={self.n_samples}, d={self.n_features}: "
+            f"{self.solver} solver ({self.driver} driver), n={self.n_samples}, "
+            f"d={self.n_features}: "
             f"{self.n_blocks} blocks of {self.block_rows} rows, {self.passes} passes "
             f"(range {self.passes_range[0]}-{self.passes_range[1]}), {self.columns} columns",
             f"cluster: {c['workers']} workers x {c['threads']} threads"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from flows.cli import main
+from kpca_dask.cost import Machine
 
 
 def _config(tmp_path, data, solver="randomized"):
@@ -62,6 +63,12 @@ def test_calibrate_writes_what_plan_reads(tmp_path, capsys):
     assert plan["fit"]["machine"]["source"].startswith("kpca calibrate")
     assert m["zarr_write"] > 1e6 and m["zarr_read"] > 1e6  # measured, not the defaults'
     assert set(m["block_factors"]) == {"float32", "float64"}
+    # measured since issue 38: the disk, Parquet's encoding, and the scheduler's time a
+    # task in its own process beside the in-process LocalCluster's (kept as a record)
+    defaults = Machine()
+    assert m["storage"] != defaults.storage and m["parquet_write"] != defaults.parquet_write
+    assert m["scheduler_in_client"]["task_seconds"] > 0
+    assert m["task_seconds"] != m["scheduler_in_client"]["task_seconds"]
 
 
 def _stages(tmp_path, capsys, extra: str, solver: str = "nystroem"):
@@ -97,3 +104,39 @@ def test_plan_stages_of_a_run(tmp_path, capsys):
     # a Nyström model evaluates every row against its landmarks; an exact one only
     # reads its rows and writes the embedding
     assert ex["stages"]["embed"] < ny["stages"]["embed"]
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--memory", "1e400GiB"),  # overflows to infinity: was a traceback and exit 70
+        ("--memory", "0"),
+        ("--memory", "-8GB"),
+        ("--workers", "0"),
+        ("--threads", "0"),
+        ("--network", "-5"),
+        ("--network", "inf"),
+        ("--passes", "0"),
+        ("--rows", "0"),
+    ],
+)
+def test_plan_refuses_a_cluster_that_cannot_exist_in_one_line(tmp_path, capsys, flag, value):
+    data = tmp_path / "x.npy"
+    np.save(data, np.zeros((300, 3)))
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", _config(tmp_path, data), f"{flag}={value}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith(f"kpca plan: error: argument {flag}: '{value}' is not")
+
+
+def test_plan_refuses_a_calibration_file_it_cannot_read_in_one_line(tmp_path, capsys):
+    data = tmp_path / "x.npy"
+    np.save(data, np.zeros((300, 3)))
+    bad = tmp_path / "cal.json"
+    bad.write_text("not json")
+    assert main(["plan", _config(tmp_path, data), "--calibration", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kpca plan: error: --calibration {bad}")
