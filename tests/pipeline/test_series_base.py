@@ -205,3 +205,111 @@ def test_rows_of_a_base_rerun_on_new_data_are_kept_while_held(rerun_series):
     assert now.exists()
     some = next(p for p in (kept[0] / "X").rglob("*") if p.is_file() and p.name != "zarr.json")
     assert some.stat().st_nlink >= 1
+
+
+# ------------------------------------------------ the rows' location, fast (any store)
+def held_rows_scenario(folder: Path, root: str, options: dict | None) -> dict:
+    """An output ``root`` whose ingest store is rebuilt three times: with other rows while
+    a hold names the first rows (kept), then after the hold is released (the kept copy
+    removed). Returns what the checks need; shared by the local and S3 tests."""
+    from pipeline.config import ChunkConfig, InputConfig
+    from pipeline.ingest import ingest
+    from pipeline.lineage import (
+        entry_record,
+        entry_rows,
+        hold_file,
+        lineage_needs,
+        read_holds,
+        rows_location,
+        write_holds,
+    )
+    from pipeline.ownership import mark_folder
+    from pipeline.store import Location
+
+    out = Location.at(root, options)
+    mark_folder(out, "run")  # an output of ours (its kept copies are ours to remove)
+    store = out.child("work", "ingest.zarr")
+    chunks = ChunkConfig(target_chunk_mb=0.002)
+    X1, X2, X3 = (_draw(120, s)[0] for s in (11, 12, 13))
+    np.save(folder / "x.npy", X1)
+    inp = InputConfig(path=str(folder / "x.npy"))
+    first = ingest(inp, chunks, store, min_classes=1)
+    entry = entry_record(
+        store, n_rows=120, fingerprint=first.fingerprint, run=f"{out.url}/versions/V1"
+    )
+    holder = Location.at(str(folder / "series" / "v2"))
+    write_holds(holder, lineage_needs([entry]))
+    inodes = _inodes(store)
+    np.save(folder / "x.npy", X2)  # the base's input rewritten: the store is rebuilt
+    second = ingest(inp, chunks, store, min_classes=1)
+    kept = rows_location(entry)
+    kept_inodes = _inodes(kept)
+    read_back = np.asarray(entry_rows(entry).compute())
+    # released (the holder's next publish needs nothing here), then rebuilt again
+    write_holds(holder, {}, ({"url": out.url, "storage_options": out.storage_options},))
+    released = [h for h in read_holds(out) if h["holder"] == holder.url]
+    np.save(folder / "x.npy", X3)
+    ingest(inp, chunks, store, min_classes=1)
+    return {
+        "out": out,
+        "first": first,
+        "second": second,
+        "kept": kept,
+        "read_back": read_back,
+        "X1": X1,
+        "hold": hold_file(out, holder.url),
+        "released": released,
+        "kept_after_release": kept.exists(),
+        "inodes": (inodes, kept_inodes),
+    }
+
+
+def _inodes(loc) -> dict[str, int]:
+    """The inode of each chunk file of ``X`` (local stores; empty on object stores)."""
+    if not loc.is_local:
+        return {}
+    x = Path(loc.url) / "X"
+    return {
+        str(p.relative_to(x)): p.stat().st_ino
+        for p in x.rglob("*")
+        if p.is_file() and p.name != "zarr.json"
+    }
+
+
+def check_held_rows(r: dict) -> None:
+    assert r["first"].fingerprint != r["second"].fingerprint
+    # the lineage reads the first rows from their kept copy, whose name is their fingerprint
+    assert r["kept"].url.endswith(".zarr") and "/work/ingest/" in r["kept"].url
+    assert r["kept"].url.rpartition("/")[2].startswith("blake2b-")
+    np.testing.assert_array_equal(r["read_back"], r["X1"])
+    # the hold: one file of ours named from the holder, then released (empty)
+    assert r["released"] and r["released"][0]["versions"] == []
+    assert r["released"][0]["rows"] == [] and r["released"][0]["kind"] == "hold"
+    assert r["hold"].url.endswith(".json") and "/holds/" in r["hold"].url
+    # no hold names them any more: the next rebuild removed the kept copy
+    assert not r["kept_after_release"]
+
+
+def test_rows_a_hold_names_outlive_a_rebuild_of_the_ingest_store(tmp_path, dask_client):
+    r = held_rows_scenario(tmp_path, str(tmp_path / "series" / "v1"), None)
+    check_held_rows(r)
+    # on local disk the kept copy is hard links to the original's chunk files: no byte
+    # of X copied
+    before, kept = r["inodes"]
+    assert before and kept == before
+
+
+def test_a_rebuild_without_a_hold_keeps_nothing(tmp_path, dask_client):
+    from pipeline.config import ChunkConfig, InputConfig
+    from pipeline.ingest import ingest
+    from pipeline.ownership import mark_folder
+    from pipeline.store import Location
+
+    out = tmp_path / "run"
+    mark_folder(Location.at(str(out)), "run")
+    inp = InputConfig(path=str(tmp_path / "x.npy"))
+    for seed in (1, 2):
+        np.save(tmp_path / "x.npy", _draw(50, seed)[0])
+        store = Location.at(str(out / "work" / "ingest.zarr"))
+        ingest(inp, ChunkConfig(), store, min_classes=1)
+    assert not (out / "work" / "ingest").exists()
