@@ -207,6 +207,22 @@ def test_rows_of_a_base_rerun_on_new_data_are_kept_while_held(rerun_series):
     assert some.stat().st_nlink >= 1
 
 
+@pytest.mark.slow
+def test_retention_keeps_the_versions_a_series_holds(rerun_series):
+    """The base's first version, which the series' lineage names (``run``) and holds,
+    outlives the base's re-run although ``keep_versions`` is 1: retention
+    (pipeline/versions.py) obeys the holds (``held_versions``)."""
+    series = rerun_series["series"]
+    first = rerun_series["first_version"]
+    held = {
+        v
+        for p in (series / "v1" / "holds").glob("*.json")
+        for v in json.loads(p.read_text())["versions"]
+    }
+    assert first in held
+    assert (series / "v1" / "versions" / first / "manifest.json").is_file()
+
+
 # ------------------------------------------------ the rows' location, fast (any store)
 def held_rows_scenario(folder: Path, root: str, options: dict | None) -> dict:
     """An output ``root`` whose ingest store is rebuilt three times: with other rows while
