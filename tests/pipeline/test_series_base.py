@@ -313,19 +313,3 @@ def test_rows_a_hold_names_outlive_a_rebuild_of_the_ingest_store(tmp_path, dask_
     # of X copied
     before, kept = r["inodes"]
     assert before and kept == before
-
-
-def test_a_rebuild_without_a_hold_keeps_nothing(tmp_path, dask_client):
-    from pipeline.config import ChunkConfig, InputConfig
-    from pipeline.ingest import ingest
-    from pipeline.ownership import mark_folder
-    from pipeline.store import Location
-
-    out = tmp_path / "run"
-    mark_folder(Location.at(str(out)), "run")
-    inp = InputConfig(path=str(tmp_path / "x.npy"))
-    for seed in (1, 2):
-        np.save(tmp_path / "x.npy", _draw(50, seed)[0])
-        store = Location.at(str(out / "work" / "ingest.zarr"))
-        ingest(inp, ChunkConfig(), store, min_classes=1)
-    assert not (out / "work" / "ingest").exists()
