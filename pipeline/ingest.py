@@ -28,6 +28,7 @@ from .features import record as record_features
 from .ingest_store import (
     fingerprint_from_digests,
     hex_digests,
+    keep_held_rows,
     source_signature,
     stale_ingest,
     store_problem,
@@ -158,6 +159,7 @@ def ingest(
         arrays["labels"] = src.labels.rechunk({0: X.chunks[0]})
     if src.ids is not None:
         arrays["ids"] = src.ids.rechunk({0: X.chunks[0]})
+    keep_held_rows(store)  # rows another output's lineage holds outlive the rebuild
     g, digest_values = _write_store(cfg, store, arrays, src.columns)
     fingerprint = fingerprint_from_digests(
         arrays, digest_values, {"columns": src.columns, "classes": src.classes}

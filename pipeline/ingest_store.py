@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import dask.array as da
@@ -20,10 +22,13 @@ from .progress import compute
 from .store import Location
 from .verify import checked_array
 
+logger = logging.getLogger("pipeline")
+
 __all__ = [
     "file_stats",
     "fingerprint_from_digests",
     "hex_digests",
+    "keep_held_rows",
     "source_signature",
     "stale_ingest",
     "store_digests",
@@ -137,3 +142,97 @@ def fingerprint_from_digests(arrays, digest_values, extra) -> str:
         h.update(np.ascontiguousarray(digest_values[k]).tobytes())
     h.update(json.dumps(extra, sort_keys=True).encode())
     return "blake2b:" + h.hexdigest()
+
+
+# ------------------------------------------------ rows a hold needs (issue 36)
+def keep_held_rows(store: Location) -> None:
+    """Before the ingest stage rebuilds ``store`` (``<out>/work/ingest.zarr``): when a
+    hold of another output's lineage names the rows it holds now (their fingerprint,
+    pipeline/lineage.py), keep them at ``<out>/work/ingest/<fingerprint>.zarr`` -- hard
+    links on local disk (no bytes copied), a server-side copy on an object store -- so the
+    lineage still reads them; and remove the kept copies no hold names any more (only
+    ours). The writer calls this holding the output's lock."""
+    from .lineage import held_rows, kept_rows_location
+
+    probe = kept_rows_location(store, "x")
+    if probe is None:  # not an output's ingest store (a transform's, a test's)
+        return
+    folder = Location.at(probe.url.rpartition("/")[0], store.storage_options)
+    root = Location.at(store.url.rstrip("/").rsplit("/", 2)[0], store.storage_options)
+    held = held_rows(root)
+    fp = _complete_fingerprint(store)
+    if fp is not None and fp in held:
+        _keep(store, kept_rows_location(store, fp), fp)
+    _drop_unheld(folder, {kept_rows_location(store, f).url for f in held})
+
+
+def _complete_fingerprint(store: Location) -> str | None:
+    try:
+        if not store.child("zarr.json").exists():
+            return None
+        attrs = dict(store.open_group("r").attrs)
+    except Exception:  # noqa: BLE001 - nothing complete there: nothing to keep
+        return None
+    if attrs.get("status") != "complete":
+        return None
+    return (attrs.get("result") or {}).get("fingerprint")
+
+
+def _keep(store: Location, kept: Location, fp: str) -> None:
+    """``kept`` as a copy of the ingest store ``store`` (its group metadata last, so a
+    copy cut short is no complete store); nothing when a complete copy is there."""
+    from kpca_dask.removal import MARKER_FILE
+
+    from .ownership import mark_folder
+
+    if _complete_fingerprint(kept) == fp:
+        return
+    if kept.exists():  # a copy cut short by a killed writer: ours (marked first)
+        kept.remove(root=kept)
+    mark_folder(kept, "ingest-rows")
+    if store.is_local:
+        from .versions import link_tree
+
+        src, dst = store.local_path, kept.local_path
+        for e in sorted(Path(src).iterdir(), key=lambda e: (e.name == "zarr.json", e.name)):
+            if e.name != MARKER_FILE:
+                link_tree(e, dst / e.name, src, str(src))
+    else:
+        fs, s, d = store.fs, store.fs_path.rstrip("/"), kept.fs_path.rstrip("/")
+        files = sorted(
+            (str(f) for f in fs.find(s) if not str(f).endswith(f"/{MARKER_FILE}")),
+            key=lambda f: f == f"{s}/zarr.json",
+        )
+        body = [f for f in files if f != f"{s}/zarr.json"]
+        if body:
+            fs.copy(body, [d + f[len(s) :] for f in body])
+        fs.copy(f"{s}/zarr.json", f"{d}/zarr.json")
+        kept.refresh()
+    if _complete_fingerprint(kept) != fp:
+        raise CorruptObjectError(
+            f"the copy {kept} of the ingest store {store} that a later update's lineage "
+            "needs is not complete; re-run: the ingest stage copies it again."
+        )
+    logger.info(
+        "ingest: kept the rows of %s (fingerprint %s) at %s: a hold names them", store, fp, kept
+    )
+
+
+def _drop_unheld(folder: Location, needed: set[str]) -> None:
+    """Remove each kept copy under ``<out>/work/ingest/`` that no hold names (ours only)."""
+    try:
+        if not folder.is_local:
+            folder.refresh()
+        if not folder.exists():
+            return
+        names = [
+            str(n).rstrip("/").rpartition("/")[2]
+            for n in folder.fs.ls(folder.fs_path, detail=False)
+        ]
+    except FileNotFoundError:
+        return
+    for name in sorted(names):
+        loc = folder.child(name)
+        if name.endswith(".zarr") and loc.url not in needed:
+            if loc.remove(root=folder):
+                logger.info("ingest: removed %s, rows no hold needs any more", loc)

@@ -23,6 +23,7 @@ __all__ = [
     "EMBEDDING",
     "FLOW_CACHE",
     "GROUP_FILE",
+    "HOLDS",
     "INGEST_STORE",
     "KERNEL_STORE",
     "LEGACY",
@@ -53,6 +54,9 @@ MANIFEST = "manifest.json"
 LOCK = ".kpca-run.lock"
 #: the folder of an output holding one complete result per writer (pipeline/versions.py)
 VERSIONS = "versions"
+#: holds other outputs' lineages keep on this output's versions and rows, one JSON file
+#: per holder (pipeline/lineage.py writes them, retention in pipeline/versions.py obeys)
+HOLDS = "holds"
 #: the fitted model (``kpca_dask.load(<out>/model)``)
 MODEL = "model"
 #: intermediate stores, kept so that a killed run resumes
@@ -104,6 +108,7 @@ RUN_NAMES = frozenset(
         LOCK,
         UPDATE,
         VERSIONS,
+        HOLDS,
     }
 )
 

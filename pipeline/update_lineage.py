@@ -12,7 +12,7 @@ import numpy as np
 from .config import ConfigError, absolute_path
 from .export import open_run
 from .layout import MODEL
-from .lineage import entry_record, entry_rows, entry_split, verify_entry
+from .lineage import entry_record, entry_rows, entry_split, rows_location, verify_entry
 from .store import Location
 from .update_setup import _version
 
@@ -42,9 +42,13 @@ def _lineage(base: Location, manifest: dict) -> list[dict[str, Any]]:
                 split_absent=((manifest.get("integrity") or {}).get("absent_chunks") or {}).get(
                     "split"
                 ),
+                run=base.url,  # the version whose rows these are (held by later updates)
             )
         ]
     for entry in lineage:
+        # where the rows are now: the recorded store, or the copy its output kept when it
+        # rebuilt that store with other rows (pipeline/lineage.py); recorded as found
+        entry["store"] = rows_location(entry).url
         verify_entry(entry)
     return lineage
 

@@ -44,7 +44,7 @@ from .export import write_manifest
 from .fitspec import FIT_FIELDS
 from .ingest import IngestResult
 from .layout import DRIFT_REPORT, EMBEDDING, MODEL, PARQUET, UPDATE, run_layout
-from .lineage import entry_record
+from .lineage import entry_record, lineage_needs, public_options, verify_entry, write_holds
 from .results import ProjectResult, SolveResult
 from .stages import (
     INGEST,
@@ -56,6 +56,7 @@ from .stages import (
     _fresh_solve,
     config_slice,
 )
+from .store import Location, array_checksum
 from .update_drift import stage_drift
 from .update_lineage import stage_base
 from .update_model import stage_update
@@ -87,15 +88,23 @@ def stage_export(
     projected: ProjectResult,
     timings: dict[str, float],
 ) -> dict[str, Any]:
-    """The new run's manifest (last, atomically), with its ``update`` record."""
-    lineage = list(base["lineage"]) + [
-        entry_record(
-            ing.store,
-            n_rows=int(ing.n_rows),
-            fingerprint=ing.fingerprint,
-            run=run_layout(cfg).out.url,
-        )
-    ]
+    """The new run's manifest (last, atomically), with its ``update`` record: the lineage
+    (its training mask re-pointed to this run's own ``split``) and the holds it keeps on
+    the outputs that lineage names (pipeline/lineage.py)."""
+    layout = run_layout(cfg)
+    lineage = _own_split(
+        layout.out,
+        list(base["lineage"])
+        + [
+            entry_record(
+                ing.store,
+                n_rows=int(ing.n_rows),
+                fingerprint=ing.fingerprint,
+                run=layout.out.url,
+            )
+        ],
+    )
+    holds = _hold(layout.root, lineage)
     record = {
         "base": base["path"],
         "base_created": base["created"],
@@ -110,6 +119,7 @@ def stage_export(
         "report": f"{UPDATE}/{DRIFT_REPORT}",
         "changes": solved.info.get("changes") or {},
         "findings": drift.get("findings") or [],
+        "holds": holds,
     }
     ing_d = {k: v for k, v in ing.to_dict().items() if k != "storage_options"}
     if base.get("features"):  # the new run's features are the base's, matched by name
@@ -122,6 +132,62 @@ def stage_export(
         timings=timings,
         extra={"update": record, "kernel_store": None, "evaluation": None, "denoise": None},
     )
+
+
+def _own_split(out: Location, lineage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lineage with every training mask read from this run's own ``split`` (the base's
+    rows' flags then the batch's, pipeline/update_project.py) at the entry's rows
+    (``split_rows``): a later update never reads an earlier night's version for it."""
+    g = out.open_group("r")
+    if "split" not in g:
+        return lineage
+    checksum = array_checksum(g["split"])
+    opts = public_options(out.storage_options, "the lineage's options")
+    entries, lo = [], 0
+    for e in lineage:
+        hi = lo + int(e["n_rows"])
+        if e.get("split_run"):
+            e = {k: v for k, v in e.items() if k != "split_absent"}
+            e.update(
+                split_run=out.url,
+                split_storage_options=opts,
+                split_checksum=checksum,
+                split_rows=[lo, hi],
+            )
+        entries.append(e)
+        lo = hi
+    return entries
+
+
+def _hold(root: Location, lineage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Hold, in every other output the lineage names, the versions and rows it needs --
+    this run's and the published version's of this output (released at the next publish)
+    -- then check that each entry's rows are still there (a base re-run meanwhile is one
+    line, nothing published). Returns the outputs held, to be released by the next
+    publish of this output."""
+    from .versions import read_pointer
+
+    try:
+        published = ((read_pointer(root) or {}).get("update")) or {}
+    except Exception:  # noqa: BLE001 - an unreadable pointer: nothing of it to keep
+        published = {}
+    needs = lineage_needs(lineage)
+    for url, n in lineage_needs(list(published.get("rows") or [])).items():
+        have = needs.setdefault(url, {"location": n["location"], "versions": set(), "rows": {}})
+        have["versions"] |= n["versions"]
+        have["rows"].update(n["rows"])
+    held = write_holds(root, needs, tuple(published.get("holds") or ()))
+    for entry in lineage:  # held now: still the rows the run read?
+        verify_entry(entry)
+    return [
+        {
+            "url": url,
+            "storage_options": public_options(
+                needs[url]["location"].storage_options, "the lineage's options"
+            ),
+        }
+        for url in held
+    ]
 
 
 #: the update stage's config slice: the fit's (pipeline/fitspec.py) and the kernel policy

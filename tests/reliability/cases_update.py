@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .catalogue import Case, N
+from .catalogue import RUN_D, Case, N
 
 
 def _missing_base(ctx):
@@ -44,6 +44,34 @@ def _wrong_width(ctx):
     return lambda: est.partial_fit(np.ones((20, 3)))
 
 
+def _rows_rebuilt_unheld(ctx):
+    """A base whose lineage names an ingest store rebuilt since with other rows that no
+    hold kept (a store rebuilt by hand, or before holds existed; issue 36 keeps held rows):
+    ``kpca update`` refuses in one line instead of refitting on other rows."""
+    import shutil
+
+    from pipeline.config import ChunkConfig, InputConfig
+    from pipeline.ingest import ingest
+    from pipeline.lineage import entry_record
+    from pipeline.ownership import mark_folder
+    from pipeline.store import Location
+    from tests.published import rewrite_manifests
+
+    rows = Location.at(str(ctx.dir / "night"))
+    mark_folder(rows, "run")
+    store = rows.child("work", "ingest.zarr")
+    inp = InputConfig(path=str(ctx.npy(_data(40, 1), "rows.npy")))
+    first = ingest(inp, ChunkConfig(), store, min_classes=1)
+    entry = entry_record(store, n_rows=40, fingerprint=first.fingerprint)
+    ctx.npy(_data(40, 2), "rows.npy")  # the same path, other rows: the store is rebuilt
+    ingest(inp, ChunkConfig(), store, min_classes=1)
+    base = ctx.dir / "base"
+    shutil.copytree(ctx.run, base)
+    rewrite_manifests(base, lambda m: {**m, "update": {"version": 2, "rows": [entry]}})
+    batch = np.random.default_rng(3).normal(size=(10, RUN_D))
+    return ["update", base, ctx.npy(batch), "--output", ctx.out, "--no-prefect"]
+
+
 CASES = [
     Case(
         "update_missing_base",
@@ -79,5 +107,12 @@ CASES = [
         "partial_fit with rows of another width",
         _wrong_width,
         ("features", "same feature columns"),
+    ),
+    Case(
+        "update_lineage_rows_rebuilt",
+        "update",
+        "a lineage's ingest store rebuilt with other rows that no hold kept",
+        _rows_rebuilt_unheld,
+        ("no longer holds the rows the base run was published with", "re-run the full"),
     ),
 ]
