@@ -7,6 +7,7 @@
     kpca info ARTIFACT_DIR             what a run produced, after verifying it
     kpca update RUN NEW_DATA           a new run from a published run and new rows
     kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
+    kpca migrate OUTPUT_DIR            an earlier release's output brought to versions/
     kpca --version
 
 Global flags (-v/--verbose, -q/--quiet) go before or after the subcommand. ``kpca run``
