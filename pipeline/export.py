@@ -238,8 +238,9 @@ def open_run(
     return pub
 
 
-#: the outputs this process has told its reader are in an earlier release's layout
-_HINTED: set[str] = set()
+#: the outputs this process has looked at for an earlier release's layout (once each:
+#: open_run is called many times per command, and on an object store a look is a request)
+_LOOKED: set[str] = set()
 
 
 def _hint_earlier_layout(pub: Published) -> None:
@@ -248,15 +249,15 @@ def _hint_earlier_layout(pub: Published) -> None:
     from .layout import GROUP_FILE
 
     root = pub.root
-    if root.url in _HINTED:
+    if root.url in _LOOKED:
         return
+    _LOOKED.add(root.url)
     if pub.version is not None and not root.child(GROUP_FILE).exists():
         return  # the current layout: no group file at the top level (one look-up)
     from .earlier_layout import reader_hint
 
     line = reader_hint(root, pub.version)
     if line is not None:
-        _HINTED.add(root.url)
         logger.warning("open_run: %s", line)
 
 

@@ -296,3 +296,29 @@ def test_leftover_top_level_paths_beside_a_published_version_are_removed(
     assert tree_bytes(out / "versions" / vid) == published
     assert (out / "manifest.json").read_bytes() == pointer
     assert inspect(root).state == "current"
+
+
+def test_an_unfinished_previous_release_run_is_not_published_and_user_files_stay(
+    legacy_output, tmp_path, caplog
+):
+    """Top-level paths of the previous release without a manifest (its run did not finish)
+    are not a result: the migration publishes nothing, removes them (ours by their
+    group's kind) with one line saying why, and keeps ``work/`` and a file of the user's
+    beside them."""
+    from pipeline.lock import RunLock
+    from pipeline.migrate import migrate
+    from pipeline.store import Location
+
+    out = copy_of(legacy_output, tmp_path / "out")
+    os.remove(out / "manifest.json")  # the state a killed run of that release left
+    (out / "notes.txt").write_text("mine")
+    work = tree_bytes(out / "work", exclude=())
+    root = Location(str(out))
+    with caplog.at_level(logging.WARNING, logger="pipeline"), RunLock(root) as lock:
+        plan = migrate(root, lock=lock)
+    assert plan.state == "unfinished"
+    lines = migrate_lines(caplog.text)
+    assert len(lines) == 1 and "not a result" in lines[0], caplog.text
+    assert sorted(os.listdir(out)) == ["_kpca-dask.json", "notes.txt", "work"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert tree_bytes(out / "work", exclude=()) == work
