@@ -234,7 +234,31 @@ def open_run(
 
     pub = resolve(path, version, storage_options)
     _verify(pub.location, pub.manifest, check_arrays=check_arrays, label=pub.root)
+    _hint_earlier_layout(pub)
     return pub
+
+
+#: the outputs this process has looked at for an earlier release's layout (once each:
+#: open_run is called many times per command, and on an object store a look is a request)
+_LOOKED: set[str] = set()
+
+
+def _hint_earlier_layout(pub: Published) -> None:
+    """One WARNING line (once per output and process) when the output read is in an
+    earlier release's layout, or still holds its top-level paths (pipeline/migrate.py)."""
+    from .layout import GROUP_FILE
+
+    root = pub.root
+    if root.url in _LOOKED:
+        return
+    _LOOKED.add(root.url)
+    if pub.version is not None and not root.child(GROUP_FILE).exists():
+        return  # the current layout: no group file at the top level (one look-up)
+    from .earlier_layout import reader_hint
+
+    line = reader_hint(root, pub.version)
+    if line is not None:
+        logger.warning("open_run: %s", line)
 
 
 def integrity_record(out: Location, names: tuple[str, ...]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from .export import RunError, begin_run, check_not_complete
 from .layout import WRITING, run_layout
 from .liveness import activity
 from .lock import RunLock, check_unlocked
+from .migrate import migrate
 from .publish import OUTPUT_MARK, check_not_overlapping, check_output_folder
 from .readers import check_exists as _check_exists
 from .stages import Registry, Stage
@@ -106,6 +107,7 @@ class RunTransaction(RunLock):
     """The run lock plus the publishing transaction (pipeline/versions.py).
 
     Taking it first refuses an output that is not ours to write (``check_output``), then
+    migrates an output written by an earlier release's layout (pipeline/migrate.py), then
     removes versions left by writers that died and chooses the new version's id (the
     folder is created, seeded from the published version so that cached stages keep
     their artifacts, by :func:`start_version` once the run is past its refusals). While
@@ -131,6 +133,10 @@ class RunTransaction(RunLock):
         self._created = missing_folders(self.out)
         super().acquire()
         try:
+            # an output written by an earlier release's layout becomes its first published
+            # version, its old top-level paths removed (one WARNING line): never left
+            # serving the night before the upgrade (pipeline/migrate.py)
+            migrate(self.out, lock=self)
             self.txn = Transaction(self.out, self, keep=self.cfg.output.keep_versions)
             self.txn.begin()
             WRITING[self.out.url] = self.txn.vid

@@ -27,6 +27,7 @@ import kpca_dask
 
 from .completeness import DENSE, check_complete
 from .config import ChunkConfig, InputConfig
+from .errors import RunError
 from .export import open_run
 from .features import FeatureError
 from .features import match as match_features
@@ -135,11 +136,36 @@ def load_model(path: str | Location, storage_options: dict | None = None) -> Any
     loc = Location.at(path, storage_options)
     is_run = any(loc.child(name).exists() for name in (MANIFEST, VERSIONS, "model"))
     run = loc if is_run else _run_folder_of(loc)
+    if run is None and not loc.exists():
+        _refuse_earlier_model_path(loc)
     if run is not None:
         split = _split_version(run)
         pub = open_run(run) if split is None else open_run(split[0], version=split[1])
         loc = pub.model
     return kpca_dask.load(loc.zarr_source())
+
+
+def _refuse_earlier_model_path(loc: Location) -> None:
+    """``<out>/model`` of a versioned output (the path an earlier release documented, gone
+    since the output was migrated): one line naming the output to pass instead."""
+    from .versions import read_pointer
+
+    url = str(loc.local_path) if loc.is_local else loc.url.rstrip("/")
+    head, _, name = url.rpartition("/")
+    if name != "model" or not head:
+        return
+    root = Location(head, loc.storage_options)
+    try:
+        pointer = read_pointer(root)
+    except Exception:  # noqa: BLE001 - not an output of ours: the loader's own message
+        return
+    if isinstance(pointer, dict) and isinstance(pointer.get("version"), str):
+        raise RunError(
+            f"{url} does not exist: {head} keeps its model in its published version "
+            f"({pointer.get('version_path') or VERSIONS}/model; the top-level model/ of an "
+            f"earlier release's layout is gone); pass the output {head} itself, which uses "
+            "its published model."
+        )
 
 
 def open_transform(

@@ -8,6 +8,7 @@
     kpca update RUN NEW_DATA           a new run from a published run and new rows
     kpca unlock OUTPUT_DIR             break the lock a dead run left on its output
     kpca drain POOL [--worker-pid P]   stop a Prefect worker once its flow runs finish
+    kpca migrate OUTPUT_DIR            an earlier release's output brought to versions/
     kpca --version
 
 Global flags (-v/--verbose, -q/--quiet) go before or after the subcommand. ``kpca run``

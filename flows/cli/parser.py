@@ -8,6 +8,7 @@ import argparse
 
 from .commands_drain import cmd_drain
 from .commands_info import cmd_info
+from .commands_migrate import cmd_migrate
 from .commands_plan import cmd_calibrate, cmd_plan
 from .commands_run import cmd_demo, cmd_run, cmd_validate
 from .commands_transform import cmd_transform
@@ -473,6 +474,28 @@ def _add_drain(sub) -> None:
     )
 
 
+def _add_migrate(sub) -> None:
+    m = _subcommand(
+        sub,
+        "migrate",
+        cmd_migrate,
+        help="bring an output written by an earlier release's layout to versions/",
+        description="An output written before versions/ (its manifest, model/, embedding "
+        "and embedding.parquet at its top level) becomes its first published version "
+        "(versions/<id>/, kept in the history) and its old top-level paths are removed, "
+        "holding the output's lock. Every run and update of such an output does the same as "
+        "it starts; readers of the old paths read pipeline.open_run(OUT) or the manifest's "
+        "version_path instead (docs/artifacts.md, Upgrades).",
+    )
+    m.add_argument("output_dir", help="the output folder (path or URL)")
+    m.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would be migrated or removed, and change nothing",
+    )
+    _storage_flags(m, "the output folder")
+
+
 SUBCOMMANDS = [
     _add_demo,
     _add_run,
@@ -484,6 +507,7 @@ SUBCOMMANDS = [
     _add_update,
     _add_unlock,
     _add_drain,
+    _add_migrate,
 ]
 
 

@@ -1036,6 +1036,20 @@ TRANSFORM = [
         lambda c: ["info", c.dir],
         ("has no manifest.json", "it is not a result"),
     ),
+    Case(
+        "tr-old-model-path",
+        "transform",
+        "the model path of the layout before versions (OUT/model) on a versioned output",
+        lambda c: ["transform", c.run / "model", _new_rows(c), c.dir / "emb.zarr"],
+        ("keeps its model in its published version", "pass the output <run> itself"),
+    ),
+    Case(
+        "migrate-missing",
+        "migrate",
+        "kpca migrate of an output that does not exist",
+        lambda c: ["migrate", c.dir / "nothing"],
+        ("<dir>/nothing does not exist", "check the path of the output"),
+    ),
 ]
 
 CASES = ESTIMATOR + CONFIG + INPUT + FIT + OUTPUT + CLUSTER + TRANSFORM
