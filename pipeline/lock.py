@@ -359,9 +359,24 @@ def _object_version(loc: Location) -> str:
 
 def _replace_object(loc: Location, data: bytes, version: str) -> bool:
     """Overwrite the object ``loc`` only if it is still the version ``version`` (the
-    one this process last wrote): S3 ``If-Match``, GCS ``ifGenerationMatch``, Azure
-    ``If-Match``; elsewhere (no such write known) a check of the version, then a write.
-    Returns False when the object was replaced or removed by another writer."""
+    one this process last wrote); False when another writer replaced or removed it.
+
+    The version is checked first (a server that ignores preconditions -- the GCS
+    emulator, some S3-compatible stores -- is still never written over after another
+    writer's lock is seen), then written by :func:`_conditional_put`, which the store
+    refuses if the object changed in between."""
+    try:
+        if _object_version(loc) != version:
+            return False
+    except FileNotFoundError:
+        return False
+    return _conditional_put(loc, data, version)
+
+
+def _conditional_put(loc: Location, data: bytes, version: str) -> bool:
+    """Write ``data`` to ``loc`` only if the object is the version ``version``: S3
+    ``If-Match``, GCS ``ifGenerationMatch``, Azure ``If-Match``; elsewhere (no such write
+    known) a check of the version, then a write. False when the store refused it."""
     fs, path = loc.fs, loc.fs_path
     protocols = _protocols(fs)
     try:
