@@ -631,6 +631,17 @@ def break_lock(out: Location | str, *, force: bool = False) -> LockHolder | None
     return holder
 
 
+def _remove_stale_probes(out: Location) -> None:
+    """The next writer of ``out`` removes the visibility probe files a killed run, or a
+    worker that answered too late, left in the output and its work folder (only ours,
+    by name, and only those older than any probe lasts: pipeline/probe_files.py)."""
+    from .layout import WORK
+    from .probe_files import remove_stale_probes
+
+    for loc in (out, out.child(WORK)):
+        remove_stale_probes(loc)
+
+
 class _Renewer(threading.Thread):
     """The heartbeat of one held lock: renews it every third of its lease until stopped."""
 
@@ -879,6 +890,7 @@ class RunLock:
         _HELD[self.loc.url] = self._holder.token
         self._renewer = _Renewer(self)
         self._renewer.start()
+        _remove_stale_probes(self.out)
         logger.info(
             "lock: %s held (%s; lease %g s, renewed every %g s)",
             self.out,

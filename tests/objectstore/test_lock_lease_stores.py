@@ -203,3 +203,24 @@ def test_lock_object_that_is_not_ours_is_refused_with_the_command_on_s3(s3_store
     assert not s3_store.filesystem().exists(out.child(LOCK_NAME).fs_path)
     with RunLock(out):
         pass
+
+
+def test_the_next_writer_removes_stale_probe_objects_on_s3(s3_store):
+    """Probe objects a killed run left in the output and its work folder (20 minutes old,
+    and one of an earlier format) go when the next writer takes the lock; a fresh one of
+    a probe under way stays, and so does everything else."""
+    from pipeline.probe_files import PROBE_PREFIX
+    from tests.reliability.test_lock_lease import probe_names
+
+    out = _out(s3_store)
+    fs = s3_store.filesystem()
+    stale = probe_names(1200) + [f"{PROBE_PREFIX}{'c0ffee' * 5}"]
+    fresh = probe_names(30)
+    for folder in (out, out.child("work")):
+        for name in stale + fresh:
+            fs.pipe_file(folder.child(name).fs_path, b"x")
+    fs.pipe_file(out.child("work", "mine.txt").fs_path, b"kept")
+    with RunLock(out):
+        pass
+    left = sorted(k.rsplit("/", 1)[-1] for k in fs.find(out.fs_path))
+    assert left == sorted([*fresh, *fresh, "mine.txt"])

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -270,3 +271,33 @@ def test_the_lease_is_configured_by_dask_config(monkeypatch):
     with dask.config.set({"kpca.lock-lease": 0}):
         with pytest.raises(ConfigError, match="kpca.lock-lease = 0 is not a positive"):
             lease_seconds()
+
+
+def probe_names(age: float) -> list[str]:
+    """Names of visibility probe files written ``age`` seconds ago (client's, a worker's)."""
+    from pipeline.probe_files import PROBE_PREFIX
+
+    token = f"{int(time.time() - age)}-{uuid.uuid4().hex[:12]}"
+    return [f"{PROBE_PREFIX}{token}.client", f"{PROBE_PREFIX}{token}.3f9c0a1b2c3d"]
+
+
+def test_the_next_writer_removes_the_probe_files_a_dead_run_left(tmp_path):
+    """Probe files a killed run (or a worker that answered after its probe had cleaned
+    up) left in the output and its work folder go when the next writer takes the lock --
+    with or without a cluster to probe -- once older than any probe lasts (20 minutes
+    here; one of an earlier format without a time too); a fresh one, of a probe another
+    run has under way, stays."""
+    from pipeline.probe_files import PROBE_PREFIX
+
+    out = tmp_path / "out"
+    (out / "work").mkdir(parents=True)
+    stale = probe_names(1200) + [f"{PROBE_PREFIX}{'c0ffee' * 5}"]
+    fresh = probe_names(30)
+    for folder in (out, out / "work"):
+        for name in stale + fresh:
+            (folder / name).write_text("x")
+    (out / "work" / "mine.txt").write_text("kept")
+    with RunLock(Location(str(out))):
+        pass
+    assert sorted(os.listdir(out)) == sorted([*fresh, "work"])
+    assert sorted(os.listdir(out / "work")) == sorted([*fresh, "mine.txt"])
