@@ -545,11 +545,12 @@ def _locked_message(out: Location, holder: LockHolder | None, foreign: bool) -> 
     who = holder.describe() if holder else "an unknown holder"
     if foreign:
         silent = holder.silent_for() if holder else None
-        left = (
-            f"; it expires unless renewed within {max(0.0, holder.lease_s - silent):.0f} s"
-            if holder is not None and silent is not None
-            else ""
-        )
+        left = ""
+        if holder is not None and silent is not None:
+            until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
+                seconds=max(0.0, holder.lease_s - silent)
+            )
+            left = f"; it expires at {until.isoformat(timespec='seconds')} unless renewed"
         return (
             f"output {out} is locked by a run on another host ({who}{left}); a run "
             f"that is no longer running stops renewing it and the next run breaks it once "

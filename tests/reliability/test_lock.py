@@ -170,9 +170,10 @@ def test_fresh_lock_from_another_host_is_refused_until_kpca_unlock(tmp_path):
     message = str(err.value)
     assert message.startswith(
         f"output {out} is locked by a run on another host (host node-17, pid 4242, started "
-        f"2026-11-20T23:00:00+00:00 by etl; it expires unless renewed within "
+        f"2026-11-20T23:00:00+00:00 by etl; it expires at "
     )
     assert message.endswith(f"to break it now, `kpca unlock {out}`.")
+    assert " unless renewed); a run that is no longer running stops renewing it" in message
     assert json.loads((out / LOCK_NAME).read_text()) == record  # left as it was
     rc, stdout, _ = cli("unlock", out)
     assert rc == 0 and "removed the lock" in stdout and "node-17" in stdout
