@@ -175,6 +175,7 @@ def normalise(message: str, ctx: Ctx) -> str:
         r"started <time>",
         m,
     )
+    m = re.sub(r"it expires at [0-9T:+\-]+", "it expires at <time>", m)  # a lease's end
     m = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", m)
     m = re.sub(r"versions/\d{8}T\d{12}Z-[0-9a-f]{6}", "versions/<version>", m)
     m = re.sub(r"\.tmp[\w.-]*|\.[0-9a-f]{8,}\b", "<tmp>", m)
