@@ -3,7 +3,7 @@ it; a lock of another host not renewed within its lease -- a dead run's, whateve
 a record of the previous release included -- is broken by the next writer with one line
 naming the dead holder; a fresh one is refused; a holder that could not renew within its
 lease publishes nothing; a lock path that is not ours is refused with the command that
-removes it. Short leases (1-2 s, ``DASK_KPCA__LOCK_LEASE``) keep the tests fast.
+removes it. Short leases (1-3 s, ``DASK_KPCA__LOCK_LEASE``) keep the tests fast.
 The object-store side: tests/objectstore/test_lock_lease_stores.py."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .helpers import ROOT, env, wait_until
 
 pytestmark = pytest.mark.cluster  # some of its tests start processes
 
-LEASE = 1.5  # seconds: the lease the tests' holders take
+LEASE = 3.0  # seconds: the lease the tests' holders take (short, with room for a busy machine)
 
 
 def cli(*args) -> tuple[int, str, str]:
@@ -134,7 +134,7 @@ def test_expired_lock_of_another_host_is_broken_with_one_line(tmp_path, caplog, 
 
 def test_live_holder_renews_across_lease_periods_then_its_death_frees_the_output(tmp_path):
     """A live holder in another process (as another host would: its own host name) with a
-    1.5 s lease keeps its lock over four lease periods: it renews the record (``renewed``
+    3 s lease keeps its lock over three lease periods: it renews the record (``renewed``
     moves, never older than the lease) and a contender is refused all along. Killed, it
     stops renewing; the contender breaks the lock once the lease has lapsed."""
     out = tmp_path / "out"
@@ -143,7 +143,7 @@ def test_live_holder_renews_across_lease_periods_then_its_death_frees_the_output
         first = json.loads((out / LOCK_NAME).read_text())
         assert first["host"] == "node-a" and first["lease"] == LEASE
         seen = set()
-        t_end = time.monotonic() + 4 * LEASE
+        t_end = time.monotonic() + 3 * LEASE
         while time.monotonic() < t_end:
             rec = LockHolder.from_dict(json.loads((out / LOCK_NAME).read_text()))
             assert rec is not None and rec.token == first["token"]
@@ -152,7 +152,7 @@ def test_live_holder_renews_across_lease_periods_then_its_death_frees_the_output
             with pytest.raises(OutputLockedError):
                 RunLock(Location(str(out))).acquire()
             time.sleep(0.2)
-        assert len(seen) >= 4  # renewed about every 0.5 s
+        assert len(seen) >= 4  # renewed every LEASE / 3
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
@@ -212,14 +212,14 @@ def test_a_renewal_never_overwrites_another_writers_lock(tmp_path):
     it, leaves that record as it is, and the holder's token no longer matches (it publishes
     nothing)."""
     out = tmp_path / "out"
-    lock = RunLock(Location(str(out)), lease=0.6).acquire()
+    lock = RunLock(Location(str(out)), lease=2).acquire()
     try:
         record = json.loads((out / LOCK_NAME).read_text())
         theirs = {**record, "host": "node-b", "pid": 7, "token": "theirs"}
         (out / LOCK_NAME).write_text(json.dumps(theirs))
-        assert wait_until(lambda: lock.lost is not None, 3)
+        assert wait_until(lambda: lock.lost is not None, 10)
         assert "taken by another writer: host node-b, pid 7" in lock.lost
-        time.sleep(0.5)
+        time.sleep(1.5)
         assert json.loads((out / LOCK_NAME).read_text()) == theirs
         assert lock.holder.token != "theirs" and lock.holder.token != record["token"]
     finally:
