@@ -39,10 +39,13 @@ PROBE_PREFIX = ".kpca-probe-"
 HEAD_BYTES = 1 << 16
 #: entries of a folder the input signature lists
 MAX_ENTRIES = 200
-#: how many worker addresses a message names before "and N more"
 #: probe files older than this (seconds; from the time in their name) were left by a
-#: client that was killed mid-probe: the next probe of that folder removes them
-STALE_AFTER = 3600
+#: client killed mid-probe, or written by a worker that answered after its probe had
+#: cleaned up: the next probe of that folder and the next writer of the output (under
+#: its lock: pipeline/lock.py) remove them. Ten minutes: far longer than a probe lasts
+#: (the worker timeout, 120 s by default, plus the clean-up's 10 s), so a probe another
+#: run has under way is never touched.
+STALE_AFTER = 600
 
 
 @dataclass(frozen=True)
@@ -143,11 +146,15 @@ def remove_stale_probes(loc: Location, older_than: float = STALE_AFTER) -> int:
         if loc.is_local:
             names = [q.name for q in loc.local_path.glob(f"{PROBE_PREFIX}*")]
         else:
+            loc.fs.invalidate_cache(loc.fs_path.rstrip("/"))  # other processes wrote there
             names = [
                 key.rstrip("/").rsplit("/", 1)[-1]
                 for key in loc.fs.glob(f"{loc.fs_path.rstrip('/')}/{PROBE_PREFIX}*")
             ]
     except (FileNotFoundError, NotADirectoryError):
+        return 0
+    except Exception as exc:  # noqa: BLE001 - housekeeping: never stops a run
+        logger.debug("stale probe files in %s: %s", loc, exc)
         return 0
     now = time.time()
     for name in names:
@@ -171,9 +178,17 @@ def _is_probe_file(p: Any) -> bool:
     return True  # an object-store key with our prefix
 
 
-def remove_probe_file(folder: Location, f: Location) -> bool:
-    """Remove one probe file of ours (through the deletion primitive)."""
-    return f.remove(root=folder, owned=_is_probe_file)
+def remove_probe_file(folder: Location, f: Location, attempts: int = 3) -> bool:
+    """Remove one probe file of ours (through the deletion primitive), trying again
+    after a failed request (a probe left behind would stay until the next writer)."""
+    for i in range(attempts):
+        try:
+            return f.remove(root=folder, owned=_is_probe_file)
+        except Exception:
+            if i == attempts - 1:
+                raise
+            time.sleep(0.2 * (i + 1))
+    return False
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -1,4 +1,5 @@
-"""``kpca unlock``: break the lock a dead run left on its output (pipeline/lock.py)."""
+"""``kpca unlock``: break the lock a dead run left on its output (pipeline/lock.py);
+``--force`` also removes a lock path that holds something kpca-dask did not write."""
 
 from __future__ import annotations
 
@@ -10,10 +11,18 @@ __all__ = ["cmd_unlock"]
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
-    from pipeline.lock import break_lock
+    from pipeline.lock import LOCK_NAME, alien_lock, break_lock
     from pipeline.store import Location
 
-    holder = break_lock(Location.at(args.output_dir, storage_options_arg(args)))
+    force = bool(getattr(args, "force", False))
+    out = Location.at(args.output_dir, storage_options_arg(args))
+    if force:
+        what = alien_lock(out)
+        if what is not None:
+            break_lock(out, force=True)
+            print(f"kpca: removed {out.child(LOCK_NAME)} ({what})")
+            return 0
+    holder = break_lock(out, force=force)
     if holder is None:
         print(f"kpca: {args.output_dir} was not locked")
     else:

@@ -431,6 +431,13 @@ def _add_unlock(sub) -> None:
         help="the output folder (path or URL) whose lock a run that died left behind; "
         "refused while the run holding it is alive on this host",
     )
+    u.add_argument(
+        "--force",
+        action="store_true",
+        help="also remove a lock path that holds something kpca-dask did not write (not "
+        "JSON, JSON that is not a lock record, a folder); a lock held by a live run on "
+        "this host is still refused",
+    )
     _storage_flags(u, "the output folder")
 
 

@@ -79,7 +79,11 @@ def test_run_lock_on_a_bucket_is_taken_released_and_broken(s3_server, s3_bucket)
         assert out.child(".kpca-run.lock").exists()
     assert not out.child(".kpca-run.lock").exists()
 
-    stale = {"host": "elsewhere", "pid": 1, "started": "2026-01-01T00:00:00+00:00"}
+    import datetime
+
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    # renewed just now (within its lease): only `kpca unlock` breaks it at once
+    stale = {"host": "elsewhere", "pid": 1, "started": now, "renewed": now, "lease": 600}
     with out.fs.open(out.child(".kpca-run.lock").fs_path, "w") as f:
         f.write(json.dumps(stale))
     assert lock_status(out)[0] == "foreign"

@@ -175,6 +175,7 @@ def normalise(message: str, ctx: Ctx) -> str:
         r"started <time>",
         m,
     )
+    m = re.sub(r"it expires at [0-9T:+\-]+", "it expires at <time>", m)  # a lease's end
     m = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", m)
     m = re.sub(r"versions/\d{8}T\d{12}Z-[0-9a-f]{6}", "versions/<version>", m)
     m = re.sub(r"\.tmp[\w.-]*|\.[0-9a-f]{8,}\b", "<tmp>", m)
@@ -748,7 +749,10 @@ def _locked(ctx):
 
 
 def _foreign_lock(ctx):
+    import datetime
+
     ctx.out.mkdir()
+    now = datetime.datetime.now(datetime.UTC)
     (ctx.out / ".kpca-run.lock").write_text(
         json.dumps(
             {
@@ -756,9 +760,18 @@ def _foreign_lock(ctx):
                 "pid": 4242,
                 "started": "2026-11-20T23:00:00+00:00",
                 "user": "etl",
+                # renewed just now: within its lease (an expired one is broken: issue 36)
+                "renewed": now.isoformat(timespec="milliseconds"),
+                "lease": 600,
             }
         )
     )
+    return ["run", ctx.config(ctx.npy(blobs(N, D)))]
+
+
+def _alien_lock(ctx):
+    ctx.out.mkdir()
+    (ctx.out / ".kpca-run.lock").write_bytes(b"\x00lock? \xff")
     return ["run", ctx.config(ctx.npy(blobs(N, D)))]
 
 
@@ -869,6 +882,13 @@ OUTPUT = [
         "file size limit (RLIMIT_FSIZE 200 kB, no root needed)",
         _fsize_limit,
         ("out of disk space", "File too large", "free space"),
+    ),
+    Case(
+        "out-alien-lock",
+        "output",
+        "the lock path holds something kpca-dask did not write (garbage)",
+        _alien_lock,
+        ("is not a lock written by kpca-dask (not JSON)", "kpca unlock --force"),
     ),
 ]
 
@@ -1135,10 +1155,21 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
       process, or from before the last boot), breaks the lock and logs
       `lock: breaking the stale lock of <out>: its holder (...) is no longer running`.
       Nothing to do by hand: re-run the same command.
-    * **Lock from another host** (`out-foreign-lock`): it cannot be checked from here.
-      Make sure that run is dead (its host, its scheduler's job list), then
-      `kpca unlock <out>` and re-run. `kpca unlock` refuses to break a lock whose
+    * **Locks are leases.** The holder renews its lock every third of its lease (dask
+      config `kpca.lock-lease`, env `DASK_KPCA__LOCK_LEASE`; default 600 s) and stops
+      when it ends or dies. A lock of another host not renewed within its lease -- a run
+      that died on a node that is gone, whatever its age -- is broken by the next run on
+      any host with one line, `lock: breaking the expired lock of <out>: its holder
+      (host ..., pid ..., started ..., last renewed ..., lease ...) has not renewed it for
+      ... s`. Nothing to do by hand. A holder that could not renew within its lease, or
+      finds its lock taken, publishes nothing.
+    * **Fresh lock from another host** (`out-foreign-lock`): renewed within its lease, it
+      is refused, the message saying when it expires. To break it at once (you know that
+      run is dead): `kpca unlock <out>`. `kpca unlock` refuses to break a lock whose
       holder is alive on the machine it runs on.
+    * **Not a lock of ours** (`out-alien-lock`): the lock path holds garbage, another
+      tool's JSON or a folder: refused with the command that removes it,
+      `kpca unlock --force <out>`.
     * **Object stores**: the lock object is created with a conditional write (S3
       `If-None-Match: *`, GCS `ifGenerationMatch=0`, Azure `overwrite=False`), so of two
       writers exactly one creates it; before publishing, a writer re-reads the lock and

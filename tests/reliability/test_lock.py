@@ -1,6 +1,7 @@
 """Concurrent runs to one output are refused: the run lock ``<out>/.kpca-run.lock``
 records the holder's host, pid and start time; a dead holder's lock is broken
-automatically on its host, another host's only by ``kpca unlock``."""
+automatically on its host, another host's once its lease lapses (test_lock_lease.py) or by
+``kpca unlock``."""
 
 from __future__ import annotations
 
@@ -143,11 +144,15 @@ def test_live_holder_blocks_runs_and_unlock(tmp_path):
     assert p.returncode == 0 and not (out / LOCK_NAME).exists()
 
 
-def test_lock_from_another_host_needs_kpca_unlock(tmp_path):
-    """A lock recorded by another host cannot be checked from here: refused with the way
-    out in the message; ``kpca unlock`` breaks it, then the output is free."""
+def test_fresh_lock_from_another_host_is_refused_until_kpca_unlock(tmp_path):
+    """A lock recorded by another host and renewed within its lease cannot be checked from
+    here: refused, the message saying when it expires and how to break it now; ``kpca
+    unlock`` breaks it, then the output is free. (Expired ones: test_lock_lease.py.)"""
+    import datetime
+
     out = tmp_path / "out"
     out.mkdir()
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
     record = {
         "host": "node-17",
         "pid": 4242,
@@ -156,15 +161,20 @@ def test_lock_from_another_host_needs_kpca_unlock(tmp_path):
         "boot_id": "other-boot",
         "user": "etl",
         "token": "t",
+        "renewed": now,
+        "lease": 600,
     }
     (out / LOCK_NAME).write_text(json.dumps(record))
     with pytest.raises(OutputLockedError) as err:
         RunLock(Location(str(out))).acquire()
-    assert str(err.value) == (
+    message = str(err.value)
+    assert message.startswith(
         f"output {out} is locked by a run on another host (host node-17, pid 4242, started "
-        f"2026-11-20T23:00:00+00:00 by etl); if that run is no longer running, break the "
-        f"lock with `kpca unlock {out}` and re-run."
+        f"2026-11-20T23:00:00+00:00 by etl; it expires at "
     )
+    assert message.endswith(f"to break it now, `kpca unlock {out}`.")
+    assert " unless renewed); a run that is no longer running stops renewing it" in message
+    assert json.loads((out / LOCK_NAME).read_text()) == record  # left as it was
     rc, stdout, _ = cli("unlock", out)
     assert rc == 0 and "removed the lock" in stdout and "node-17" in stdout
     assert not (out / LOCK_NAME).exists()
