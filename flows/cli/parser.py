@@ -11,6 +11,7 @@ from .commands_plan import cmd_calibrate, cmd_plan
 from .commands_run import cmd_demo, cmd_run, cmd_validate
 from .commands_transform import cmd_transform
 from .commands_update import cmd_update
+from .parser_common import _global_flags, _storage_flags, _subcommand
 from .parser_ops import _add_drain, _add_migrate, _add_unlock
 
 __all__ = ["SUBCOMMANDS", "build_parser", "parse_args"]
@@ -25,38 +26,6 @@ def _version() -> str:
         from kpca_dask import __version__
 
         return __version__
-
-
-def _global_flags(p: argparse.ArgumentParser, sub: bool = False) -> None:
-    """-v/-q, accepted before the subcommand and after it (``kpca -v run`` and
-    ``kpca run c.yaml -v``): a subcommand's own copies count into the same totals."""
-    suffix = "_sub" if sub else ""
-    p.add_argument(
-        "-v",
-        "--verbose",
-        dest="verbose" + suffix,
-        action="count",
-        default=0,
-        help="more logging (-v: stages and passes, -vv: debug)",
-    )
-    p.add_argument(
-        "-q",
-        "--quiet",
-        dest="quiet" + suffix,
-        action="store_true",
-        default=False,
-        help="warnings and errors only (no stage log, no progress bars)",
-    )
-
-
-def _storage_flags(sp: argparse.ArgumentParser, what: str) -> None:
-    sp.add_argument(
-        "--storage-options",
-        metavar="JSON|FILE",
-        help=f"fsspec options of {what} when it is a URL, as a JSON object or a small "
-        'YAML/JSON file, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\' '
-        "(credentials are refused: they come from the environment)",
-    )
 
 
 def _progress_flags(sp: argparse.ArgumentParser) -> None:
@@ -159,13 +128,6 @@ def _keep_flag(p) -> None:
         help="how many published versions of the output to keep, the new one included "
         "(default: output.keep_versions, 7); older ones are deleted once it is published",
     )
-
-
-def _subcommand(sub, name: str, func, **kw) -> argparse.ArgumentParser:
-    sp = sub.add_parser(name, **kw)
-    _global_flags(sp, sub=True)
-    sp.set_defaults(func=func)
-    return sp
 
 
 # one function per subcommand: each one's arguments in one place

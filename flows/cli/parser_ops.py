@@ -6,18 +6,7 @@ from __future__ import annotations
 from .commands_drain import cmd_drain
 from .commands_migrate import cmd_migrate
 from .commands_unlock import cmd_unlock
-
-
-def _subcommand(sub, name, func, **kw):
-    from .parser import _subcommand as make
-
-    return make(sub, name, func, **kw)
-
-
-def _storage_flags(sp, what):
-    from .parser import _storage_flags as add
-
-    add(sp, what)
+from .parser_common import _storage_flags, _subcommand
 
 
 def _add_unlock(sub) -> None:
