@@ -35,9 +35,10 @@ from .resources import (
     _scheduler_kind,
     kernel_cache_budget,
 )
+from .worker_passes import OnWorkers
 
 
-class BlockKernelMatrix(ClusterWaves):
+class BlockKernelMatrix(ClusterWaves, OnWorkers):
     """The kernel matrix ``K = k(X, X)`` over the row blocks of ``X``, never formed.
 
     Parameters
@@ -251,6 +252,9 @@ class BlockKernelMatrix(ClusterWaves):
         self._cache = None
         self._cache_pending = False
         self._cache_pairs = None
+        if self._worker_passes is not None:
+            self._worker_passes.release()
+            self._worker_passes = None
 
     def _evaluates_blocks(self) -> bool:
         """Whether a product evaluates kernel blocks (it needs the rows of X): no
@@ -393,6 +397,8 @@ class BlockKernelMatrix(ClusterWaves):
             raise InvalidInputError(f"Z must have shape ({self.n}, l), got {Z.shape}.")
         Z = np.asarray(Z)
         nb = self.n_blocks
+        if self._worker_passes is not None or self._uses_worker_passes():
+            return self._product_on_workers(Z)
         if self._cache_pending:
             self._fill_cache()
         wave_tasks = wave_tasks or max(128, 4 * _cluster_threads())

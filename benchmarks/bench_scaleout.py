@@ -1,0 +1,196 @@
+"""Scale-out drivers on a simulated cluster: tasks and scheduler CPU per exact pass against n.
+
+Starts a scheduler process and ``--workers`` one-thread worker processes on 127.0.0.1
+(``dask scheduler`` / ``dask worker``, as benchmarks/bench_cluster_counts.py), then, for
+every ``--n`` and both drivers of the exact solve's pass (``kpca.exact-driver``:
+``waves``, one task per upper block, and ``workers``, one task per worker and a tree of
+sums; kpca_dask/worker_passes.py), runs ``--passes`` products ``K Z`` in a fresh client
+process and measures the passes after the first:
+
+- tasks run (the scheduler's task stream) and scheduler transitions
+  (``Scheduler.transition_counter``) per pass,
+- CPU seconds of the scheduler process per pass (psutil, in the scheduler),
+- the client process's CPU per pass and its peak RSS above its imports
+  (``ru_maxrss``: the client is a fresh process per run),
+- the wall time per pass.
+
+The kernel is cheap so that counts dominate: linear, d = 2, float32, recomputed, and Z of
+``--columns`` columns; the block rows are the estimator's rule (``auto_block_rows``) for
+the cluster's threads. Only the products run, not the solver around them (its Krylov basis
+stays on the client with either driver: docs/scaling.md, "Scale-out drivers").
+
+    python benchmarks/bench_scaleout.py --workers 16 --n 40000 80000 160000
+
+Results go to ``benchmarks/results/scaleout-<workers>x1-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def _proc_cpu() -> float:
+    import psutil
+
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+def child(address: str, n: int, driver: str, passes: int, columns: int, d: int) -> dict:
+    """One run in a fresh client process: ``passes`` products, the first one apart."""
+    import resource
+
+    import dask
+    import dask.array as da
+    import numpy as np
+    from distributed import Client, get_task_stream
+
+    from kpca_dask.gram import BlockKernelMatrix
+    from kpca_dask.kernels import make_kernel
+    from kpca_dask.params import auto_block_rows
+    from kpca_dask.worker_passes import DRIVER_CONFIG
+
+    dask.config.set({"distributed.admin.low-level-log-length": 1_000_000})
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with Client(address) as client:
+        threads = sum(client.nthreads().values())
+        rows = auto_block_rows(n, "randomized", threads=threads)
+        X = np.random.default_rng(0).standard_normal((n, d)).astype(np.float32)
+        Xd = da.from_array(X, chunks=(rows, d))
+        K = BlockKernelMatrix(Xd, make_kernel("linear"), np.float32)
+        Z = np.random.default_rng(1).standard_normal((n, columns))
+        rss_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        me = __import__("psutil").Process()
+        out: list[dict] = []
+        with dask.config.set({DRIVER_CONFIG: driver}):
+            for p in range(passes):
+                s0 = client.run_on_scheduler(_proc_cpu)
+                tr0 = client.run_on_scheduler(
+                    lambda dask_scheduler: dask_scheduler.transition_counter
+                )
+                c0 = me.cpu_times()
+                t0 = time.perf_counter()
+                with get_task_stream(client) as ts:
+                    K.product(Z)
+                wall = time.perf_counter() - t0
+                c1 = me.cpu_times()
+                out.append(
+                    {
+                        "pass": p,
+                        "wall_s": wall,
+                        "tasks": len(ts.data),
+                        "transitions": client.run_on_scheduler(
+                            lambda dask_scheduler: dask_scheduler.transition_counter
+                        )
+                        - tr0,
+                        "scheduler_cpu_s": client.run_on_scheduler(_proc_cpu) - s0,
+                        "client_cpu_s": (c1.user + c1.system) - (c0.user + c0.system),
+                    }
+                )
+            K.release_cache()
+        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    later = out[1:] or out
+    mean = {k: sum(r[k] for r in later) / len(later) for k in later[0] if k != "pass"}
+    return {
+        "n": n,
+        "driver": driver,
+        "block_rows": rows,
+        "row_blocks": K.n_blocks,
+        "upper_blocks": K.n_blocks * (K.n_blocks + 1) // 2,
+        "passes": out,
+        "later_pass_mean": mean,
+        "client_peak_rss_mb_above_imports": (rss1 - rss0) / 1024,
+        "client_peak_rss_mb_above_data": (rss1 - rss_data) / 1024,
+        "data_mb": (X.nbytes + Z.nbytes) / 2**20,
+    }
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--n", type=int, nargs="+", default=[40_000, 80_000, 160_000])
+    ap.add_argument("--drivers", nargs="+", default=["waves", "workers"])
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--columns", type=int, default=2)
+    ap.add_argument("--d", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--child", nargs=2, metavar=("ADDRESS", "N_DRIVER"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        n, driver = args.child[1].split(":")
+        res = child(args.child[0], int(n), driver, args.passes, args.columns, args.d)
+        print("RESULT " + json.dumps(res))
+        return
+
+    from _results import fresh
+    from bench_cluster_counts import _separate_processes
+    from distributed import Client
+
+    from kpca_dask.cost import _cpu_model
+
+    runs = []
+    started = datetime.datetime.now(datetime.UTC)
+    with _separate_processes(args.workers, 1) as address:
+        with Client(address) as c:
+            c.wait_for_workers(args.workers, timeout=300)
+            c.run(lambda: __import__("kpca_dask.worker_passes"))  # warm imports
+        for n in args.n:
+            for driver in args.drivers:
+                load0 = os.getloadavg()
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    address,
+                    f"{n}:{driver}",
+                    "--passes",
+                    str(args.passes),
+                    "--columns",
+                    str(args.columns),
+                    "--d",
+                    str(args.d),
+                ]
+                done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+                res = json.loads(line[len("RESULT ") :])
+                res["load_avg_before"] = load0
+                runs.append(res)
+                m = res["later_pass_mean"]
+                print(
+                    f"n={n} {driver:8s} blocks={res['row_blocks']:3d} "
+                    f"tasks/pass={m['tasks']:.0f} transitions/pass={m['transitions']:.0f} "
+                    f"scheduler CPU/pass={m['scheduler_cpu_s']:.3f}s "
+                    f"client CPU/pass={m['client_cpu_s']:.3f}s wall/pass={m['wall_s']:.2f}s "
+                    f"client peak RSS +{res['client_peak_rss_mb_above_imports']:.0f} MB",
+                    flush=True,
+                )
+    cpu, simd = _cpu_model()
+    out = {
+        "date": started.isoformat(timespec="seconds"),
+        "command": "python benchmarks/bench_scaleout.py " + " ".join(argv or sys.argv[1:]),
+        "cpu": cpu,
+        "simd": simd,
+        "cores": os.cpu_count(),
+        "workers": args.workers,
+        "kernel": f"linear, d = {args.d}, float32, recomputed, Z of {args.columns} columns",
+        "runs": runs,
+    }
+    path = args.out or fresh(
+        HERE / "results" / f"scaleout-{args.workers}x1-{started.date().isoformat()}.json"
+    )
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
