@@ -511,6 +511,17 @@ def _zarr_input(ctx, corrupt):
     return ["run", ctx.config(ctx.dir / "x.zarr")]
 
 
+def _zarr_claims_1e12_rows(ctx):
+    import zarr
+
+    z = zarr.create_array(str(ctx.dir / "x.zarr"), shape=(N, D), chunks=(50, D), dtype="f8")
+    z[...] = blobs(N, D)
+    meta = json.loads((ctx.dir / "x.zarr" / "zarr.json").read_text())
+    meta["shape"][0] = 10**12
+    (ctx.dir / "x.zarr" / "zarr.json").write_text(json.dumps(meta))
+    return ["run", ctx.config(ctx.dir / "x.zarr")]
+
+
 INPUT = [
     Case(
         "in-nan",
@@ -632,6 +643,17 @@ INPUT = [
         "corrupt zarr chunk",
         lambda c: _zarr_input(c, "chunk"),
         ("failed part way", "the input is damaged", "restore it from a good copy"),
+    ),
+    Case(
+        "in-zarr-shape",
+        "input",
+        "zarr.json claiming 1e12 rows over 4 chunk files",
+        _zarr_claims_1e12_rows,
+        (
+            "its zarr.json claims shape (1000000000000, 4)",
+            "the store holds 4 chunk objects",
+            "Restore the store from a good copy",
+        ),
     ),
 ]
 
