@@ -30,6 +30,7 @@ from . import plan as _plan
 from . import validation
 from ._solve import Solution
 from .exceptions import InvalidInputError, NotUpdatableError
+from .precision import check_centred_scale
 from .solvers import EigResult
 from .solvers.nystroem import (
     NystroemBasis,
@@ -155,6 +156,7 @@ def apply_statistics(est: Any, stats: NystroemStatistics, basis: NystroemBasis |
     )
     est.n_samples_fit_ = int(stats.n_rows)
     est._apply_solution(sol, int(stats.n_rows))
+    check_centred_scale(est)  # as a fit: rounding above tol is said, and not converged_
     return est
 
 
