@@ -566,7 +566,11 @@ INPUT = [
         "input",
         "text in a numeric column, past dask's dtype sample",
         _late_text,
-        ("column 'b' holds text where numbers are expected", "'oops' in row", "clean the file"),
+        (
+            "column 'b' holds text where numbers are expected",
+            "'oops' in row",
+            "fix or remove that row",
+        ),
     ),
     Case(
         "in-text-columns",
