@@ -511,6 +511,14 @@ def _zarr_input(ctx, corrupt):
     return ["run", ctx.config(ctx.dir / "x.zarr")]
 
 
+def _text_value_parquet(ctx):
+    df = pd.DataFrame(blobs(N, D), columns=list("abcd"))
+    df["b"] = df["b"].map(repr)
+    df.loc[7, "b"] = "n/a"
+    df.to_parquet(ctx.dir / "x.parquet")
+    return ["run", ctx.config(ctx.dir / "x.parquet", input={"columns": list("abcd")})]
+
+
 def _zarr_claims_1e12_rows(ctx):
     import zarr
 
@@ -647,6 +655,16 @@ INPUT = [
         "corrupt zarr chunk",
         lambda c: _zarr_input(c, "chunk"),
         ("failed part way", "the input is damaged", "restore it from a good copy"),
+    ),
+    Case(
+        "in-text-value",
+        "input",
+        "'n/a' in a numeric Parquet column (a batch's features)",
+        _text_value_parquet,
+        (
+            "column 'b' holds text where numbers are expected: 'n/a' in row 7",
+            "fix or remove that row",
+        ),
     ),
     Case(
         "in-zarr-shape",
