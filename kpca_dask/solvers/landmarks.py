@@ -355,22 +355,7 @@ def select_landmarks(
         # seed alone, so the chaotic pivoting sees the same bits whatever the chunking
         # (the fit's centre, summed per row block, differs in its last bits)
         kernel = kernel.with_center(np.asarray(S, dtype=np.float64).mean(axis=0))
-    if method == "rpcholesky" and not _positive_diagonal(S, kernel):
-        # issue 36: a kernel with k(x, x) = 0 (scikit-learn's additive_chi2, through a
-        # callable) gives RPCholesky nothing to sample: it chose no landmark and the next
-        # step called the kernel on an empty block. kmeans++ needs no diagonal.
-        warnings.warn(
-            "landmark_method='rpcholesky' needs a kernel with a positive diagonal k(x, x), "
-            "and this kernel's diagonal sums to zero or less on the landmark sample "
-            "(a conditionally positive kernel such as additive_chi2?): the landmarks "
-            "are chosen by 'kmeans++' instead; pass landmark_method='kmeans++' or "
-            "'uniform' to choose them yourself.",
-            LandmarkMethodWarning,
-            stacklevel=4,
-        )
-        method = "kmeans++"
-        info["method"] = method
-        info["requested_method"] = "rpcholesky"
+    method = _method_for_diagonal(method, S, kernel, info)
     # One BLAS thread on the driver: see kpca_dask.threads.blas_threads_for_driver.
     with threadpool_limits(limits=1, user_api="blas"):
         if method == "kmeans++":
@@ -397,6 +382,29 @@ def select_landmarks(
             s,
         )
     return Landmarks(sidx[piv], S[piv].copy(), column_means=col_means, info=info)
+
+
+def _method_for_diagonal(method: str, S: np.ndarray, kernel: Kernel, info: dict) -> str:
+    """``method``, or "kmeans++" (one warning line; ``info`` says so) when it is
+    rpcholesky and the kernel's diagonal on the sample has no positive mass.
+
+    Issue 36: a kernel with k(x, x) = 0 (scikit-learn's additive_chi2, through a
+    callable) gives RPCholesky nothing to sample: it chose no landmark and the next step
+    called the kernel on an empty block. kmeans++ needs no diagonal."""
+    if method != "rpcholesky" or _positive_diagonal(S, kernel):
+        return method
+    warnings.warn(
+        "landmark_method='rpcholesky' needs a kernel with a positive diagonal k(x, x), "
+        "and this kernel's diagonal sums to zero or less on the landmark sample "
+        "(a conditionally positive kernel such as additive_chi2?): the landmarks "
+        "are chosen by 'kmeans++' instead; pass landmark_method='kmeans++' or "
+        "'uniform' to choose them yourself.",
+        LandmarkMethodWarning,
+        stacklevel=5,
+    )
+    info["method"] = "kmeans++"
+    info["requested_method"] = "rpcholesky"
+    return "kmeans++"
 
 
 def _positive_diagonal(S: np.ndarray, kernel: Kernel) -> bool:
