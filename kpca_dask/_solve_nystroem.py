@@ -51,6 +51,7 @@ def _solve_nystroem(plan: FitPlan, params: Mapping[str, Any], Xb: da.Array) -> S
         random_state=np.random.default_rng(rng.integers(2**63)),
         warn=not auto,
         keep_statistics=keep_stats,
+        all_rows=lm.info.get("method") == "all",
     )
     if auto and not fit.converged:
         fit, method = _escalate(fit, Xb, basis, k, keep)

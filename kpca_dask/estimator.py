@@ -355,8 +355,10 @@ class KernelPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Whether every returned pair is certified to ``tol`` (randomized
         solvers: ``solver_info_["certificate"]`` has the bounds and what was
         certified per pair; a flat tail by its eigenvalues only, see ``tol``;
-        dense solves are always True). When False a
-        :class:`~kpca_dask.exceptions.ConvergenceWarning` was emitted.
+        dense solves are True unless rounding is above ``tol``). When False a
+        :class:`~kpca_dask.exceptions.ConvergenceWarning` was emitted, or a
+        :class:`~kpca_dask.exceptions.PrecisionWarning` saying that the kernel's
+        rounding alone is above ``tol``.
     X_transformed_fit_ : ndarray of shape (s, n_components_)
         ``fit_inverse_transform=True``: embedding of the rows the learned
         pre-image was trained on (scikit-learn's name; there all training rows).

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from . import plan as _plan
 from . import validation
 from ._solve import Solution
 from .exceptions import InvalidInputError, NotUpdatableError
+from .precision import check_centred_scale
 from .solvers import EigResult
 from .solvers.nystroem import (
     NystroemBasis,
@@ -79,7 +79,10 @@ def model_basis(est: Any) -> NystroemBasis:
 
 
 def _rows(est: Any, X: Any):
-    Xd, _ = _plan.validate_fit_input(X, False)
+    # not validate_fit_input: its "at least 2 rows" is a fit's rule (a centred kernel
+    # matrix of one row is zero); a batch's rows are sums added to the model's, and a
+    # batch of one row merges like any other (issue 36: "a 1-row batch cannot be merged")
+    Xd, _ = validation.as_dask_array(X)  # refuses an empty X in one line
     d = int(Xd.shape[1])
     if d != est.n_features_in_:
         raise InvalidInputError(
@@ -155,6 +158,7 @@ def apply_statistics(est: Any, stats: NystroemStatistics, basis: NystroemBasis |
     )
     est.n_samples_fit_ = int(stats.n_rows)
     est._apply_solution(sol, int(stats.n_rows))
+    check_centred_scale(est)  # as a fit: rounding above tol is said, and not converged_
     return est
 
 

@@ -156,13 +156,20 @@ class QuietTaskErrors(WorkerPlugin):
 
 
 class PauseWatchdog(threading.Thread):
-    """Fail a run whose every worker has been paused for ``timeout`` s with work pending.
+    """Fail a run when a worker has stayed paused for ``timeout`` s with work pending.
 
     Dask pauses a worker at 80% of its memory limit until its memory drops. When the
     memory is the worker's own (an interpreter, a freed block the allocator keeps) it never
     drops, and the computation waits forever -- the worst outcome for a job that runs
     unattended. The watchdog cancels the client's pending work with a message naming the
-    cause and the fix; :func:`dask_client` turns it into a :class:`ClusterError`.
+    paused worker(s), the cause and the fix; :func:`dask_client` turns it into a
+    :class:`ClusterError`.
+
+    Maintenance note (issue 36): it used to wait for *every* worker to be paused. With
+    256 MiB workers one paused worker hung the run while the other stayed active (it
+    cannot run the tasks queued on the paused one, nor read the chunks it holds), so the
+    watchdog never fired. Now each worker's pause is timed on its own: one worker paused
+    beyond the timeout while the run has work pending ends it.
     """
 
     def __init__(self, client, timeout: float, interval: float = 1.0):
@@ -170,33 +177,52 @@ class PauseWatchdog(threading.Thread):
         self.client, self.timeout, self.interval = client, timeout, interval
         self.tripped: str | None = None
         self._done = threading.Event()
+        self._since: dict[str, float] = {}
 
-    def _check(self) -> list | None:
+    def _paused_too_long(self) -> dict[str, object]:
+        """{address: memory limit} of the workers paused for ``timeout`` s while the client
+        has work pending (and the pause clock of each worker updated)."""
         workers = self.client.scheduler_info()["workers"]
-        pending = [k for k, st in list(self.client.futures.items()) if st.status == "pending"]
-        if workers and pending and all(w.get("status") == "paused" for w in workers.values()):
-            return [w.get("memory_limit") for w in workers.values()]
-        return None
+        pending = any(st.status == "pending" for st in list(self.client.futures.values()))
+        now = time.monotonic()
+        paused = {a for a, w in workers.items() if w.get("status") == "paused"}
+        if not pending:
+            paused = set()
+        for addr in list(self._since):
+            if addr not in paused:
+                del self._since[addr]
+        for addr in paused:
+            self._since.setdefault(addr, now)
+        return {
+            a: workers[a].get("memory_limit")
+            for a in sorted(paused)
+            if now - self._since[a] >= self.timeout
+        }
 
     def run(self) -> None:
         from dask.utils import format_bytes
         from distributed import Future
 
-        since = None
         while not self._done.wait(self.interval):
             try:
-                limits = self._check()
+                stuck = self._paused_too_long()
             except Exception:  # the client is closing, the scheduler is gone: not our call
-                limits = None
-            if limits is None:
-                since = None
+                stuck = {}
+            if not stuck:
                 continue
-            since = since or time.monotonic()
-            if time.monotonic() - since < self.timeout:
-                continue
-            limit = ", ".join(sorted({format_bytes(m) for m in limits if m})) or "?"
+            limit = ", ".join(sorted({format_bytes(m) for m in stuck.values() if m})) or "?"
+            try:
+                n_workers = len(self.client.scheduler_info()["workers"])
+            except Exception:  # noqa: BLE001 - the scheduler went away: name what we saw
+                n_workers = len(stuck)
+            if len(stuck) >= n_workers:
+                who = "every worker has"  # the same line as before issue 36
+            elif len(stuck) == 1:
+                who = f"Dask worker {next(iter(stuck))} has"
+            else:
+                who = f"Dask workers {', '.join(stuck)} have"
             self.tripped = (
-                f"every worker has been paused at its memory limit ({limit}) for "
+                f"{who} been paused at its memory limit ({limit}) for "
                 f"{self.timeout:g} s with work pending: the run cannot progress. Give the "
                 "workers more memory (cluster.memory_limit) or use smaller chunks "
                 "(chunks.block_rows, chunks.target_chunk_mb), then re-run the same command "

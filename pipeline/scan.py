@@ -353,8 +353,8 @@ class _TextInColumn(Exception):
                 self.problem = ScanProblem(
                     "types",
                     f"{s.path}: column {col!r} holds text where numbers are expected: "
-                    f"{v!r} in row {r}{_line('csv', r)}; clean the file, or leave the "
-                    "column out of input.columns (input.exclude_columns).",
+                    f"{v!r} in row {r}{_line('csv', r)}; fix or remove that row of the "
+                    "file.",
                     r,
                     col,
                 )

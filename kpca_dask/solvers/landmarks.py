@@ -43,6 +43,7 @@ appear in the order of the rows of X (with ``m >= n`` they are X itself).
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,7 @@ import numpy as np
 import scipy.linalg
 from threadpoolctl import threadpool_limits
 
+from ..exceptions import KpcaWarning
 from ..kernels import Kernel
 from ..params import LANDMARK_METHODS
 from ..threads import blas_threads_for_dask
@@ -69,6 +71,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("kpca_dask")
+
+
+class LandmarkMethodWarning(KpcaWarning):
+    """The landmark method asked for cannot work with this kernel; another was used."""
 
 
 #: Proposals per round of accelerated RPCholesky. Rejection wastes at most
@@ -349,6 +355,7 @@ def select_landmarks(
         # seed alone, so the chaotic pivoting sees the same bits whatever the chunking
         # (the fit's centre, summed per row block, differs in its last bits)
         kernel = kernel.with_center(np.asarray(S, dtype=np.float64).mean(axis=0))
+    method = _method_for_diagonal(method, S, kernel, info)
     # One BLAS thread on the driver: see kpca_dask.threads.blas_threads_for_driver.
     with threadpool_limits(limits=1, user_api="blas"):
         if method == "kmeans++":
@@ -375,6 +382,38 @@ def select_landmarks(
             s,
         )
     return Landmarks(sidx[piv], S[piv].copy(), column_means=col_means, info=info)
+
+
+def _method_for_diagonal(method: str, S: np.ndarray, kernel: Kernel, info: dict) -> str:
+    """``method``, or "kmeans++" (one warning line; ``info`` says so) when it is
+    rpcholesky and the kernel's diagonal on the sample has no positive mass.
+
+    Issue 36: a kernel with k(x, x) = 0 (scikit-learn's additive_chi2, through a
+    callable) gives RPCholesky nothing to sample: it chose no landmark and the next step
+    called the kernel on an empty block. kmeans++ needs no diagonal."""
+    if method != "rpcholesky" or _positive_diagonal(S, kernel):
+        return method
+    warnings.warn(
+        "landmark_method='rpcholesky' needs a kernel with a positive diagonal k(x, x), "
+        "and this kernel's diagonal sums to zero or less on the landmark sample "
+        "(a conditionally positive kernel such as additive_chi2?): the landmarks "
+        "are chosen by 'kmeans++' instead; pass landmark_method='kmeans++' or "
+        "'uniform' to choose them yourself.",
+        LandmarkMethodWarning,
+        stacklevel=5,
+    )
+    info["method"] = "kmeans++"
+    info["requested_method"] = "rpcholesky"
+    return "kmeans++"
+
+
+def _positive_diagonal(S: np.ndarray, kernel: Kernel) -> bool:
+    """Whether the kernel's diagonal on the sample has a positive, finite sum (what
+    RPCholesky samples pivots from)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        diag = np.asarray(kernel.diag(S, np.float64), dtype=np.float64)
+    total = float(np.maximum(diag, 0.0).sum()) if np.all(np.isfinite(diag)) else np.nan
+    return bool(np.isfinite(total) and total > 0)
 
 
 def _sample_column_means(

@@ -20,7 +20,13 @@ from .findings import (
 from .rows import check_sample_finite, scan_rows
 from .tables import check_table
 
-__all__ = ["check_evaluate", "check_input"]
+__all__ = ["MAX_FILL_CHUNKS", "check_evaluate", "check_input"]
+
+#: above this many chunk objects missing from the grid a zarr array's metadata promise,
+#: the input is refused even with ``input.missing_chunks: fill``: a million chunks of the
+#: fill value is a damaged or edited ``zarr.json`` (say a shape of 1e12 rows), never data
+#: to analyse (issue 36; pipeline/readers/zarr_array.py applies the same bound).
+MAX_FILL_CHUNKS = 1_000_000
 
 
 def check_input(cfg: PipelineConfig, v: Validation) -> None:
@@ -203,6 +209,7 @@ def _check_zarr(cfg, v: Validation, fs, fs_path: str) -> None:
                 "intact store."
             ) from None
 
+    apath = fs_path
     m = meta(fs_path)
     if m is None:
         v.findings.append(
@@ -215,7 +222,8 @@ def _check_zarr(cfg, v: Validation, fs, fs_path: str) -> None:
         return
     if m.get("node_type") == "group":
         name = cfg.input.zarr_array or "X"
-        m = meta(posixpath.join(fs_path, name))
+        apath = posixpath.join(fs_path, name)
+        m = meta(apath)
         if m is not None and m.get("node_type") == "group":
             v.findings.append(
                 Finding(
@@ -242,6 +250,42 @@ def _check_zarr(cfg, v: Validation, fs, fs_path: str) -> None:
     except TypeError:
         dt = np.dtype("O")
     _check_matrix(cfg, v, dt, m.get("shape") or ())
+    if not v.errors:
+        _check_zarr_grid(cfg, v, fs, apath, m)
+
+
+def _check_zarr_grid(cfg, v: Validation, fs, apath: str, m: dict) -> None:
+    """A shape the store cannot hold (a ``zarr.json`` claiming 1e12 rows over a few
+    chunk files) is refused here, before anything is read or allocated: the listing is
+    taken only when the claimed grid is larger than :data:`MAX_FILL_CHUNKS`."""
+    import math
+
+    try:
+        shape = [int(s) for s in m["shape"]]
+        step = [int(c) for c in m["chunk_grid"]["configuration"]["chunk_shape"]]
+        total = math.prod(-(-s // c) for s, c in zip(shape, step, strict=True))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return  # not a regular grid: the reader checks what zarr makes of it
+    if total <= MAX_FILL_CHUNKS:
+        return
+    try:
+        held = sum(
+            1
+            for p in fs.find(apath)
+            if posixpath.basename(p) not in ("zarr.json", ".zarray", ".zattrs")
+        )
+    except Exception:  # noqa: BLE001 - the reader lists it again and says why
+        return
+    if total - held > MAX_FILL_CHUNKS:
+        v.findings.append(
+            Finding(
+                "types",
+                f"{cfg.input.path}: its zarr.json claims shape {tuple(shape)} in {total} "
+                f"chunks but the store holds {held} chunk object"
+                f"{'s' if held != 1 else ''}; the metadata are damaged or the chunks "
+                "lost. Restore the store from a good copy (or fix the shape in zarr.json).",
+            )
+        )
 
 
 def check_evaluate(cfg: PipelineConfig, v: Validation) -> None:

@@ -7,7 +7,80 @@ from ..formats import column_hint
 from .findings import SAMPLE_ROWS, Finding, Stop, Validation, is_numeric, short
 from .rows import check_sample_finite, scan_rows
 
-__all__ = ["check_table", "open_table_sample"]
+__all__ = ["check_table", "first_text_value", "open_table_sample", "text_value_message"]
+
+
+def first_text_value(col) -> tuple[int, str] | None:
+    """``(row, value)`` of the first value of a mostly numeric pandas column that is not a
+    number (``"n/a"`` in a column of numbers stored as text), or None: no such value, or
+    no value of the column is a number (a text column, not a numeric one with a stray
+    value). ``row`` counts data rows from 0, as the other checks' messages do."""
+    import numpy as np
+    import pandas as pd
+
+    values = pd.Series(np.asarray(col, dtype=object))
+    present = values.notna() & (values.astype(str).str.strip() != "")
+    numbers = pd.to_numeric(values.where(present), errors="coerce")
+    text = present & numbers.isna()
+    if not text.any() or not numbers.notna().any():
+        return None
+    pos = int(np.flatnonzero(text.to_numpy())[0])
+    return pos, str(values.iloc[pos])
+
+
+def _all_numbers(df, c: str) -> bool:
+    import pandas as pd
+
+    col = df[c].dropna() if c in df else None
+    return col is not None and bool(pd.to_numeric(col, errors="coerce").notna().all())
+
+
+def _first_text_in_file(fs, fs_path: str, fmt: str, c: str) -> tuple[int, str] | None:
+    """``(row, value)`` of the first text value of column ``c`` past a clean sample: that
+    one column read in blocks (a single file; a Parquet folder is left to the reader)."""
+    import pandas as pd
+
+    try:
+        if fmt == "csv":
+            compression = "gzip" if fs_path.lower().endswith(".gz") else None
+            with fs.open(fs_path, "rb") as f:
+                start = 0
+                for part in pd.read_csv(
+                    f,
+                    usecols=[c],
+                    dtype=str,
+                    chunksize=100_000,
+                    compression=compression,
+                    keep_default_na=True,
+                ):
+                    hit = first_text_value(part[c])
+                    if hit is not None:
+                        return start + hit[0], hit[1]
+                    start += len(part)
+            return None
+        if fs.isdir(fs_path):
+            return None
+        import pyarrow.parquet as pq
+
+        with fs.open(fs_path, "rb") as f:
+            start = 0
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=100_000, columns=[c]):
+                hit = first_text_value(batch.column(0).to_pandas())
+                if hit is not None:
+                    return start + hit[0], hit[1]
+                start += batch.num_rows
+    except Exception:  # noqa: BLE001 - only a better message; the reader reports the rest
+        return None
+    return None
+
+
+def text_value_message(path: str, column: str, row: int, value: str) -> str:
+    """The one line for a text value in a numeric column."""
+    shown = value if len(value) <= 40 else value[:37] + "..."
+    return (
+        f"{path}: column {column!r} holds text where numbers are expected: {shown!r} in "
+        f"row {row} (the first); fix or remove that row of the file."
+    )
 
 
 def open_table_sample(cfg, fs, fs_path: str, fmt: str):
@@ -83,7 +156,9 @@ def check_table(cfg, v: Validation, fs, fs_path: str, fmt: str) -> None:
         )
         return
     _check_named_columns(inp, v, available)
-    features = _feature_columns(inp, v, available, dtypes, empty=len(df) == 0)
+    features = _feature_columns(
+        inp, v, available, dtypes, empty=len(df) == 0, df=df, where=(fs, fs_path, fmt)
+    )
     if features is None:
         return
     v.features = list(features)
@@ -135,13 +210,15 @@ def _check_named_columns(inp, v: Validation, available: list[str]) -> None:
 
 
 def _feature_columns(
-    inp, v: Validation, available: list[str], dtypes: dict, *, empty: bool
+    inp, v: Validation, available: list[str], dtypes: dict, *, empty: bool, df=None, where=()
 ) -> list[str] | None:
     """The feature columns: input.columns (those present and numeric), else every numeric
     column not reserved for labels, ids or exclusion; None when a table has none (the
     finding says why)."""
     if inp.columns:
-        return _listed_features(inp, v, available, dtypes)
+        return _listed_features(
+            inp, v, available, dtypes, *(() if df is None else (df, *where))
+        )
     reserved = {inp.label_column, inp.id_column, *(inp.exclude_columns or [])} - {None}
     features = [c for c in available if c not in reserved and is_numeric(dtypes[c])]
     skipped = [c for c in available if c not in reserved and c not in features]
@@ -173,7 +250,9 @@ def _feature_columns(
     return features
 
 
-def _listed_features(inp, v: Validation, available: list[str], dtypes: dict) -> list[str]:
+def _listed_features(
+    inp, v: Validation, available: list[str], dtypes: dict, *_sample
+) -> list[str]:
     """input.columns that are columns of the file and numeric; a finding for the others."""
     missing = [c for c in inp.columns if c not in available]
     if missing:
@@ -185,6 +264,15 @@ def _listed_features(inp, v: Validation, available: list[str], dtypes: dict) -> 
         )
     features = [c for c in inp.columns if c in available]
     bad = [c for c in features if not is_numeric(dtypes[c])]
+    for c in list(bad):
+        # a numeric column with a stray text value ("n/a"): name the value, not the list
+        # (issue 37: an update's batch was told to drop a feature its model needs)
+        hit = first_text_value(_sample[0][c]) if _sample and c in _sample[0] else None
+        if hit is None and _sample and len(_sample) > 1 and _all_numbers(_sample[0], c):
+            hit = _first_text_in_file(*_sample[1:], c)  # the sample is clean: read on
+        if hit is not None:
+            bad.remove(c)
+            v.findings.append(Finding("types", text_value_message(inp.path, c, *hit)))
     if bad:
         v.findings.append(
             Finding(

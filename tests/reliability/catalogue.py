@@ -512,6 +512,25 @@ def _zarr_input(ctx, corrupt):
     return ["run", ctx.config(ctx.dir / "x.zarr")]
 
 
+def _text_value_parquet(ctx):
+    df = pd.DataFrame(blobs(N, D), columns=list("abcd"))
+    df["b"] = df["b"].map(repr)
+    df.loc[7, "b"] = "n/a"
+    df.to_parquet(ctx.dir / "x.parquet")
+    return ["run", ctx.config(ctx.dir / "x.parquet", input={"columns": list("abcd")})]
+
+
+def _zarr_claims_1e12_rows(ctx):
+    import zarr
+
+    z = zarr.create_array(str(ctx.dir / "x.zarr"), shape=(N, D), chunks=(50, D), dtype="f8")
+    z[...] = blobs(N, D)
+    meta = json.loads((ctx.dir / "x.zarr" / "zarr.json").read_text())
+    meta["shape"][0] = 10**12
+    (ctx.dir / "x.zarr" / "zarr.json").write_text(json.dumps(meta))
+    return ["run", ctx.config(ctx.dir / "x.zarr")]
+
+
 INPUT = [
     Case(
         "in-nan",
@@ -556,7 +575,11 @@ INPUT = [
         "input",
         "text in a numeric column, past dask's dtype sample",
         _late_text,
-        ("column 'b' holds text where numbers are expected", "'oops' in row", "clean the file"),
+        (
+            "column 'b' holds text where numbers are expected",
+            "'oops' in row",
+            "fix or remove that row",
+        ),
     ),
     Case(
         "in-text-columns",
@@ -633,6 +656,27 @@ INPUT = [
         "corrupt zarr chunk",
         lambda c: _zarr_input(c, "chunk"),
         ("failed part way", "the input is damaged", "restore it from a good copy"),
+    ),
+    Case(
+        "in-text-value",
+        "input",
+        "'n/a' in a numeric Parquet column (a batch's features)",
+        _text_value_parquet,
+        (
+            "column 'b' holds text where numbers are expected: 'n/a' in row 7",
+            "fix or remove that row",
+        ),
+    ),
+    Case(
+        "in-zarr-shape",
+        "input",
+        "zarr.json claiming 1e12 rows over 4 chunk files",
+        _zarr_claims_1e12_rows,
+        (
+            "its zarr.json claims shape (1000000000000, 4)",
+            "the store holds 4 chunk objects",
+            "Restore the store from a good copy",
+        ),
     ),
 ]
 

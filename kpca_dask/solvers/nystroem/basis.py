@@ -70,6 +70,22 @@ def default_w_rtol(dtype: Any) -> float:
     return 1e-12 if np.dtype(dtype) == np.float64 else 1e-6
 
 
+def _cut_reference(S: np.ndarray) -> float:
+    """What the relative cut-off of W's eigenvalues ``S`` (descending) is relative to: a
+    lower bound of the top eigenvalue of the *centred* landmark kernel, ``S[1]``.
+
+    Maintenance note (issue 36): the exact solver and scikit-learn drop centred
+    eigenvalues below ``1e-12`` times the top centred one (kpca_dask/_eigvals.py), and
+    so does a Nyström fit on the eigenvalues of Sigma. Cut relative to W's own top
+    ``S[0]`` -- uncentred, it holds the kernel's mean: 3x the centred top for an rbf
+    kernel of moderate gamma -- W lost directions the exact rule keeps. Centring is a
+    rank-one projection, so by interlacing ``S[1] <= lambda_1(J W J) <= S[0]``: relative
+    to ``S[1]`` the cut is never stricter than the exact one's."""
+    if S.size > 1 and S[1] > 0:
+        return float(S[1])
+    return max(float(S[0]), 0.0) if S.size else 0.0
+
+
 def nystroem_basis(
     landmarks: np.ndarray,
     kernel: Kernel,
@@ -95,7 +111,7 @@ def nystroem_basis(
     S, U = S[::-1], U[:, ::-1]
     tol = default_w_rtol(dtype) if rtol is None else rtol
     top = float(S[0]) if S.size else 0.0
-    keep = S > max(top, 0.0) * tol
+    keep = S > _cut_reference(S) * tol
     if not top > 0 or not keep.any():
         from ...exceptions import ConstantKernelError
 

@@ -75,6 +75,7 @@ def nystroem_eigh(
     random_state: Any = None,
     warn: bool = True,
     keep_statistics: bool = False,
+    all_rows: bool = False,
 ) -> NystroemFit:
     """Top eigenpairs of the centred Nyström feature covariance of ``X``.
 
@@ -94,6 +95,10 @@ def nystroem_eigh(
     keep_statistics : bool
         Return the rows' :class:`NystroemStatistics` (``fit.statistics``) for exact
         updates. Free with the covariance method; one more pass with the randomized one.
+    all_rows : bool
+        The landmarks are every row of ``X`` (covariance method): ``Sigma`` is then
+        formed from the basis itself (see :func:`_all_rows_sigma`), to the accuracy of the
+        exact solver, instead of from the rows' cross products.
     """
     if method not in NYSTROEM_METHODS:
         raise ValueError(f"Unknown Nyström method {method!r}; use one of {NYSTROEM_METHODS}.")
@@ -111,7 +116,23 @@ def nystroem_eigh(
             random_state,
             warn,
             keep_statistics,
+            all_rows,
         )
+
+
+def _all_rows_sigma(basis: NystroemBasis) -> np.ndarray:
+    """``Sigma`` when the landmarks are all the rows: the rows' Nyström features are
+    ``k(X, Z) T = W U S^(-1/2) = U S^(1/2)`` (``T = U S^(-1/2)``), so ``Sigma = Fc^T Fc``
+    with ``F = T S``, centred over the rows.
+
+    Maintenance note (issue 36): from the cross products, ``Sigma = T^T C'^T C' T``
+    divides the rounding of the kernel values (``eps`` of the largest) by each ``S_j``:
+    the eigenvalues below ~1e-4 of the top were noise, and ``n_components=None`` kept
+    99 components where the exact solver and scikit-learn keep 116. This form has the
+    exact solver's rounding, so with every row a landmark both keep the same pairs."""
+    F = basis.T * basis.w_eigenvalues
+    Fc = F - F.mean(axis=0)
+    return Fc.T @ Fc
 
 
 def _nystroem_eigh(
@@ -127,6 +148,7 @@ def _nystroem_eigh(
     random_state,
     warn,
     keep_statistics=False,
+    all_rows=False,
 ) -> NystroemFit:
     op = FeatureCovariance(X, basis)
     stats = None
@@ -135,7 +157,8 @@ def _nystroem_eigh(
     t0 = time.perf_counter()
     if method == "covariance":
         stats = op.statistics()
-        res = _eigh_sigma(stats.sigma(basis), k, op.n_passes)
+        sigma = _all_rows_sigma(basis) if all_rows else stats.sigma(basis)
+        res = _eigh_sigma(sigma, k, op.n_passes)
     else:
         if n_components is None:
             raise ValueError("The randomized Nyström method needs n_components.")
