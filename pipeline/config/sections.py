@@ -299,9 +299,9 @@ class ClusterConfig(_Model):
     paused_timeout: float | None = Field(
         300.0,
         gt=0,
-        description="Fail the run when every worker has been paused at its "
-        "memory limit for this many seconds with work pending (a paused worker whose memory "
-        "never drops would wait forever); null waits forever.",
+        description="Fail the run when a worker it needs (or every worker) has been paused "
+        "at its memory limit for this many seconds with work pending (a paused worker whose "
+        "memory never drops would wait forever); null waits forever.",
     )
     worker_timeout: float | None = Field(
         120.0,
