@@ -298,9 +298,11 @@ def publish_output(
     recheck: Any,
     storage_options: dict | None = None,
     keep: int | None = None,
+    grace: float | None = None,
 ) -> dict:
     """Write a transform/denoise output as a new version and publish it (one atomic write
-    of ``<out>/manifest.json``), holding the output's lock.
+    of ``<out>/manifest.json``), holding the output's lock. ``keep`` versions are kept,
+    expired ones deleted after ``grace`` seconds (pipeline/versions.py, retention).
 
     ``write(version: Location)`` writes the new version; ``verify(version)`` raises if
     it is not complete; ``record`` is the output's manifest (``kind``, rows...);
@@ -318,7 +320,7 @@ def publish_output(
     with RunLock(out) as lock:
         recheck()
         _mark_output(out)
-        txn = Transaction(out, lock, keep=DEFAULT_KEEP if keep is None else keep)
+        txn = Transaction(out, lock, keep=DEFAULT_KEEP if keep is None else keep, grace=grace)
         txn.begin()
         version = txn.start()
         try:

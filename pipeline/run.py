@@ -131,7 +131,13 @@ class RunTransaction(RunLock):
         self._created = missing_folders(self.out)
         super().acquire()
         try:
-            self.txn = Transaction(self.out, self, keep=self.cfg.output.keep_versions)
+            out_cfg = self.cfg.output
+            self.txn = Transaction(
+                self.out,
+                self,
+                keep=out_cfg.keep_versions,
+                grace=out_cfg.retention_grace_hours * 3600,
+            )
             self.txn.begin()
             WRITING[self.out.url] = self.txn.vid
             ACTIVE[self.out.url] = self.txn
