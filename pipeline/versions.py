@@ -63,6 +63,8 @@ from typing import Any
 
 from zarr.storage import WrapperStore
 
+from kpca_dask.exceptions import ModelFormatError
+
 from .errors import CorruptObjectError, RunCorruptError, RunError, RunIncompleteError, UserError
 from .layout import MANIFEST
 from .store import Location, atomic_write_json, mark_folder, read_json
@@ -120,9 +122,11 @@ class ConcurrentPublishError(UserError, RuntimeError):
     published by this one."""
 
 
-class VersionRemovedError(RunError):
+class VersionRemovedError(RunError, ModelFormatError):
     """A reader read a version of an output that retention removed meanwhile: the message
-    names the output, the version and the object, and says to open the output again."""
+    names the output, the version and the object, and says to open the output again. Also
+    a ModelFormatError, so that ``kpca_dask.load`` of the version's model says this line
+    as it is."""
 
 
 def _now() -> datetime.datetime:
