@@ -1,3 +1,4 @@
+# long: the output's whole lifecycle in one place (transaction, retention, recovery, reads)
 """Versioned outputs published by one atomic write: the transaction of every writer.
 
 An output ``<out>/`` (a run, an update run, a transform or denoise output) holds
@@ -362,6 +363,18 @@ def _complete_ids(root: Location) -> list[str]:
     return [v for v in reversed(version_ids(root)) if version_manifest(root, v) is not None]
 
 
+#: the checks of a run's version, checksums included (pipeline.export registers
+#: ``_verify`` when it is imported: it imports this module, so this one cannot import it)
+_RUN_VERIFIER: Any = None
+
+
+def set_run_verifier(fn: Any) -> None:
+    """Register the checks :func:`verify_version` applies to a run's version
+    (``fn(location, manifest)`` raising when it does not verify)."""
+    global _RUN_VERIFIER
+    _RUN_VERIFIER = fn
+
+
 def verify_version(root: Location, vid: str, manifest: dict) -> str | None:
     """None when version ``vid`` (with its complete ``manifest``) verifies; else why not
     (one line). A run's version: :func:`pipeline.export.verify_run`'s checks, checksums
@@ -369,9 +382,12 @@ def verify_version(root: Location, vid: str, manifest: dict) -> str | None:
     loc = version_location(root, vid)
     try:
         if "schema_version" in manifest and "model" in manifest:
-            from .export import _verify
+            if _RUN_VERIFIER is not None:
+                _RUN_VERIFIER(loc, manifest)
+            else:  # pipeline.export not imported: every chunk there, at least
+                from .completeness import check_complete
 
-            _verify(loc, manifest, check_arrays=True, label=loc)
+                check_complete(loc)
         elif manifest.get("kind") in ("kpca-dask-transform", "kpca-dask-denoised"):
             from .completeness import check_complete
 
@@ -655,23 +671,10 @@ def strip_pointer(pointer: dict) -> dict:
     return {k: v for k, v in pointer.items() if k not in POINTER_KEYS}
 
 
-def resolve(
-    root: Location | str, version: str | None = None, storage_options=None
-) -> Published:
-    """The version of the output at ``root`` a reader reads: the published one (or
-    ``version``, which must be the published one, in the pointer's history, or expired
-    but still on the store, e.g. held by a series' lineage).
-
-    ``root`` may also be a version folder itself or an output written before versions
-    (its manifest beside its arrays): both are read in place. A lost or damaged pointer
-    is rebuilt in memory from the newest complete, verified version (one WARNING line;
-    nothing is written: the next writer writes it). Raises RunIncompleteError when
-    nothing is published there. The manifest is returned as found (not verified:
-    :func:`pipeline.export.verify_run` does that). The version's ``location`` reads
-    through :class:`VersionGuardStore` (a removed version is one line, never zeros)."""
-    root = root if isinstance(root, Location) else Location.at(str(root), storage_options)
-    if not root.exists():
-        raise RunIncompleteError(f"{root} does not exist; check the path of the run folder.")
+def _pointer_or_recovered(root: Location) -> dict:
+    """The pointer a reader follows: the output's own, or -- lost or damaged -- one
+    rebuilt in memory from the newest complete, verified version (one WARNING line,
+    nothing written). RunIncompleteError when there is none to follow."""
     pointer, problem = load_pointer(root)
     if pointer is None:
         rebuilt = rebuild_pointer(root) if root.child(VERSIONS).exists() else None
@@ -695,6 +698,27 @@ def resolve(
             rebuilt["version"],
         )
         pointer = rebuilt
+    return pointer
+
+
+def resolve(
+    root: Location | str, version: str | None = None, storage_options=None
+) -> Published:
+    """The version of the output at ``root`` a reader reads: the published one (or
+    ``version``, which must be the published one, in the pointer's history, or expired
+    but still on the store, e.g. held by a series' lineage).
+
+    ``root`` may also be a version folder itself or an output written before versions
+    (its manifest beside its arrays): both are read in place. A lost or damaged pointer
+    is rebuilt in memory from the newest complete, verified version (one WARNING line;
+    nothing is written: the next writer writes it). Raises RunIncompleteError when
+    nothing is published there. The manifest is returned as found (not verified:
+    :func:`pipeline.export.verify_run` does that). The version's ``location`` reads
+    through :class:`VersionGuardStore` (a removed version is one line, never zeros)."""
+    root = root if isinstance(root, Location) else Location.at(str(root), storage_options)
+    if not root.exists():
+        raise RunIncompleteError(f"{root} does not exist; check the path of the run folder.")
+    pointer = _pointer_or_recovered(root)
     if "version" not in pointer:  # a version folder, or an output from before versions
         if version is not None:
             raise RunIncompleteError(
