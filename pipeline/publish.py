@@ -166,10 +166,18 @@ def _is_legacy_transform_output(p: Path) -> bool:
 
 
 def _pointer_kind(out: Location) -> str | None:
-    from .versions import read_pointer
+    """The kind of output the pointer at ``out`` publishes (None: no pointer). A damaged
+    pointer is judged by the pointer its versions rebuild (pipeline/versions.py,
+    recovery): a transform output whose pointer was cut short is still the transform's to
+    replace; "unreadable" when nothing verifies."""
+    from .versions import VERSIONS, load_pointer, rebuild_pointer
 
     try:
-        pointer = read_pointer(out)
+        pointer, problem = load_pointer(out)
+        if pointer is None and problem is not None:
+            pointer = rebuild_pointer(out) if out.child(VERSIONS).exists() else None
+            if pointer is None:
+                return "unreadable"
     except Exception:  # noqa: BLE001 - a damaged pointer: not a transform output we know
         return "unreadable"
     return None if pointer is None else str(pointer.get("kind") or "kpca-dask-run")

@@ -310,3 +310,23 @@ def test_only_versions_proven_unpublished_are_removed(out, caplog):
     night(out, 2, grace=0)
     assert complete not in version_ids(out) and young in version_ids(out)
     assert first in version_ids(out) and second in version_ids(out)
+
+
+def test_a_transform_output_with_a_damaged_pointer_is_still_the_transforms_to_replace(
+    tmp_path,
+):
+    """``kpca transform --overwrite`` to an output whose pointer was cut short: judged by
+    the pointer its versions rebuild (a transform output), not refused as "not written by
+    kpca transform" every night."""
+    from pipeline.publish import check_transform_output
+
+    out = Location(str(tmp_path / "emb.zarr"))
+    night(out, 0)
+    m = out.local_path / "manifest.json"
+    m.write_text(m.read_text()[:40])
+    got = check_transform_output(
+        out.url, model_path=str(tmp_path / "model-run"), inputs=[], overwrite=True
+    )
+    assert got.url == out.url
+    night(out, 1)
+    assert len(version_ids(out)) == 2
