@@ -268,6 +268,8 @@ def read_model_group(
         raise ModelFormatError(f"No saved model at {local}: the folder does not exist.")
     try:
         root = zarr.open_group(path if local is None else str(local), mode="r")
+    except ModelFormatError:  # said by the store itself (e.g. its version was removed)
+        raise
     except Exception as exc:  # zarr raises several types for unreadable stores
         raise ModelFormatError(f"{path} is not a readable zarr group ({exc}).") from exc
     attrs = dict(root.attrs)
@@ -319,6 +321,8 @@ def read_model_group(
             )
         try:
             a = _read_array(z)
+        except ModelFormatError:
+            raise
         except Exception as exc:
             raise ModelFormatError(f"{path}: array {name!r} cannot be read ({exc}).") from exc
         if checksums.get(name) != array_sha256(a):

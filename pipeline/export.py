@@ -33,6 +33,7 @@ from .verify import (
     store_error,
 )
 from .versions import Published
+from .versions import set_run_verifier as _set_run_verifier
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -428,3 +429,12 @@ def _verify(
             )
         if record is not None:  # the model's arrays' own attributes (zarr.json)
             _check_integrity(out, g, record or {}, model=True, chunks=False)
+
+
+# the checks recovery applies to a run's version before it rebuilds a pointer from it
+# (pipeline/versions.py cannot import this module, which imports it)
+def _verify_version(loc: Location, manifest: dict) -> None:
+    _verify(loc, manifest, check_arrays=True, label=loc)
+
+
+_set_run_verifier(_verify_version)

@@ -166,10 +166,18 @@ def _is_legacy_transform_output(p: Path) -> bool:
 
 
 def _pointer_kind(out: Location) -> str | None:
-    from .versions import read_pointer
+    """The kind of output the pointer at ``out`` publishes (None: no pointer). A damaged
+    pointer is judged by the pointer its versions rebuild (pipeline/versions.py,
+    recovery): a transform output whose pointer was cut short is still the transform's to
+    replace; "unreadable" when nothing verifies."""
+    from .versions import VERSIONS, load_pointer, rebuild_pointer
 
     try:
-        pointer = read_pointer(out)
+        pointer, problem = load_pointer(out)
+        if pointer is None and problem is not None:
+            pointer = rebuild_pointer(out) if out.child(VERSIONS).exists() else None
+            if pointer is None:
+                return "unreadable"
     except Exception:  # noqa: BLE001 - a damaged pointer: not a transform output we know
         return "unreadable"
     return None if pointer is None else str(pointer.get("kind") or "kpca-dask-run")
@@ -298,9 +306,11 @@ def publish_output(
     recheck: Any,
     storage_options: dict | None = None,
     keep: int | None = None,
+    grace: float | None = None,
 ) -> dict:
     """Write a transform/denoise output as a new version and publish it (one atomic write
-    of ``<out>/manifest.json``), holding the output's lock.
+    of ``<out>/manifest.json``), holding the output's lock. ``keep`` versions are kept,
+    expired ones deleted after ``grace`` seconds (pipeline/versions.py, retention).
 
     ``write(version: Location)`` writes the new version; ``verify(version)`` raises if
     it is not complete; ``record`` is the output's manifest (``kind``, rows...);
@@ -318,7 +328,7 @@ def publish_output(
     with RunLock(out) as lock:
         recheck()
         _mark_output(out)
-        txn = Transaction(out, lock, keep=DEFAULT_KEEP if keep is None else keep)
+        txn = Transaction(out, lock, keep=DEFAULT_KEEP if keep is None else keep, grace=grace)
         txn.begin()
         version = txn.start()
         try:

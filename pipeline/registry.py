@@ -59,7 +59,12 @@ LAYOUT_FIELDS = ("output.path", "output.storage_options")
 
 #: Config fields that steer a run but never change its artifacts: never in a cache key
 #: (``kpca run --overwrite`` or another cluster address must not re-publish a run).
-RUN_CONTROL = ("output.overwrite", "output.keep_versions", "cluster")
+RUN_CONTROL = (
+    "output.overwrite",
+    "output.keep_versions",
+    "output.retention_grace_hours",
+    "cluster",
+)
 
 #: Run statistics in stage results: they differ between two runs that produce identical
 #: stores, so they never enter a dependant's key.

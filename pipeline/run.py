@@ -137,7 +137,13 @@ class RunTransaction(RunLock):
             # version, its old top-level paths removed (one WARNING line): never left
             # serving the night before the upgrade (pipeline/migrate.py)
             migrate(self.out, lock=self)
-            self.txn = Transaction(self.out, self, keep=self.cfg.output.keep_versions)
+            out_cfg = self.cfg.output
+            self.txn = Transaction(
+                self.out,
+                self,
+                keep=out_cfg.keep_versions,
+                grace=out_cfg.retention_grace_hours * 3600,
+            )
             self.txn.begin()
             WRITING[self.out.url] = self.txn.vid
             ACTIVE[self.out.url] = self.txn

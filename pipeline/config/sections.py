@@ -246,7 +246,16 @@ class OutputConfig(_Model):
         ge=1,
         le=1000,
         description="How many published versions of the output are kept (the published "
-        "one included); older ones are deleted after a new one is published.",
+        "one included); older ones are expired when a new one is published, and deleted "
+        "by a later publish once expired for retention_grace_hours.",
+    )
+    retention_grace_hours: float = Field(
+        24.0,
+        ge=0,
+        le=24 * 366,
+        description="How long a version stays on the store after it left the kept "
+        "versions, so that readers that opened it finish (docs/artifacts.md, Retention); "
+        "0 deletes it at once (its readers then fail in one line).",
     )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,

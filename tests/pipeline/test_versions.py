@@ -20,13 +20,13 @@ from pipeline.versions import (
 )
 
 
-def publish(root: Location, n: int, keep: int = 7) -> str:
+def publish(root: Location, n: int, keep: int = 7, grace: float | None = None) -> str:
     """One writer: a version holding ``data.json`` = n, published; its id."""
     from pipeline.publish import _mark_output
 
     with RunLock(root) as lock:
         _mark_output(root)
-        txn = Transaction(root, lock, keep=keep)
+        txn = Transaction(root, lock, keep=keep, grace=grace)
         txn.begin()
         loc = txn.start()
         atomic_write_json(loc.child("data.json"), {"n": n})
@@ -50,8 +50,10 @@ def test_each_writer_publishes_a_new_version_and_readers_follow_the_pointer(tmp_
 
 
 def test_retention_keeps_the_last_n_and_forgets_older_ones(tmp_path):
+    """With no grace period the versions beyond ``keep`` are deleted at once (the default
+    grace period: tests/integrity/test_lifecycle_retention.py)."""
     root = Location(str(tmp_path / "out"))
-    ids = [publish(root, i, keep=2) for i in range(4)]
+    ids = [publish(root, i, keep=2, grace=0) for i in range(4)]
     assert version_ids(root) == ids[-2:]
     assert [h["version"] for h in resolve(root).pointer["history"]] == [ids[-2]]
     with pytest.raises(RunIncompleteError, match="no published version"):
@@ -110,9 +112,11 @@ def test_a_dead_writers_version_is_removed_by_the_next_writer_but_never_a_foreig
 ):
     root = Location(str(tmp_path / "out"))
     vid = publish(root, 1)
-    # a writer killed after creating its version (marked) and writing into it
+    # a writer killed after creating its version (marked) and writing into it, an hour
+    # ago (longer than a writer's lease: a younger one is left alone, test_lifecycle_*)
     dead = Transaction(root)
     dead.begin()
+    dead.vid = "20200101T000000000000Z-dead00"
     dead_loc = dead.start().local_path
     (dead_loc / "half.bin").write_bytes(b"x" * 100)
     # a folder of the user's under versions/: no marker of ours

@@ -167,6 +167,47 @@ def _npz_as_npy(ctx):
     return ["run", ctx.config(ctx.dir / "x.npy")]
 
 
+# ------------------------------------------------------------------ an output's whole life
+def _night(out, n: int, **kw) -> None:
+    """Publish night ``n`` of a small transform-like output at ``out`` (no cluster)."""
+    from pipeline.completeness import DENSE
+    from pipeline.publish import publish_output
+
+    def write(version):
+        g = version.open_group("a")
+        z = g.create_array("embedding", shape=(20, 2), chunks=(10, 2), dtype="f8", config=DENSE)
+        z[...] = np.full((20, 2), n + 1.0)
+        g.attrs["status"] = "complete"
+
+    publish_output(
+        str(out),
+        write=write,
+        verify=lambda v: None,
+        recheck=lambda: None,
+        record={"kind": "kpca-dask-transform", "format": "zarr", "data": ".", "rows": 20},
+        **kw,
+    )
+
+
+def _removed_version_reader(ctx):
+    """A reader holding last night's version, deleted by retention (keep 1, no grace)."""
+    from pipeline.versions import resolve
+
+    out = ctx.dir / "nightly.zarr"
+    _night(out, 0, keep=1)
+    z = resolve(str(out)).location.open_group("r")["embedding"]
+    _night(out, 1, keep=1, grace=0)
+    return lambda: z[...]
+
+
+def _damaged_pointer_nothing_to_recover(ctx):
+    """A pointer that is not JSON and no version complete to rebuild it from."""
+    out = ctx.dir / "damaged.zarr"
+    (out / "versions" / "20261126T000000000000Z-abcdef").mkdir(parents=True)
+    (out / "manifest.json").write_text('{"status": "compl')
+    return ["info", out]
+
+
 CASES = [
     Case(
         "int-zarr-missing-chunk",
@@ -326,5 +367,19 @@ CASES = [
         "chunks.block_rows: 0",
         lambda c: ["run", c.config(c.npy(blobs(N, D)), chunks={"block_rows": 0})],
         ("chunks.block_rows",),
+    ),
+    Case(
+        "int-version-removed-while-read",
+        "estimator",
+        "a reader's version deleted by retention (keep 1, grace 0) while it holds it",
+        _removed_version_reader,
+        ("was removed by retention while it was read", "open the output again"),
+    ),
+    Case(
+        "int-pointer-damaged-unrecoverable",
+        "info",
+        "pointer not JSON and no complete version to rebuild it from",
+        _damaged_pointer_nothing_to_recover,
+        ("is damaged (not valid JSON)", "no version", "Re-run the pipeline"),
     ),
 ]
