@@ -111,7 +111,11 @@ def _store_line(exc: BaseException, where: str) -> str | None:
             earlier = _store_failure(node, where)
             if earlier is not None:
                 first, found = earlier, True
-    if first is None or first == line:
+    # only a failed write's clean-up: a read failing again while a failed read was handled
+    # (a retry, a fallback) is the same failure, told by its own line
+    if first is None or first == line or not first.startswith("cannot write "):
+        return line
+    if line.startswith("cannot write "):
         return line
     # the clean-up's failure, its operation and object only (its advice is the cause's)
     then = line.split(": ", 1)[0] if line.startswith("cannot ") else "the clean-up failed"

@@ -143,8 +143,6 @@ def _run_timed(
     indirect=["object_store"],
 )
 def test_a_store_failing_every_write_ends_in_one_line(object_store, status, tmp_path):
-    from pipeline.storage_clients import storm_bound_seconds
-
     store = object_store
     x = put_npy(store, tmp_path, "x.npy", blobs(300, 5))
     out = store.url(uuid.uuid4().hex[:8], "run")
@@ -173,6 +171,8 @@ def test_a_store_failing_every_write_ends_in_one_line(object_store, status, tmp_
     else:
         assert "the store failed" in line and "re-run the same command" in line, line
     if store.scheme == "gs":  # the bounded retries: two sequences at most, then one each
+        from pipeline.storage_clients import storm_bound_seconds
+
         bound = storm_bound_seconds(ATTEMPTS, request_seconds=2.0) + MARGIN
         assert storm < bound, (storm, bound, text[-3000:])
     print(f"{store.scheme} {status}: ended {storm:.0f} s after the first failure; {line}")
