@@ -40,6 +40,7 @@ __all__ = [
     "UserError",
     "is_transient",
     "is_user_error",
+    "quota_failure",
 ]
 
 
@@ -160,3 +161,54 @@ def is_transient(exc: BaseException) -> bool:
             return True
     killed = _loaded("distributed.scheduler", "KilledWorker")
     return killed is not None and isinstance(exc, killed)
+
+
+#: how stores say they are out of space or quota: HTTP 507 (WebDAV-style stores, MinIO,
+#: proxies), S3's and MinIO's codes, GCS's ``quotaExceeded``/``storageQuotaExceeded``
+#: reasons (a 429 or 403 that is not a rate limit), Azure's ``*QuotaExceeded`` and
+#: ``AccountIsFull``-style codes
+_QUOTA_WORDS = (
+    "insufficientstorage",
+    "insufficient storage",
+    "quotaexceeded",
+    "quota exceeded",
+    "exceeded its quota",
+    "exceeds the quota",
+    "storagequota",
+    "xminiostoragefull",
+    "storage full",
+    "accountisfull",
+    "no space left",
+)
+
+
+def quota_failure(exc: BaseException) -> str | None:
+    """What an object store said when it refused a write for lack of space or quota
+    (HTTP 507, a quota error code), looking through ``exc`` and the errors it was raised
+    from or while handling; None when it is not that. Running again cannot help until
+    space is freed or the quota raised: the CLI says so instead of "re-run"."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        status = None
+        for attr in ("code", "status", "status_code"):
+            v = getattr(e, attr, None)
+            if isinstance(v, int):
+                status = v
+                break
+        if status is None:
+            v = getattr(e, "response", None)
+            v = (
+                v.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if isinstance(v, dict)
+                else None
+            )
+            status = v if isinstance(v, int) else None
+        text = " ".join(str(e).split())
+        low = text.lower()
+        squashed = low.replace(" ", "").replace("_", "")
+        if status == 507 or any(w.replace(" ", "") in squashed for w in _QUOTA_WORDS):
+            return text[:160] or "HTTP 507"
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return None

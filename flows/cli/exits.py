@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.errors import is_transient, is_user_error
+from pipeline.errors import is_transient, is_user_error, quota_failure
 
 __all__ = [
     "EXIT_BUG",
@@ -33,16 +33,9 @@ EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM), handled as Ctrl-C
 
 def report_error(command: str, exc: Exception, where: str = "") -> int:
     """Print what went wrong as the taxonomy says (pipeline/errors.py); the exit status."""
-    from pipeline.verify import describe_store_failure
-
-    store = (
-        None
-        if _environment_error(exc)
-        or (is_user_error(exc) and not isinstance(exc, PermissionError))
-        else describe_store_failure(exc, where)
-    )
+    store = _store_line(exc, where)
     if store is not None:  # the store failed: the environment (exit 1), one line
-        print(f"kpca {command}: error: {store}", file=sys.stderr)
+        print(f"kpca {command}: error: {_quota_line(exc, store) or store}", file=sys.stderr)
         return EXIT_FAILED
     findings = getattr(exc, "findings", None)
     if findings and is_user_error(exc):  # the pre-start checks: one line per problem
@@ -79,6 +72,70 @@ def report_error(command: str, exc: Exception, where: str = "") -> int:
         file=sys.stderr,
     )
     return EXIT_BUG
+
+
+def _store_failure(exc: BaseException, where: str) -> str | None:
+    from pipeline.verify import describe_store_failure
+
+    if _environment_error(exc) or (is_user_error(exc) and not isinstance(exc, PermissionError)):
+        return None
+    return describe_store_failure(exc, where)
+
+
+def _store_line(exc: BaseException, where: str) -> str | None:
+    """The line for a store failure (None: ``exc`` is not one). When it was raised while
+    handling an earlier store failure (a failed writer's clean-up -- removing its version,
+    releasing its lock -- meeting the same broken store), the earlier one is the cause:
+    the line names it, its operation and object, and the clean-up's failure follows it
+    in a clause."""
+    line = _store_failure(exc, where)
+    if line is None:
+        return None
+    # walk the chain. ``raise X from Y`` (__cause__) stays within one failure (a client's
+    # error translated); the exception being handled when one was raised (__context__,
+    # when it is not its cause: also kept by ``raise X from Y`` inside an ``except``, and
+    # dropped only by ``from None``) is an earlier failure. Keep the outermost store
+    # failure of the earliest one.
+    first, node, seen, found = None, exc, {id(exc)}, True
+    while True:
+        cause, ctx = node.__cause__, node.__context__
+        hidden = cause is None and node.__suppress_context__
+        if ctx is not None and ctx is not cause and not hidden and id(ctx) not in seen:
+            node, found = ctx, False  # an earlier failure's outermost exception
+        elif cause is not None and id(cause) not in seen:
+            node = cause
+        else:
+            break
+        seen.add(id(node))
+        if not found:
+            earlier = _store_failure(node, where)
+            if earlier is not None:
+                first, found = earlier, True
+    # only a failed write's clean-up: a read failing again while a failed read was handled
+    # (a retry, a fallback) is the same failure, told by its own line
+    if first is None or first == line or not first.startswith("cannot write "):
+        return line
+    if line.startswith("cannot write "):
+        return line
+    # the clean-up's failure, its operation and object only (its advice is the cause's)
+    then = line.split(": ", 1)[0] if line.startswith("cannot ") else "the clean-up failed"
+    return f"{first.rstrip('.')} (the clean-up afterwards failed too: {then})."
+
+
+def _quota_line(exc: BaseException, line: str) -> str | None:
+    """The store's line reworded when the store refused for lack of space or quota
+    (pipeline/errors.py ``quota_failure``): re-running cannot help until space is freed
+    or the quota raised. None: not a quota failure."""
+    said = quota_failure(exc)
+    if said is None:
+        return None
+    # the failed operation and object ("cannot write X (in Y)"), as the store's line has it
+    head = line.split(": ", 1)[0] if line.startswith("cannot ") else "cannot write to the store"
+    return (
+        f"{head}: the store is out of space or over its quota ({said}); free space in the "
+        "bucket or raise its quota (or write elsewhere), then re-run the same command to "
+        "resume."
+    )
 
 
 def _user_message(exc: BaseException) -> str:

@@ -85,13 +85,42 @@ _SECRET_VALUES = (
 )
 
 
-def _secret_value(v: Any) -> str | None:
-    """What kind of credential a string value looks like (None: it does not)."""
+def _secret_value(v: Any, key: Any = None) -> str | None:
+    """What kind of credential a string value looks like (None: it does not); ``key``,
+    the option's name, marks a host-valued option (``account_host``) as a URL."""
     if not isinstance(v, str):
         return None
     for what, pattern in _SECRET_VALUES:
         if pattern.search(v):
             return what
+    return _url_credentials(v, key)
+
+
+#: option names whose values are URLs or hosts even without a scheme (adlfs's
+#: ``account_host``, a proxy's address)
+_URL_WORDS = ("url", "uri", "endpoint", "host", "proxy", "proxies", "address")
+
+
+def _url_credentials(v: str, key: Any = None) -> str | None:
+    """Whether a URL-valued option carries credentials: a user name or password before
+    its host (``http://user:password@host``), or a credential in its query string. Any
+    value with ``://`` is a URL; so is the value of an option named like one (``*url``,
+    ``*host``, ``endpoint*``...), scheme or not."""
+    named = key is not None and any(w in str(key).lower() for w in _URL_WORDS)
+    if "://" not in v and not named:
+        return None
+    rest = v.split("://", 1)[1] if "://" in v else v
+    authority = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if "@" in authority:
+        return "a URL with a user name or password (user:password@host)"
+    if "?" in rest:
+        from urllib.parse import unquote
+
+        query = rest.split("?", 1)[1].split("#", 1)[0]
+        pairs = [q.split("=", 1) for q in query.replace(";", "&").split("&") if q]
+        params = {unquote(p[0]): unquote(p[1]) if len(p) > 1 else "" for p in pairs}
+        if any(_is_secret_key(k, val) or _secret_value(val) for k, val in params.items()):
+            return "a URL with a credential in its query string"
     return None
 
 
@@ -119,7 +148,7 @@ def _secret_keys(options: Any, prefix: str = "") -> list[str]:
     if isinstance(options, dict):
         for k, v in options.items():
             name = f"{prefix}{k}"
-            what = _secret_value(v)
+            what = _secret_value(v, k)
             if _is_secret_key(k, v):
                 found.append(name)
             elif what:

@@ -1,9 +1,11 @@
 """The GCS and Azure Blob emulators as processes on 127.0.0.1, like the S3 server.
 
-- ``gcp-storage-emulator`` (PyPI, the ``test`` extra): ``python -m gcp_storage_emulator
-  start``, in memory. gcsfs reaches it through ``storage_options`` ``{"endpoint_url": ...,
-  "token": "anon"}``; ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` in the environment (read
-  by gcsfs when it is imported) keeps gcsfs from asking Google's storage-control API what
+- ``gcp-storage-emulator`` (PyPI, the ``test`` extra): started in memory through
+  ``python -m tests.objectstore.gcs_emulator start``, which mends its multipart-upload
+  parser (it dropped an object's last byte when that was ``\r``). gcsfs reaches it
+  through ``storage_options`` ``{"endpoint_url": ..., "token": "anon"}``;
+  ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` in the environment (read by gcsfs when it
+  is imported) keeps gcsfs from asking Google's storage-control API what
   kind each bucket is, which an emulator cannot answer (a minute per bucket).
 - ``azurite`` (npm): installed once with ``npm install --prefix <cache> azurite@3`` into
   ``$KPCA_TEST_CACHE`` (default ``~/.cache/kpca-dask-tests``), then started from there, in
@@ -86,9 +88,15 @@ def stop(emulator: Emulator) -> None:
 # ------------------------------------------------------------------------------- GCS
 def start_gcs_emulator(timeout: float = 60.0) -> Emulator:
     port = free_port()
+    # our launcher: the emulator with a multipart parser that keeps an object's last
+    # byte when it is "\r" (tests/objectstore/gcs_emulator.py)
+    root = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1"]
-        + ["--port", str(port), "--in-memory", "--quiet"],
+        [sys.executable, "-m", "tests.objectstore.gcs_emulator", "start", "--host"]
+        + ["127.0.0.1", "--port", str(port), "--in-memory", "--quiet"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": path},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -11,6 +11,7 @@ switches faults on and off while a client, e.g. a ``kpca`` subprocess, keeps run
   mid-response: the server did the work, the client sees half an answer, or none when the
   answer has no body (``where="response"``);
 - ``error``: answer ``HTTP 500`` (an S3/GCS/Azure-style error body) without forwarding;
+  ``status`` picks another code (503: unavailable, 507: insufficient storage...);
 - ``delay``: wait ``seconds`` and then forward.
 
 A fault applies to the requests that match it (``methods``, default the writes PUT, POST,
@@ -68,10 +69,19 @@ HOP_BY_HOP = {
     "transfer-encoding",
     "upgrade",
 }
-ERROR_BODY = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
-    b"<Message>fault injected by the test proxy</Message></Error>"
-)
+#: the error code an injected status's body names (S3/Azure-style XML)
+ERROR_CODES = {500: "InternalError", 503: "ServiceUnavailable", 507: "InsufficientStorage"}
+
+
+def error_body(status: int = 500) -> bytes:
+    code = ERROR_CODES.get(status, "InternalError")
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        "<Message>fault injected by the test proxy</Message></Error>"
+    ).encode()
+
+
+ERROR_BODY = error_body(500)
 
 
 class Faults:
@@ -98,6 +108,7 @@ class Faults:
                 "times": None if rule.get("times") is None else int(rule["times"]),
                 "where": rule.get("where") or "request",
                 "seconds": float(rule.get("seconds") or 0.0),
+                "status": int(rule.get("status") or 500),
             }
             if rule["where"] not in ("request", "response"):
                 raise ValueError("where must be 'request' or 'response'")
@@ -221,12 +232,13 @@ class ProxyHandler(BaseHTTPRequestHandler):
         if body is None:
             body = self._read_body()
         if rule is not None and rule["mode"] == "error":
-            self.send_response(500, "Internal Server Error")
+            body = error_body(rule.get("status", 500))
+            self.send_response(rule.get("status", 500))
             self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(ERROR_BODY)))
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if method != "HEAD":
-                self.wfile.write(ERROR_BODY)
+                self.wfile.write(body)
             return
         if rule is not None and rule["mode"] == "delay":
             time.sleep(rule["seconds"])
@@ -387,6 +399,7 @@ class FaultProxy:
         times: int | None = None,
         where: str = "request",
         seconds: float = 0.0,
+        status: int = 500,
     ) -> dict:
         """Switch a fault on (replacing any other); see the module's docstring."""
         return self._call(
@@ -399,6 +412,7 @@ class FaultProxy:
                 "times": times,
                 "where": where,
                 "seconds": seconds,
+                "status": status,
             },
         )
 

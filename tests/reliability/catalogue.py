@@ -438,6 +438,28 @@ CONFIG = [
         lambda c: _yaml(c, "- input\n- kernel\n"),
         ("must hold a mapping at the top level",),
     ),
+    Case(
+        "cfg-endpoint-credentials",
+        "config",
+        "a password in a URL-valued storage option (endpoint_url: http://user:pw@host)",
+        lambda c: [
+            "run",
+            c.config(
+                "s3://bucket/x.parquet",
+                input={
+                    "storage_options": {
+                        "client_kwargs": {"endpoint_url": "http://kpca:pw@127.0.0.1:9/"}
+                    }
+                },
+            ),
+        ],
+        (
+            "must not hold credentials",
+            "client_kwargs.endpoint_url",
+            "user:password@host",
+            "set them in the environment",
+        ),
+    ),
 ]
 
 
