@@ -6,12 +6,15 @@ panels next to the rows, so the client holds O(L^2) numbers.
 Chosen by ``estimate(..., driver="workers")``; ``driver="blocks"`` (the default) prices
 the block drivers as they run today (:mod:`.price_exact`, :mod:`.price_nystroem`).
 
-The counts are the specification's until the drivers land (kpca_dask/block_*.py,
-cluster_waves.py): at most :data:`WORKER_TASKS` tasks a worker a pass, and
-``ceil(log2(workers))`` reduction tasks (a tree over the workers' partial sums, each level
-one task) -- independent of n. The arithmetic a pass does is the block drivers' (each
-upper block evaluated, or read from the kept blocks, and used twice); what changes is
-what surrounds it: the scheduler's share, the client's, and what moves.
+The counts are those of the exact solver's per-worker driver (kpca_dask/worker_passes.py,
+``kpca.exact-driver: workers``): :data:`WORKER_TASKS` task a worker a pass and a tree of
+sums with fan-in 4 over the workers' partials -- independent of n. Nyström has no
+per-worker driver yet and is priced with the same counts; the driver does not yet keep
+the basis on the workers, which this price assumes.
+
+The arithmetic a pass does is the block drivers' (each upper block evaluated, or read
+from the kept blocks, and used twice); what changes is what surrounds it: the
+scheduler's share, the client's, and what moves.
 
 Per pass, for the exact solver: the current block of the basis Z (n x c) reaches every
 worker (an all-gather: ``n c`` values into each) and each worker's partial products of
@@ -30,19 +33,31 @@ from .rates import EIGH_EFFICIENCY
 
 __all__ = ["WORKER_TASKS", "worker_pass_tasks"]
 
-#: Tasks a worker runs in one pass of a per-worker driver (the specification's bound).
-WORKER_TASKS = 4
+#: Tasks a worker runs in one pass of the per-worker driver (kpca_dask/worker_passes.py:
+#: one share task a worker, its threads splitting the share inside the task).
+WORKER_TASKS = 1
 
 
 def worker_pass_tasks(workers: int, per_worker: int = WORKER_TASKS) -> tuple[int, int]:
-    """(the workers' tasks, the reduction tasks) of one pass of a per-worker driver on
-    ``workers`` workers: ``per_worker`` each, and a tree of ``ceil(log2(workers))``."""
+    """(the workers' tasks, the reduction tasks) of one pass of the per-worker driver on
+    ``workers`` workers: ``per_worker`` each, and the driver's tree of sums over them
+    (:func:`kpca_dask.worker_passes.reduction_tasks`, fan-in 4). The counts of a pass
+    after the first, when every worker holds a share (n large against the cluster)."""
+    from ..worker_passes import reduction_tasks
+
     w = max(1, int(workers))
-    return per_worker * w, math.ceil(math.log2(w)) if w > 1 else 0
+    return per_worker * w, reduction_tasks(per_worker * w)
 
 
 def _tree_depth(workers: int) -> int:
-    return max(1, math.ceil(math.log2(max(2, workers))))
+    """Levels of the driver's tree of sums over ``workers`` partials."""
+    from ..worker_passes import REDUCE_FAN_IN
+
+    depth, m = 0, max(2, int(workers))
+    while m > 1:
+        m = math.ceil(m / REDUCE_FAN_IN)
+        depth += 1
+    return depth
 
 
 def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
@@ -95,8 +110,9 @@ def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
     )
     mem_client = float(6 * basis * basis * 8)
     f.assumptions.append(
-        f"per-worker driver: {WORKER_TASKS} tasks a worker and {reduce} reduction tasks a "
-        "pass (the specification's counts), the basis in row panels on the workers"
+        f"per-worker driver: {WORKER_TASKS} task a worker and {reduce} reduction tasks a "
+        "pass (kpca_dask/worker_passes.py's counts); the basis priced in row panels on the "
+        "workers, which the driver does not do yet (it stays on the client)"
     )
     return _Priced(
         passes=p,
@@ -122,7 +138,7 @@ def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
 
 def _price_nystroem_workers(f: _Fit) -> _Priced:
     """Nyström on the per-worker driver: the block driver's passes with a few tasks a
-    worker and a tree of ``ceil(log2(workers))`` sums."""
+    worker and the exact driver's tree of sums (Nyström's own is not built yet)."""
     from .price_nystroem import _price_nystroem
 
     priced = _price_nystroem(f)
@@ -145,7 +161,8 @@ def _price_nystroem_workers(f: _Fit) -> _Priced:
     priced.graph_bytes = tasks * TASK_GRAPH_BYTES + priced.from_client
     priced.w2w = int(f.remote * max(0, tasks - 1) * part)
     f.assumptions.append(
-        f"per-worker driver: {WORKER_TASKS} tasks a worker and {reduce} reduction tasks a "
-        "pass (the specification's counts)"
+        f"per-worker driver: {WORKER_TASKS} task a worker and {reduce} reduction tasks a "
+        "pass (the exact driver's counts, kpca_dask/worker_passes.py; Nyström has no "
+        "per-worker driver yet)"
     )
     return priced
