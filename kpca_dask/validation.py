@@ -34,6 +34,10 @@ __all__ = [
 ]
 
 
+#: more chunks missing than this are refused outright, the grid never enumerated
+MAX_MISSING_LISTED = 1_000_000
+
+
 def missing_zarr_chunks(array: Any) -> list[tuple[int, ...]]:
     """Grid indices of the stored objects (chunks, or shards when sharded) of a zarr array
     that are absent from its store.
@@ -56,6 +60,18 @@ def missing_zarr_chunks(array: Any) -> list[tuple[int, ...]]:
     for k in sync(_keys()):
         present.add(k[len(prefix) + 1 :] if prefix and k.startswith(prefix + "/") else k)
     grid = array._shard_grid_shape
+    total = int(np.prod(grid, dtype=object))
+    if total - len(present) > MAX_MISSING_LISTED:
+        # A grid this much larger than the store (a shape edited in zarr.json, a copy that
+        # never finished) is refused without enumerating it: 1e12 rows claimed over a
+        # store of 4 chunks took the process to an out-of-memory kill, with no line.
+        name = str(store_path) if array.name in (None, "", "/") else array.name
+        raise InvalidInputError(
+            f"zarr array {name!r} claims shape {tuple(array.shape)} ({total} chunks) but its "
+            f"store holds {len(present)} objects: at least {total - len(present)} chunks are "
+            "missing; the shape in its zarr.json is wrong or its data was not copied. "
+            "Restore the store (or its zarr.json)."
+        )
     encode = array.metadata.encode_chunk_key
     return [idx for idx in np.ndindex(*grid) if encode(idx) not in present]
 

@@ -84,6 +84,32 @@ def test_reader_refuses_a_shape_its_store_cannot_hold(tmp_path, missing_chunks):
 
 
 @pytest.mark.cluster
+def test_the_estimator_refuses_a_zarr_array_its_store_cannot_hold(tmp_path):
+    """``KernelPCA.fit(zarr_array)`` (no pipeline) on the same store: one
+    InvalidInputError naming the claimed shape and the objects held, in bounded memory;
+    the missing-chunk check enumerated the whole 2e10-chunk grid (a MemoryError under the
+    address-space cap here, an endless loop without it)."""
+    store = _claims_1e12_rows(tmp_path / "big.zarr")
+    r = _run(
+        f"""
+        import zarr
+        from kpca_dask import KernelPCA
+        from kpca_dask.exceptions import InvalidInputError
+        try:
+            KernelPCA(2).fit(zarr.open_array({str(store)!r}, mode="r"))
+        except InvalidInputError as exc:
+            print("REFUSED", exc)
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = r.stdout.split("REFUSED", 1)[1].split("PEAK_MB")[0].strip()
+    assert "\n" not in line
+    assert f"claims shape ({BIG}, 4)" in line and "big.zarr" in line
+    assert "Restore the store" in line
+    assert _peak(r.stdout) < 600  # MB
+
+
+@pytest.mark.cluster
 def test_validate_refuses_it_before_anything_starts(tmp_path):
     store = _claims_1e12_rows(tmp_path / "big.zarr")
     cfg = {
