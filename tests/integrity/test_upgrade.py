@@ -28,7 +28,8 @@ import yaml
 from tests.published import tree_bytes
 from tests.reliability.helpers import ROOT, blobs, env, kpca
 
-pytestmark = pytest.mark.cluster  # the previous release's `kpca run`, `kpca` commands
+# slow: the previous release is unpacked from git and runs `kpca run` once (about a minute)
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # its `kpca run`, `kpca` commands
 
 N, D = 600, 6
 #: the top-level paths the previous release documented for a run without labels

@@ -119,6 +119,7 @@ def test_fresh_lock_of_another_host_is_refused_on_s3(s3_store):
     assert _record(s3_store, out) == record
 
 
+@pytest.mark.slow  # several lease periods of a real holder process
 def test_live_holder_of_another_host_keeps_its_lock_on_s3(s3_store):
     """A real process holding the lock as another host (its own host name; no flock on an
     object store: only the lease speaks for it) with a 3 s lease: refused to a
@@ -159,6 +160,7 @@ def test_live_holder_of_another_host_keeps_its_lock_on_s3(s3_store):
         assert lock.holder.host != "node-a"
 
 
+@pytest.mark.slow  # several lease periods of a real holder process
 def test_holder_whose_renewals_fail_past_its_lease_publishes_nothing(s3_store):
     """Every write of the lock object answered 500 for longer than the lease: the holder
     cannot know whether another host broke its lock, so it publishes nothing (its commit

@@ -64,8 +64,13 @@ def test_kpca_update_on_s3_merges_and_leaves_the_base_run_unchanged(s3, data, tm
     manifest = json.loads(_kpca("info", new, "--json", "--storage-options", flag).stdout)
     assert manifest["update"]["version"] == 2
     assert manifest["update"]["n_rows"] == 600 + 120
-    # the published run is never modified, and it still verifies
-    assert _objects(fs, f"{bucket}/runs/nys") == before
+    # the published run is never modified, and it still verifies; the update added only
+    # its hold on the base's version and rows (holds/, issue 36), naming the new run
+    after = _objects(fs, f"{bucket}/runs/nys")
+    held = [k for k in after if k.startswith(f"{bucket}/runs/nys/holds/")]
+    assert len(held) == 1 and {k: v for k, v in after.items() if k not in held} == before
+    hold = json.loads(fs.cat(held[0]))
+    assert hold["kind"] == "hold" and hold["holder"].rstrip("/").endswith("runs/nys-v2")
     assert _kpca("info", base, "--storage-options", flag).returncode == 0
     # no credential in any object the update wrote, nor in its output
     for key in fs.find(f"{bucket}/runs/nys-v2"):
