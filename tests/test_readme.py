@@ -32,6 +32,8 @@ NOT_RUN = {
     "kpca info ": "needs a finished run (runs/today); tests/flows/test_cli.py covers it",
     "kpca transform ": "needs a finished run; tests/flows/test_cli.py covers it",
     "kpca unlock ": "needs a locked run; tests/reliability/test_lock.py covers it",
+    "kpca drain ": "needs a running Prefect work pool and worker; tests/deploy/test_drain.py "
+    "drains one (slow)",
     "kpca migrate ": "needs an earlier release's output; tests/integrity/test_upgrade.py "
     "builds one with that release's code and migrates it",
     "kpca update ": "needs a published run; tests/pipeline/test_update_pipeline.py runs it",
