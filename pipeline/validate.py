@@ -31,9 +31,11 @@ from .checks.findings import (
     Finding,
     PrestartError,
     Stop,
+    Unreachable,
     Validation,
     open_fs,
     short,
+    unreachable,
 )
 from .checks.inputs import check_evaluate, check_input
 from .config import PipelineConfig
@@ -86,9 +88,14 @@ def _check_output(cfg: PipelineConfig, v: Validation, *, probe: bool) -> None:
             "output.path (or --output) to a folder this user may write."
         ) from None
     except Exception as exc:  # noqa: BLE001 - network, credentials
-        raise Stop(
-            f"cannot reach output {raw!r} ({type(exc).__name__}: {short(exc)}); check the "
-            "URL, the network and the credentials in the environment."
+        kind = unreachable(exc)
+        fix = (
+            "the store did not answer (network or server); re-run when it is reachable."
+            if kind is Unreachable
+            else "check the URL, the network and the credentials in the environment."
+        )
+        raise kind(
+            f"cannot reach output {raw!r} ({type(exc).__name__}: {short(exc)}); {fix}"
         ) from None
     if is_file:
         raise Stop(f"output path {raw} is a file, not a folder; choose another output.path.")
@@ -139,6 +146,13 @@ def _check_not_overlapping(cfg: PipelineConfig, out: str, local: bool) -> None:
         )
 
 
+def _unanswered(raw: str, exc: BaseException) -> Unreachable:
+    return Unreachable(
+        f"cannot write to output {raw} ({type(exc).__name__}: {short(exc)}): the store did "
+        "not answer (network or server); re-run when it is reachable."
+    )
+
+
 def _probe_writable(raw: str, fs, out: str, local: bool) -> None:
     """Write and remove a probe file in the output; create missing folders for it and
     remove exactly those again (deepest first). Nothing the probe did not create is touched."""
@@ -186,12 +200,16 @@ def _probe_writable(raw: str, fs, out: str, local: bool) -> None:
                 f"cannot write {raw}: the file system is read-only; set output.path (or "
                 "--output) to a writable folder."
             ) from None
+        if not local and unreachable(exc) is Unreachable:
+            raise _unanswered(raw, exc) from None
         why = "permission denied" if isinstance(exc, PermissionError) else short(exc)
         raise Stop(
             f"cannot write to output {raw} ({why}); set output.path (or --output) to a "
             "folder this user may write."
         ) from None
     except Exception as exc:  # noqa: BLE001 - object stores raise their own kinds
+        if unreachable(exc) is Unreachable:
+            raise _unanswered(raw, exc) from None
         raise Stop(
             f"cannot write to output {raw} ({type(exc).__name__}: {short(exc)}); check "
             "output.path, its permissions and the credentials in the environment."
@@ -223,7 +241,7 @@ def validate(
         try:
             check()
         except Stop as stop:
-            v.findings.append(Finding(name, str(stop)))
+            v.findings.append(Finding(name, str(stop), transient=isinstance(stop, Unreachable)))
     check_evaluate(cfg, v)
     return v
 
@@ -237,5 +255,5 @@ def validate_input(inp: Any, *, full: bool = True) -> Validation:
     try:
         check_input(SimpleNamespace(input=inp), v)
     except Stop as stop:
-        v.findings.append(Finding("input", str(stop)))
+        v.findings.append(Finding("input", str(stop), transient=isinstance(stop, Unreachable)))
     return v

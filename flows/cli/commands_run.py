@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .console import interrupt_line, prefect_line, say, start_runtime
-from .exits import EXIT_USAGE
+from .exits import EXIT_FAILED, EXIT_USAGE
 from .fresh_output import discard_fresh_output, new_local_folder
 from .overrides import cluster_overrides
 
@@ -66,7 +66,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not v.ok:
         for f in v.errors:
             print(f"kpca validate: error: {f.message}", file=sys.stderr)
-        return EXIT_USAGE
+        # only a store or network that did not answer: the environment's (exit 1)
+        return EXIT_FAILED if all(f.transient for f in v.errors) else EXIT_USAGE
     print(f"kpca validate: ok: {v.summary(cfg)}")
     return 0
 

@@ -41,7 +41,9 @@ def report_error(command: str, exc: Exception, where: str = "") -> int:
     if findings and is_user_error(exc):  # the pre-start checks: one line per problem
         for f in findings:
             print(f"kpca {command}: error: {f.message}", file=sys.stderr)
-        return EXIT_USAGE
+        # a store or network that did not answer is the environment's failure, not the
+        # user's: exit 1 (re-run), as the same failure met after the start would
+        return EXIT_FAILED if getattr(exc, "transient", False) else EXIT_USAGE
     if is_user_error(exc):
         msg = _user_message(exc).strip().splitlines()
         print(

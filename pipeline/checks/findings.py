@@ -20,11 +20,13 @@ __all__ = [
     "Finding",
     "PrestartError",
     "Stop",
+    "Unreachable",
     "Validation",
     "input_format",
     "is_numeric",
     "open_fs",
     "short",
+    "unreachable",
 ]
 
 #: rows of a table (or NPY file) read to check types and the NaN policy
@@ -38,6 +40,9 @@ class Finding:
     check: str  # input, format, columns, label, id, types, nonfinite, evaluate, output, run
     message: str
     level: Literal["error", "note"] = "error"
+    #: the store or network did not answer (not the user's input): re-running may pass,
+    #: so a run stopped by such findings alone exits 1, not 2 (flows/cli/exits.py)
+    transient: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -51,6 +56,11 @@ class PrestartError(UserError, ValueError):
     def __init__(self, findings: list[Finding]):
         self.findings = [f for f in findings if f.level == "error"]
         super().__init__("\n".join(f.message for f in self.findings))
+
+    @property
+    def transient(self) -> bool:
+        """Every error is a store or network that did not answer (exit 1, not 2)."""
+        return bool(self.findings) and all(f.transient for f in self.findings)
 
 
 @dataclass
@@ -106,6 +116,20 @@ class Validation:
 class Stop(UserError):
     """A check failed in a way that makes the later checks meaningless; its message is
     the finding (pipeline/validate.py records it, it never leaves the checks)."""
+
+
+class Unreachable(Stop):
+    """A Stop because the store or network did not answer (a 503, a timeout, a refused
+    connection): not the user's input, so the finding is ``transient``."""
+
+
+def unreachable(exc: BaseException) -> type[Stop]:
+    """The Stop for a store that failed to answer with ``exc``: :class:`Unreachable` for a
+    network or server failure (re-running may pass), a plain :class:`Stop` for the rest
+    (credentials, permissions, a missing bucket: the user's to fix)."""
+    from ..errors import is_transient
+
+    return Unreachable if is_transient(exc) else Stop
 
 
 def open_fs(path: str, options: dict[str, Any]):

@@ -16,6 +16,7 @@ from .findings import (
     input_format,
     open_fs,
     short,
+    unreachable,
 )
 from .rows import check_sample_finite, scan_rows
 from .tables import check_table
@@ -46,7 +47,7 @@ def check_input(cfg: PipelineConfig, v: Validation) -> None:
     try:
         exists = fs.exists(fs_path)
     except Exception as exc:  # noqa: BLE001 - network, credentials, permissions
-        raise Stop(
+        raise unreachable(exc)(
             f"cannot reach input {inp.path!r} ({type(exc).__name__}: {short(exc)}); check "
             "the URL, the network and the credentials in the environment."
         ) from None
