@@ -322,8 +322,8 @@ def _short(exc: BaseException, n: int = 160) -> str:
 def load_pointer(root: Location) -> tuple[dict | None, str | None]:
     """The pointer and what is wrong with it: ``(pointer, None)`` when it is readable,
     ``(None, None)`` when there is none, ``(None, why)`` when it is damaged (not JSON,
-    truncated, not an object, or a version's manifest copied over it in an output that
-    keeps versions)."""
+    truncated, not an object, a version's manifest copied over it in an output that
+    keeps versions, or naming a version whose manifest is gone from the store)."""
     try:
         pointer = read_pointer(root)
     except RunIncompleteError as exc:
@@ -340,6 +340,15 @@ def load_pointer(root: Location) -> tuple[dict | None, str | None]:
         return pointer, None
     if not _valid_id(pointer.get("version")):
         return None, f"damaged (its version {pointer.get('version')!r} is not a version id)"
+    vid = pointer["version"]
+    named = version_location(root, vid).child(MANIFEST)
+    if not named.is_local:
+        named.refresh()
+    if not named.exists():  # a store error raises: never taken for a missing version
+        return None, (
+            f"damaged (it names version {vid}, whose folder has no manifest: removed by "
+            "hand or by a lifecycle rule?)"
+        )
     return pointer, None
 
 

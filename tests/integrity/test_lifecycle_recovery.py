@@ -256,6 +256,30 @@ def test_a_damaged_pointer_is_rebuilt_from_the_newest_verified_version(out, dama
     assert p["version"] == new and [h["version"] for h in p["history"]] == ids[::-1]
 
 
+def test_a_pointer_naming_a_removed_version_is_recovered_not_refused(out, caplog):
+    """The published version's folder is deleted (by hand, a lifecycle rule): the pointer
+    names a version that is not there. Readers read the newest version that verifies
+    (one WARNING line, read-only); the next writer rewrites the pointer and keeps every
+    other version. Before: every reader and night refused with "version ... named by its
+    manifest is missing"."""
+    ids = [night(out, n) for n in range(3)]
+    gone = out.child("versions", ids[-1])
+    gone.fs.rm(gone.fs_path, recursive=True)
+    gone.refresh()
+    caplog.set_level(logging.WARNING, logger="pipeline")
+    caplog.clear()
+    pub = resolve(out)
+    assert pub.version == ids[1]
+    np.testing.assert_array_equal(pub.data.open_group("r")["embedding"][...], expect(1))
+    warn = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warn) == 1 and ids[-1] in warn[0] and "read-only" in warn[0], warn
+    assert pointer_of(out)["version"] == ids[-1]  # a reader writes nothing
+    new = night(out, 3)
+    assert set(version_ids(out)) == set(ids[:2]) | {new}
+    p = pointer_of(out)
+    assert p["version"] == new and [h["version"] for h in p["history"]] == ids[1::-1]
+
+
 def test_rebuild_skips_a_newest_version_that_does_not_verify(out):
     """The newest complete version lacks a chunk: the pointer is rebuilt from the one
     before it (a damaged version is never published by recovery)."""

@@ -102,8 +102,8 @@ def test_the_pointer_and_the_versions_manifest_must_agree(tmp_path):
     m.write_text(json.dumps({"status": "complete", "n": 5}))
     with pytest.raises(RunCorruptError, match="differ"):
         resolve(root)
-    m.unlink()
-    with pytest.raises(RunCorruptError, match="is missing"):
+    m.unlink()  # the pointer names a version that is gone: nothing to recover it from
+    with pytest.raises(RunIncompleteError, match=f"names version {vid}, whose folder has no"):
         resolve(root)
 
 
