@@ -258,6 +258,7 @@ def denoise_to_store(
     storage_options: dict | None = None,
     ignore_extra: bool = False,
     keep_versions: int | None = None,
+    retention_grace_hours: float | None = None,
 ) -> dict[str, Any]:
     """``kpca transform --inverse``: denoised rows of new data with a saved model (zarr).
 
@@ -280,6 +281,7 @@ def denoise_to_store(
             storage_options=storage_options,
             ignore_extra=ignore_extra,
             keep_versions=keep_versions,
+            retention_grace_hours=retention_grace_hours,
         )
 
 
@@ -324,6 +326,7 @@ def _denoise_to_store(
     storage_options,
     ignore_extra,
     keep_versions=None,
+    retention_grace_hours=None,
 ) -> dict[str, Any]:
     from .publish import check_transform_output, publish_output
     from .transform import open_transform, verify_transform_output
@@ -373,6 +376,7 @@ def _denoise_to_store(
         recheck=recheck,
         storage_options=storage_options,
         keep=keep_versions,
+        grace=None if retention_grace_hours is None else retention_grace_hours * 3600,
         record={
             "kind": "kpca-dask-denoised",
             "format": "zarr",

@@ -207,6 +207,7 @@ def transform_to_store(
     storage_options: dict | None = None,
     ignore_extra: bool = False,
     keep_versions: int | None = None,
+    retention_grace_hours: float | None = None,
 ) -> dict:
     """Embed ``input_cfg``'s rows with the model; write zarr or Parquet at ``output``.
 
@@ -235,6 +236,7 @@ def transform_to_store(
             ignore_extra,
             t0,
             keep_versions,
+            retention_grace_hours,
         )
 
 
@@ -248,6 +250,7 @@ def _transform_to_store(
     ignore_extra,
     t0,
     keep_versions=None,
+    retention_grace_hours=None,
 ) -> dict:
     out, model, src = open_transform(
         model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra
@@ -283,6 +286,7 @@ def _transform_to_store(
         recheck=recheck,
         storage_options=storage_options,
         keep=keep_versions,
+        grace=None if retention_grace_hours is None else retention_grace_hours * 3600,
         record={
             "kind": "kpca-dask-transform",
             "format": "parquet" if parquet else "zarr",

@@ -130,6 +130,8 @@ def _load_run_config(args: argparse.Namespace, *, absolute: bool = True):
     cluster_overrides(cfg, args)
     if getattr(args, "keep_versions", None) is not None:
         cfg.output.keep_versions = args.keep_versions
+    if getattr(args, "retention_grace_hours", None) is not None:
+        cfg.output.retention_grace_hours = args.retention_grace_hours
     # relative paths against this folder, once: the manifest records where things are
     return with_absolute_paths(cfg) if absolute else cfg
 

@@ -71,6 +71,7 @@ def _transform(args: argparse.Namespace, inp, options: dict) -> int:
             storage_options=options,
             ignore_extra=args.ignore_extra,
             keep_versions=args.keep_versions,
+            retention_grace_hours=args.retention_grace_hours,
         )
         late = res["fixed_point_not_converged"]
         print(
@@ -92,6 +93,7 @@ def _transform(args: argparse.Namespace, inp, options: dict) -> int:
         storage_options=options,
         ignore_extra=args.ignore_extra,
         keep_versions=args.keep_versions,
+        retention_grace_hours=args.retention_grace_hours,
     )
     print(
         f"kpca: embedded {res['rows']} rows into {res['components']} components -> "

@@ -38,6 +38,8 @@ def cmd_update(args: argparse.Namespace) -> int:
     )
     if args.keep_versions is not None:
         cfg.output.keep_versions = args.keep_versions
+    if args.retention_grace_hours is not None:
+        cfg.output.retention_grace_hours = args.retention_grace_hours
     cluster_overrides(cfg, args)
     if args.prefect:
         from ..runtime import check_prefect_api

@@ -128,6 +128,26 @@ def _keep_flag(p) -> None:
         help="how many published versions of the output to keep, the new one included "
         "(default: output.keep_versions, 7); older ones are deleted once it is published",
     )
+    p.add_argument(
+        "--retention-grace-hours",
+        type=_grace_hours,
+        metavar="H",
+        help="how long a version that left the kept ones stays on the store for readers "
+        "that opened it (default: output.retention_grace_hours, 24); 0 deletes it when "
+        "it expires",
+    )
+
+
+def _grace_hours(text: str) -> float:
+    import math
+
+    try:
+        h = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of hours: {text!r}") from None
+    if not math.isfinite(h) or not 0 <= h <= 24 * 366:
+        raise argparse.ArgumentTypeError(f"{text} hours: give 0 to {24 * 366} (a year)")
+    return h
 
 
 # one function per subcommand: each one's arguments in one place
