@@ -19,9 +19,7 @@ def _transform(run, new, out, *flags: str) -> None:
     assert main(argv) == 0
 
 
-def test_the_grace_period_is_a_flag_and_zero_deletes_at_expiry(
-    tmp_path, dask_client, capsys
-):
+def test_the_grace_period_is_a_flag_and_zero_deletes_at_expiry(tmp_path, dask_client, capsys):
     run = make_published_run(tmp_path / "r")
     new = tmp_path / "r" / "new.npy"
     kept, gone = tmp_path / "kept.zarr", tmp_path / "gone.zarr"
