@@ -125,8 +125,70 @@ def lease_seconds() -> float:
     return lease
 
 
-def _now_iso() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+def _now_iso(offset: float = 0.0) -> str:
+    """Now, in the store's clock: this host's time less its ``offset`` (store_offset)."""
+    now = datetime.datetime.fromtimestamp(time.time() - offset, datetime.UTC)
+    return now.isoformat(timespec="milliseconds")
+
+
+#: this process's clock less the store's, per output (seconds): measured once
+_OFFSETS: dict[str, float] = {}
+#: a clock further off than this from the store's is said so in one WARNING line
+SKEW_WARN_SECONDS = 60.0
+
+
+def store_offset(out: Location) -> float:
+    """How far this host's clock is ahead of the store's at ``out`` (seconds; negative:
+    behind), measured once per process by writing a probe object and reading the time the
+    store gave it. Lock records carry times in the store's clock (the holder's own clock
+    less its offset) and are judged against the store's clock (the judge's clock less its
+    offset), so two hosts whose clocks differ by hours neither break a live lock nor keep a
+    dead one (issue 36: clock skew). 0 when the store does not tell (then this host's clock
+    is trusted, as before)."""
+    if out.url in _OFFSETS:
+        return _OFFSETS[out.url]
+    from .probe_files import PROBE_PREFIX, new_token, remove_probe_file
+
+    probe = out.child(f"{PROBE_PREFIX}{new_token()}.clock")
+    offset = 0.0
+    try:
+        before = time.time()
+        probe.fs.pipe_file(probe.fs_path, b"kpca clock probe")
+        after = time.time()
+        if not probe.is_local:
+            probe.refresh()
+        stamp = probe.fs.modified(probe.fs_path)
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=datetime.UTC)
+        # the store stamped it between our two readings (stores that keep whole seconds
+        # truncate: half a second is added back)
+        coarse = stamp.microsecond == 0 and not probe.is_local
+        offset = (before + after) / 2 - (stamp.timestamp() + (0.5 if coarse else 0.0))
+        if abs(offset) < 2.0 + (after - before):  # within what the stamp can tell
+            offset = 0.0
+        elif abs(offset) > SKEW_WARN_SECONDS:
+            logger.warning(
+                "lock: this host's clock is %.0f s %s the store's at %s; lock times are "
+                "kept in the store's clock",
+                abs(offset),
+                "ahead of" if offset > 0 else "behind",
+                out,
+            )
+    except Exception as exc:  # noqa: BLE001 - no time from the store: trust ours
+        logger.debug("lock: the store's clock at %s is not readable (%s)", out, exc)
+        offset = 0.0
+    finally:
+        try:
+            remove_probe_file(out, probe)
+        except Exception as exc:  # noqa: BLE001 - a stale probe is cleaned by a writer
+            logger.debug("lock: clock probe %s left (%s)", probe, exc)
+    _OFFSETS[out.url] = offset
+    return offset
+
+
+def store_now(out: Location) -> float:
+    """Now in the store's clock (seconds since the epoch)."""
+    return time.time() - store_offset(out)
 
 
 def _epoch(text: str) -> float | None:
@@ -171,14 +233,14 @@ class LockHolder:
     lease: float | None = None  # seconds the holder promised to renew within
 
     @classmethod
-    def me(cls, lease: float | None = None) -> LockHolder:
+    def me(cls, lease: float | None = None, offset: float = 0.0) -> LockHolder:
         try:
             import getpass
 
             user = getpass.getuser()
         except Exception:
             user = ""
-        now = _now_iso()
+        now = _now_iso(offset)
         return cls(
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -243,9 +305,9 @@ class LockHolder:
         silent = self.silent_for(now)
         return silent is not None and silent > self.lease_s
 
-    def renewal(self) -> LockHolder:
-        """This record renewed now."""
-        return dataclasses.replace(self, renewed=_now_iso())
+    def renewal(self, offset: float = 0.0) -> LockHolder:
+        """This record renewed now (``offset``: this host's clock less the store's)."""
+        return dataclasses.replace(self, renewed=_now_iso(offset))
 
     def on_this_host(self) -> bool:
         return self.host == socket.gethostname() and (
@@ -419,7 +481,7 @@ def lock_status(out: Location) -> tuple[str, LockHolder | None]:
         return ("stale" if loc.exists() else "free"), None
     alive = holder.alive()
     if alive is None:
-        return ("expired" if holder.expired() else "foreign"), holder
+        return ("expired" if holder.expired(store_now(out)) else "foreign"), holder
     if free is True or not alive:
         return "stale", holder
     return "held", holder
@@ -441,7 +503,7 @@ def _alien_message(out: Location, what: str) -> str:
 def _locked_message(out: Location, holder: LockHolder | None, foreign: bool) -> str:
     who = holder.describe() if holder else "an unknown holder"
     if foreign:
-        silent = holder.silent_for() if holder else None
+        silent = holder.silent_for(store_now(out)) if holder else None
         left = ""
         if holder is not None and silent is not None:
             until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
@@ -479,7 +541,7 @@ def _warn_broken(out: Location, status: str, old: LockHolder | None) -> None:
             "%.0f s",
             out,
             old.describe_renewal(),
-            old.silent_for() or 0.0,
+            old.silent_for(store_now(out)) or 0.0,
         )
     else:
         logger.warning(
@@ -584,6 +646,7 @@ class RunLock:
         self._lost: str | None = None  # why the lock was lost
         self._renewer: _Renewer | None = None
         self._io = threading.Lock()  # renewal and release never write at once
+        self._offset = 0.0  # this host's clock less the store's (store_offset)
 
     # ------------------------------------------------------------------ holder
     @property
@@ -630,7 +693,7 @@ class RunLock:
             if time.monotonic() - self._renewed_at > self.lease:
                 self._lose(f"not renewed within its lease of {self.lease:g} s")
                 return False
-            new = h.renewal()
+            new = h.renewal(self._offset)
             try:
                 ok = self._write_renewal(new)
             except Exception as exc:  # noqa: BLE001 - retried at the next renewal
@@ -719,7 +782,7 @@ class RunLock:
                 raise OutputLockedError(_alien_message(self.out, alien))
             if old is not None:
                 alive = old.alive()
-                if alive is None and old.expired():
+                if alive is None and old.expired(store_now(self.out)):
                     _warn_broken(self.out, "expired", old)
                 elif alive is None or (alive and not flock_ok):
                     os.close(fd)
@@ -728,7 +791,7 @@ class RunLock:
                     )
                 else:
                     _warn_broken(self.out, "stale", old)
-            self._holder = LockHolder.me(self._lease)
+            self._holder = LockHolder.me(self._lease, self._offset)
             data = _record(self._holder)
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
@@ -743,7 +806,7 @@ class RunLock:
     # ----------------------------------------------------------------- remote
     def _acquire_remote(self) -> None:
         for _ in range(5):
-            self._holder = LockHolder.me(self._lease)
+            self._holder = LockHolder.me(self._lease, self._offset)
             if create_object(self.loc, _record(self._holder)):
                 self._version = _object_version(self.loc)
                 now = read_lock(self.out)
@@ -778,6 +841,7 @@ class RunLock:
                 f"output path {self.out} is a file, not a folder; choose another output.path."
             )
         self.out.makedirs()
+        self._offset = store_offset(self.out)
         self._lost = None
         self._renewed_at = time.monotonic()
         if self.loc.is_local:

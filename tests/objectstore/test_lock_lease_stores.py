@@ -226,3 +226,49 @@ def test_the_next_writer_removes_stale_probe_objects_on_s3(s3_store):
         pass
     left = sorted(k.rsplit("/", 1)[-1] for k in fs.find(out.fs_path))
     assert left == sorted([*fresh, *fresh, "mine.txt"])
+
+
+@pytest.mark.parametrize(
+    "skew",
+    [-7200, pytest.param(7200, marks=pytest.mark.slow)],
+    ids=["behind-2h", "ahead-2h"],
+)
+def test_a_holder_whose_clock_is_hours_off_keeps_its_lock_until_it_dies_on_s3(s3_store, skew):
+    """A live holder on a host whose clock is two hours behind (ahead) the store's: its
+    record's times are kept in the store's clock, so a contender on a right clock refuses
+    to break it while it renews (before: broken at once, "not renewed for 7200 s", and
+    two writers published) and breaks it once its lease lapses after it died (before,
+    ahead: not for two hours)."""
+    from tests.reliability.test_lock_lease import _SKEWED_CLOCK
+
+    out = _out(s3_store)
+    script = _SKEWED_CLOCK.format(skew=skew) + (
+        "import socket, sys\nsocket.gethostname = lambda: 'node-skew'\n"
+        "from pipeline.lock import RunLock\nfrom pipeline.store import Location\n"
+        f"lock = RunLock(Location({out.url!r}, {out.storage_options!r})).acquire()\n"
+        "print('held', flush=True)\nsys.stdin.readline()\nlock.release()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env(DASK_KPCA__LOCK_LEASE=str(LEASE)),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout.readline().strip() == "held", p.stderr.read()[-3000:]
+        t_end = time.monotonic() + 2 * LEASE
+        while time.monotonic() < t_end:
+            status, holder = lock_status(out)
+            assert status == "foreign" and holder.host == "node-skew", status
+            with pytest.raises(OutputLockedError, match="locked by a run on another host"):
+                RunLock(out).acquire()
+            time.sleep(0.3)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    assert wait_until(lambda: lock_status(out)[0] == "expired", 4 * LEASE)
+    with RunLock(out) as lock:
+        assert lock.holder.host != "node-skew"

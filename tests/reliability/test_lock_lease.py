@@ -301,3 +301,49 @@ def test_the_next_writer_removes_the_probe_files_a_dead_run_left(tmp_path):
         pass
     assert sorted(os.listdir(out)) == sorted([*fresh, "work"])
     assert sorted(os.listdir(out / "work")) == sorted([*fresh, "mine.txt"])
+
+
+# ------------------------------------------------------------------ clocks that differ
+#: a host whose clock is off by ``SKEW`` seconds: Python's clock in the holder process
+#: (time.time and the lock module's datetime) moved, the file system's stamps not -- as
+#: on a machine whose clock drifted while the store keeps its own
+_SKEWED_CLOCK = """
+import datetime as _dt, time as _time, types
+_real = _time.time
+_time.time = lambda: _real() + {skew}
+class _DT(_dt.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return _dt.datetime.fromtimestamp(_time.time(), tz)
+import pipeline.lock as _lock
+_lock.datetime = types.SimpleNamespace(
+    datetime=_DT, UTC=_dt.UTC, timedelta=_dt.timedelta, timezone=_dt.timezone
+)
+"""
+
+
+@pytest.mark.parametrize("skew", [-7200, 7200], ids=["behind-2h", "ahead-2h"])
+def test_a_holder_whose_clock_is_hours_off_is_judged_by_the_stores_clock(tmp_path, skew):
+    """Lock times are kept and judged in the store's clock (the file system's stamps here):
+    a holder on a host whose clock is two hours ahead is broken once its lease lapses
+    after it died (by its own clock it renewed in the future: before, it held the output
+    for two hours); one two hours behind is never taken for expired while alive (S3, where
+    no flock speaks for it: tests/objectstore/test_lock_lease_stores.py)."""
+    out = tmp_path / "out"
+    p = _start(_SKEWED_CLOCK.format(skew=skew) + _holder_script(out, host="node-skew"))
+    try:
+        t_end = time.monotonic() + 2 * LEASE
+        while time.monotonic() < t_end:  # alive and renewing: refused all along
+            # (on local disk its flock speaks for it too; on object stores only the
+            # lease does: tests/objectstore/test_lock_lease_stores.py)
+            assert lock_status(Location(str(out)))[0] in ("held", "foreign")
+            with pytest.raises(OutputLockedError):
+                RunLock(Location(str(out))).acquire()
+            time.sleep(0.3)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    # dead: broken once its lease has lapsed, by the store's clock (not two hours later)
+    assert wait_until(lambda: lock_status(Location(str(out)))[0] == "expired", 4 * LEASE)
+    with RunLock(Location(str(out))) as lock:
+        assert lock.holder.host != "node-skew"
