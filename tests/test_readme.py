@@ -37,7 +37,7 @@ NOT_RUN = {
     "kpca migrate ": "needs an earlier release's output; tests/integrity/test_upgrade.py "
     "builds one with that release's code and migrates it",
     "kpca update ": "needs a published run; tests/pipeline/test_update_pipeline.py runs it",
-    "kpca demo": "the whole demo job (about a minute); tests/flows/test_cli.py runs it",
+    "kpca demo": "the whole demo job (about a minute); tests/flows/test_cli.py runs it (slow)",
     "python benchmarks/": "a benchmark (minutes to hours); results in docs/benchmarks.md",
     "kpca calibrate": "measures this machine (20 s) and writes the user's calibration file; "
     "tests/flows/test_plan_cli.py runs `kpca calibrate --quick` into a temporary file",

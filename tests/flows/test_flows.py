@@ -169,6 +169,9 @@ def first_run(prefect_api, dask_cluster, data_dir):
 
 
 # ---------------------------------------------------------------------- tests
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~45 s;
+# tests/flows/test_cli.py::test_run_publishes_a_verified_run runs the flow from the CLI
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_flow_publishes_a_verified_run_with_artifacts(first_run, dask_cluster):
     """Every stage runs once, the run verifies, and the artifacts describe it."""
@@ -372,6 +375,7 @@ def test_deleted_stores_are_rebuilt_not_trusted(first_run):
     assert verify_run(out) == published  # the published run was never withdrawn
 
 
+@pytest.mark.slow  # moved out of the default run (its 20-minute budget, 2026-11-28): ~15 s
 @pytest.mark.distributed
 def test_a_stage_added_to_the_registry_runs_in_the_flow_and_is_cached(first_run, monkeypatch):
     """Registering a toy stage is the only edit: the flow runs it as a task (the other
@@ -569,6 +573,9 @@ def test_invalid_parameters_fail_before_any_task(prefect_api, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~18 s; test_cli_prefect.py's
+# unreachable API test stays
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_cli_without_any_prefect_api_says_what_to_do(data_dir, tmp_path, dask_cluster):
     """Ephemeral mode off and no PREFECT_API_URL: one clear line, exit 2, nothing written;

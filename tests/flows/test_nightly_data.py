@@ -227,6 +227,7 @@ def _batch(home: Path, name: str, df: pd.DataFrame) -> Path:
     return path
 
 
+@pytest.mark.slow  # moved out of the default run (its 20-minute budget, 2026-11-28): ~35 s
 def test_update_from_another_folder_with_columns_by_name(series, tmp_path):
     """v1 was started as `--output runs/v1` in its folder; `kpca update` from another
     folder finds every path (all absolute in both manifests), takes the batch's columns by
@@ -272,6 +273,9 @@ def test_update_from_another_folder_with_columns_by_name(series, tmp_path):
     assert v2["input"]["features"]["selection"] == v1["input"]["features"]["selection"]
 
 
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~35 s;
+# tests/pipeline/test_update_pipeline.py::test_update_refuses_in_one_line stays
+@pytest.mark.slow
 def test_update_refusals_name_the_columns_and_leave_nothing(series, tmp_path):
     home = series
     batch = _table(50, 12, first_id=BIG + 50_000)

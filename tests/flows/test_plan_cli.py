@@ -48,6 +48,7 @@ def test_plan_without_a_readable_input_says_so(tmp_path, capsys):
     assert "--rows and --features" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # moved out of the default run (its 20-minute budget, 2026-11-28): ~25 s
 @pytest.mark.distributed
 @pytest.mark.cluster  # a kpca command or a Prefect run
 def test_calibrate_writes_what_plan_reads(tmp_path, capsys):

@@ -166,6 +166,9 @@ def _workers(iso) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------- refused
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~40 s; the probe's refusal is
+# test_transform_local_model_refused_before_reading_it
+@pytest.mark.slow
 def test_transform_local_output_refused_before_writing(
     iso, client_dir, base, bucket, s3_server
 ):
@@ -207,6 +210,8 @@ def test_transform_local_model_refused_before_reading_it(
     assert _keys(s3_server, bucket) == before
 
 
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~12 s; as above
+@pytest.mark.slow
 def test_update_local_base_refused_before_writing(iso, client_dir, base, bucket, s3_server):
     """``kpca update`` of a local base run the workers cannot see, to s3: refused naming
     the base run, before the new run has a single object; ``kpca info`` finds none."""

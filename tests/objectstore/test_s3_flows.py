@@ -44,7 +44,9 @@ from pipeline.stages import REGISTRY
 from tests.objectstore.s3server import CREDENTIAL_ENV
 from tests.published import version_dir
 
-pytestmark = pytest.mark.flows
+# the S3 flows (~110 s): moved out of the default run (its 20-minute budget, 2026-11-28);
+# an S3 run is tests/objectstore/test_s3_pipeline.py's, the flow is tests/flows/test_cli.py's
+pytestmark = [pytest.mark.flows, pytest.mark.slow]
 
 RNG = np.random.default_rng(14)
 N = 300

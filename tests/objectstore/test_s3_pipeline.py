@@ -198,6 +198,9 @@ def test_s3_run_is_identical_to_the_local_run(s3, s3_run, local_run):
     _assert_same_run(_artifacts(out, server.storage_options), local_run)
 
 
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~33 s;
+# test_s3_run_is_identical_to_the_local_run stays
+@pytest.mark.slow
 def test_kpca_info_and_transform_on_the_s3_run(tmp_path, s3, s3_run, data):
     """``kpca info`` and ``kpca transform`` read the run in the bucket with
     ``--storage-options`` (inline JSON, or a YAML file), write their output there, and

@@ -71,7 +71,7 @@ def test_remote_problems_are_found_before_anything_starts(s3_server, s3_bucket):
     ("command", "methods"),
     [
         pytest.param("validate", ("GET", "HEAD"), id="validate-reads"),
-        pytest.param("run", WRITE_METHODS, id="run-writes"),
+        pytest.param("run", WRITE_METHODS, id="run-writes", marks=pytest.mark.slow),
         # ~20 s each: the other two pairs on demand
         pytest.param("run", ("GET", "HEAD"), id="run-reads", marks=pytest.mark.slow),
         pytest.param("validate", WRITE_METHODS, id="validate-writes", marks=pytest.mark.slow),

@@ -33,6 +33,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.cluster]
 N_BLOCKS = 12 * 13 // 2  # 2400 rows in blocks of 200: upper blocks
 
 
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~85 s; a stopped run resuming
+# is tests/flows/test_cli_prefect.py's SIGTERM test
+@pytest.mark.slow
 def test_killed_job_resumes_and_publishes_identical_artifacts(
     tmp_path, e2e_data, reference_run
 ):

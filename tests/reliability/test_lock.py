@@ -44,6 +44,9 @@ def cli(*args) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+# moved out of the default run (its 20-minute budget, 2026-11-28): ~50 s; a live holder refusing
+# a contender is tests/reliability/test_lock_lease.py's
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_second_run_to_the_same_output_is_refused(tmp_path, e2e_data, reference_run):
     """While one run works on an output (frozen by SIGSTOP in its kernel build, so that it
