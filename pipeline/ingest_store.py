@@ -152,7 +152,7 @@ def keep_held_rows(store: Location) -> None:
     links on local disk (no bytes copied), a server-side copy on an object store -- so the
     lineage still reads them; and remove the kept copies no hold names any more (only
     ours). The writer calls this holding the output's lock."""
-    from .lineage import held_rows, kept_rows_location
+    from .lineage import fingerprint_at, held_rows, kept_rows_location
 
     probe = kept_rows_location(store, "x")
     if probe is None:  # not an output's ingest store (a transform's, a test's)
@@ -160,22 +160,10 @@ def keep_held_rows(store: Location) -> None:
     folder = Location.at(probe.url.rpartition("/")[0], store.storage_options)
     root = Location.at(store.url.rstrip("/").rsplit("/", 2)[0], store.storage_options)
     held = held_rows(root)
-    fp = _complete_fingerprint(store)
+    fp = fingerprint_at(store)
     if fp is not None and fp in held:
         _keep(store, kept_rows_location(store, fp), fp)
     _drop_unheld(folder, {kept_rows_location(store, f).url for f in held})
-
-
-def _complete_fingerprint(store: Location) -> str | None:
-    try:
-        if not store.child("zarr.json").exists():
-            return None
-        attrs = dict(store.open_group("r").attrs)
-    except Exception:  # noqa: BLE001 - nothing complete there: nothing to keep
-        return None
-    if attrs.get("status") != "complete":
-        return None
-    return (attrs.get("result") or {}).get("fingerprint")
 
 
 def _keep(store: Location, kept: Location, fp: str) -> None:
@@ -183,9 +171,10 @@ def _keep(store: Location, kept: Location, fp: str) -> None:
     copy cut short is no complete store); nothing when a complete copy is there."""
     from kpca_dask.removal import MARKER_FILE
 
+    from .lineage import fingerprint_at
     from .ownership import mark_folder
 
-    if _complete_fingerprint(kept) == fp:
+    if fingerprint_at(kept) == fp:
         return
     if kept.exists():  # a copy cut short by a killed writer: ours (marked first)
         kept.remove(root=kept)
@@ -208,7 +197,7 @@ def _keep(store: Location, kept: Location, fp: str) -> None:
             fs.copy(body, [d + f[len(s) :] for f in body])
         fs.copy(f"{s}/zarr.json", f"{d}/zarr.json")
         kept.refresh()
-    if _complete_fingerprint(kept) != fp:
+    if fingerprint_at(kept) != fp:
         raise CorruptObjectError(
             f"the copy {kept} of the ingest store {store} that a later update's lineage "
             "needs is not complete; re-run: the ingest stage copies it again."

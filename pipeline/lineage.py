@@ -124,7 +124,7 @@ def kept_rows_location(store: Location, fingerprint: str) -> Location | None:
     return Location.at(head, store.storage_options).child("ingest", f"{safe}.zarr")
 
 
-def _fingerprint_at(store: Location) -> str | None:
+def fingerprint_at(store: Location) -> str | None:
     """The fingerprint of the complete ingest store at ``store`` (None: none there)."""
     try:
         if not store.is_local:
@@ -146,10 +146,10 @@ def rows_location(entry: dict[str, Any]) -> Location:
     (:func:`verify_entry` then says why it cannot be read)."""
     store = _store(entry)
     want = entry.get("fingerprint")
-    if not want or _fingerprint_at(store) == want:
+    if not want or fingerprint_at(store) == want:
         return store
     kept = kept_rows_location(store, want)
-    if kept is not None and _fingerprint_at(kept) == want:
+    if kept is not None and fingerprint_at(kept) == want:
         return kept
     return store
 

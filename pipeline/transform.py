@@ -235,23 +235,14 @@ def transform_to_store(
             storage_options,
             ignore_extra,
             t0,
-            keep_versions,
-            retention_grace_hours,
+            (keep_versions, retention_grace_hours),
         )
 
 
 def _transform_to_store(
-    model_path,
-    input_cfg,
-    output,
-    chunks,
-    overwrite,
-    storage_options,
-    ignore_extra,
-    t0,
-    keep_versions=None,
-    retention_grace_hours=None,
+    model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra, t0, keep
 ) -> dict:
+    keep_versions, retention_grace_hours = keep  # how many versions kept, and how long
     out, model, src = open_transform(
         model_path, input_cfg, output, chunks, overwrite, storage_options, ignore_extra
     )
