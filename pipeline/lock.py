@@ -401,8 +401,10 @@ def _read_text(out: Location) -> str | None:
             return None
         if loc.fs.isdir(loc.fs_path):
             raise IsADirectoryError(errno.EISDIR, "a folder", str(loc))
-        with loc.fs.open(loc.fs_path, "rb") as f:
-            return f.read(1 << 20).decode("utf-8", errors="replace")
+        # one ranged GET, not a file object: s3fs's file pins the ETag it first saw, so a
+        # renewal between its HEAD and its GET failed the read ("FileExpired")
+        data = loc.fs.cat_file(loc.fs_path, start=0, end=1 << 20)
+        return data.decode("utf-8", errors="replace")
     except (FileNotFoundError, NotADirectoryError):
         return None
     except IsADirectoryError:

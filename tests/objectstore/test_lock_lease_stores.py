@@ -35,6 +35,30 @@ def _record(store, out: Location) -> dict:
     return json.loads(fs.cat_file(out.child(LOCK_NAME).fs_path))
 
 
+def _start_holder(out: Location, host: str, prelude: str = "") -> subprocess.Popen:
+    """A real process holding ``out``'s lock as host ``host`` (no flock on an object
+    store: only the lease speaks for it) with a LEASE-second lease, until its stdin ends."""
+    script = prelude + (
+        f"import socket, sys\nsocket.gethostname = lambda: {host!r}\n"
+        "from pipeline.lock import RunLock\nfrom pipeline.store import Location\n"
+        f"lock = RunLock(Location({out.url!r}, {out.storage_options!r})).acquire()\n"
+        "print('held', flush=True)\nsys.stdin.readline()\nlock.release()\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env(DASK_KPCA__LOCK_LEASE=str(LEASE)),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if p.stdout.readline().strip() != "held":
+        p.kill()
+        raise AssertionError(p.stderr.read()[-3000:])
+    return p
+
+
 def _put(store, out: Location, data: bytes) -> None:
     store.filesystem().pipe_file(out.child(LOCK_NAME).fs_path, data)
 
@@ -125,23 +149,8 @@ def test_live_holder_of_another_host_keeps_its_lock_on_s3(s3_store):
     object store: only the lease speaks for it) with a 3 s lease: refused to a
     contender over three lease periods; killed, its lock is broken once the lease lapses."""
     out = _out(s3_store)
-    script = (
-        "import socket, sys\nsocket.gethostname = lambda: 'node-a'\n"
-        "from pipeline.lock import RunLock\nfrom pipeline.store import Location\n"
-        f"lock = RunLock(Location({out.url!r}, {out.storage_options!r})).acquire()\n"
-        "print('held', flush=True)\nsys.stdin.readline()\nlock.release()\n"
-    )
-    p = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env(DASK_KPCA__LOCK_LEASE=str(LEASE)),
-        text=True,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    p = _start_holder(out, "node-a")
     try:
-        assert p.stdout.readline().strip() == "held", p.stderr.read()[-3000:]
         seen = set()
         t_end = time.monotonic() + 3 * LEASE
         while time.monotonic() < t_end:
@@ -242,23 +251,8 @@ def test_a_holder_whose_clock_is_hours_off_keeps_its_lock_until_it_dies_on_s3(s3
     from tests.reliability.test_lock_lease import _SKEWED_CLOCK
 
     out = _out(s3_store)
-    script = _SKEWED_CLOCK.format(skew=skew) + (
-        "import socket, sys\nsocket.gethostname = lambda: 'node-skew'\n"
-        "from pipeline.lock import RunLock\nfrom pipeline.store import Location\n"
-        f"lock = RunLock(Location({out.url!r}, {out.storage_options!r})).acquire()\n"
-        "print('held', flush=True)\nsys.stdin.readline()\nlock.release()\n"
-    )
-    p = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env(DASK_KPCA__LOCK_LEASE=str(LEASE)),
-        text=True,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    p = _start_holder(out, "node-skew", prelude=_SKEWED_CLOCK.format(skew=skew))
     try:
-        assert p.stdout.readline().strip() == "held", p.stderr.read()[-3000:]
         t_end = time.monotonic() + 2 * LEASE
         while time.monotonic() < t_end:
             status, holder = lock_status(out)
