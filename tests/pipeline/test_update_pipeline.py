@@ -135,10 +135,10 @@ def test_merge_equals_union_fit_and_leaves_the_base_run_unchanged(base_run, dask
     assert drift["action"] == "merge" and not drift["drifted"]
     assert set(drift["checks"]) >= {"novelty", "captured_variance", "embedding_mean"}
 
-    # a second batch on top: v3, every row of the lineage counted, still exact
+    # a second batch on top, without --output: the third night of the series, published as
+    # a new version of v2's output itself (issue 37), every row of the lineage counted
     run_update(update_config(str(folder / "v2"), str(folder / "b2.npy")))
-    v3 = Path(default_output(Location(str(folder / "v2")), 3))
-    assert v3.name == "v3"  # a run named v<N> is one of a series: v<N+1> beside it
+    v3 = folder / "v2"
     m3 = verify_run(v3)
     assert m3["update"]["version"] == 3 and len(m3["update"]["rows"]) == 3
     X2 = np.load(folder / "b2.npy")
