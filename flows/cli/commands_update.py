@@ -92,6 +92,7 @@ def _print_summary(cfg, summary) -> None:
         f"{upd['batch_rows']} new rows ({upd['n_rows']} rows in all) because {upd['reason']}"
         + (f" [version {summary.version}]" if summary.version else "")
     )
+    print(f"  batch         {(upd.get('batch') or {}).get('path') or cfg.input.path}")
     for name, c in (upd.get("changes") or {}).items():
         state = "changed" if c["changed"] else "kept"
         print(f"  {name:<13} {state} ({c['base']} -> {c['new']}): {c['why']}")
