@@ -38,8 +38,8 @@ def _plain_ids(url: str, opts: dict) -> list[int]:
         root, opts = {url!r}, json.loads({json.dumps(opts)!r})
         fs, path = fsspec.core.url_to_fs(root, **opts)
         pointer = json.loads(fs.cat_file(path + "/manifest.json"))
-        with fs.open(path + "/" + pointer["version_path"] + "/embedding.parquet") as f:
-            print(json.dumps(pq.read_table(f).column("id").to_pylist()))
+        pq_path = path + "/" + pointer["version_path"] + "/embedding.parquet"  # a dataset
+        print(json.dumps(pq.read_table(pq_path, filesystem=fs).column("id").to_pylist()))
         """
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
