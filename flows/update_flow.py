@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 
 from pipeline.cluster import dask_client
 from pipeline.config import PipelineConfig, with_absolute_paths
+from pipeline.errors import UserError
 from pipeline.export import verify_run
 from pipeline.layout import run_layout
 from pipeline.run import run_lock, run_stages, stage_begin
@@ -98,19 +99,65 @@ def kpca_update_from(
     policy: str | None = None,
     storage_options: dict[str, Any] | None = None,
     input_storage_options: dict[str, Any] | None = None,
+    logical_date: str | None = None,
 ) -> dict[str, Any]:
     """The deployment's entry point: parameters as on the command line (kpca update;
-    storage options without credentials, which come from the pod's environment)."""
-    return kpca_update(
-        update_config(
-            run,
-            new_data,
-            output,
+    storage options without credentials, which come from the pod's environment).
+
+    One night of the series ``run`` (pipeline/series/night.py): every batch ``new_data``
+    names that the series has not merged, oldest first, each a new version of ``run``
+    (one ``kpca-update`` subflow each). ``new_data`` may be a template on the logical
+    date, ``{date:%Y-%m-%d}``: the flow run's scheduled time unless ``logical_date`` is
+    given. A night with nothing new publishes nothing and succeeds; a refused batch fails
+    the run after the other batches are published, naming it."""
+    from prefect.runtime import flow_run
+
+    from pipeline.series.night import parse_logical_date, run_night
+
+    log = get_run_logger()
+    when = parse_logical_date(logical_date) or parse_logical_date(flow_run.scheduled_start_time)
+
+    def make(base: str, batch: str, out: str | None) -> PipelineConfig:
+        return update_config(
+            base,
+            batch,
+            out,
             policy=policy,
             storage_options=storage_options,
             input_storage_options=input_storage_options,
         )
+
+    night = run_night(
+        run,
+        new_data,
+        make,
+        kpca_update,
+        output=output,
+        storage_options=storage_options,
+        input_storage_options=input_storage_options,
+        logical_date=when,
     )
+    for path, vid in night.skipped:
+        log.info("the batch %s is already merged (version %s); nothing published", path, vid)
+    if not (night.merged or night.skipped or night.refused):
+        log.info("no batch in %s (logical date %s); nothing published", new_data, when)
+    if night.refused:
+        raise NightRefused(night.refused)
+    last = night.summaries[-1] if night.summaries else {}
+    return {
+        **last,
+        "logical_date": when.isoformat() if when else None,
+        "merged": night.merged,
+        "skipped": night.skipped,
+    }
+
+
+class NightRefused(UserError, RuntimeError):
+    """A night whose batches were refused (the others published); one line each."""
+
+    def __init__(self, refused: list[tuple[str, str]]):
+        self.refused = refused
+        super().__init__("; ".join(f"the batch {p} was refused: {line}" for p, line in refused))
 
 
 def run_update_flow_or_plain(cfg: PipelineConfig, *, use_prefect: bool = True) -> Any:

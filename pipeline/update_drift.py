@@ -191,6 +191,14 @@ def _findings(cfg: Any, ing: IngestResult, base: dict[str, Any]) -> list[dict[st
         if seen.any():
             first = int(np.flatnonzero(seen)[0])
             examples = [v.item() if hasattr(v, "item") else v for v in new_ids[seen][:5]]
+            if cfg.update.duplicate_ids == "refuse":
+                raise UpdateError(
+                    f"{int(seen.sum())} ids of the batch "
+                    f"{(cfg.update.batch or {}).get('path', '')} are already in "
+                    f"the series (e.g. {', '.join(map(repr, examples[:3]))}; batch row "
+                    f"{first}); nothing published: ids are join keys. Remove them from the "
+                    "batch, or set update.duplicate_ids: keep to add the rows anyway."
+                )
             out.append(
                 {
                     "check": "duplicate_ids",

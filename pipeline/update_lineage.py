@@ -11,8 +11,9 @@ import numpy as np
 
 from .config import ConfigError, absolute_path
 from .export import open_run
-from .layout import MODEL
+from .layout import MODEL, run_layout
 from .lineage import entry_record, entry_rows, entry_split, rows_location, verify_entry
+from .series.merged import check_base_current
 from .store import Location
 from .update_setup import _version
 
@@ -32,9 +33,18 @@ def _lineage(base: Location, manifest: dict) -> list[dict[str, Any]]:
         inp = manifest["input"]
         g = base.open_group("r")
         split = "split" in g
+        # where the first run's rows are now (its output may have rebuilt the store
+        # since, keeping them: a series' next night), so the digests are theirs
+        found = rows_location(
+            {
+                "store": absolute_path(inp["path"]),
+                "storage_options": dict(base.storage_options),
+                "fingerprint": inp.get("fingerprint"),
+            }
+        )
         lineage = [
             entry_record(
-                Location.at(absolute_path(inp["path"]), base.storage_options),
+                found,
                 n_rows=int(inp["n_rows"]),
                 fingerprint=inp.get("fingerprint"),
                 split_run=base if split else None,
@@ -109,6 +119,8 @@ def stage_base(cfg: Any) -> dict[str, Any]:
         raise ConfigError("update.base is not set; start an update with kpca update RUN DATA.")
     published = open_run(Location.at(cfg.update.base, cfg.update.base_storage_options))
     base, m = published.location, published.manifest  # the version read
+    # a series (the base is a version of this output): still the published one?
+    check_base_current(run_layout(cfg).root, base.url)
     lineage = _lineage(base, m)
     return {
         "path": base.url,

@@ -46,6 +46,7 @@ from .ingest import IngestResult
 from .layout import DRIFT_REPORT, EMBEDDING, MODEL, PARQUET, UPDATE, run_layout
 from .lineage import entry_record, lineage_needs, public_options, verify_entry, write_holds
 from .results import ProjectResult, SolveResult
+from .series.rows import hold_own_rows
 from .stages import (
     INGEST,
     Registry,
@@ -101,6 +102,7 @@ def stage_export(
                 n_rows=int(ing.n_rows),
                 fingerprint=ing.fingerprint,
                 run=layout.out.url,
+                source=cfg.update.batch,  # the batch's identity: merged once (series/)
             )
         ],
     )
@@ -120,6 +122,7 @@ def stage_export(
         "changes": solved.info.get("changes") or {},
         "findings": drift.get("findings") or [],
         "holds": holds,
+        "batch": cfg.update.batch,
     }
     ing_d = {k: v for k, v in ing.to_dict().items() if k != "storage_options"}
     if base.get("features"):  # the new run's features are the base's, matched by name
@@ -177,6 +180,7 @@ def _hold(root: Location, lineage: list[dict[str, Any]]) -> list[dict[str, Any]]
         have["versions"] |= n["versions"]
         have["rows"].update(n["rows"])
     held = write_holds(root, needs, tuple(published.get("holds") or ()))
+    hold_own_rows(root, lineage, list(published.get("rows") or []))  # a series' own rows
     for entry in lineage:  # held now: still the rows the run read?
         verify_entry(entry)
     return [

@@ -11,6 +11,7 @@ from typing import Any
 from .config import PipelineConfig, absolute_path, check_storage_options, load_config
 from .errors import UserError
 from .export import open_run
+from .series.setup import prepare_batch
 from .store import Location
 
 
@@ -88,13 +89,19 @@ def update_config(
     base, new_data = absolute_path(base), absolute_path(new_data)
     loc = Location.at(base, opts)
     newest = latest_run(loc)
-    if newest is not None:
+    if newest is not None:  # a series folder of the earlier layout: v1, v2, ... beside
         loc = newest
     published = open_run(loc)  # the base's published version, verified
     manifest = published.manifest
     data = dict(manifest["config"])
     version = _version(manifest) + 1
-    out = absolute_path(output or default_output(loc, version))
+    # a series is one output: without --output the update is a new version of RUN itself
+    # (pipeline/series/, docs/update.md); the earlier layout's series folder gets v<n+1>
+    if output is None:
+        output = default_output(loc, version) if newest is not None else loc.url
+    out = absolute_path(output)
+    in_place = Location.at(out, opts).url.rstrip("/") == loc.url.rstrip("/")
+    overwrite = overwrite or in_place
     data["input"] = {**data["input"], "path": new_data, "format": "auto"}
     if input_storage_options is not None:
         data["input"]["storage_options"] = dict(input_storage_options)
@@ -108,6 +115,8 @@ def update_config(
     upd["base_storage_options"] = dict(loc.storage_options)
     if policy is not None:
         upd["policy"] = policy
+    in_opts = data["input"].get("storage_options")
+    upd["batch"] = prepare_batch(loc, manifest, new_data, in_opts, in_place=in_place)
     upd["unlabelled"], upd["no_ids"] = bool(unlabelled), bool(no_ids)
     data["update"] = upd
     # an update reports drift instead of evaluating; denoising belongs to full runs
@@ -116,7 +125,7 @@ def update_config(
     cfg = load_config(data)
     a = Location.at(out).url.rstrip("/") + "/"
     b = loc.url.rstrip("/") + "/"
-    if a.startswith(b) or b.startswith(a):
+    if not in_place and (a.startswith(b) or b.startswith(a)):
         raise UpdateError(
             f"the update's output {out} overlaps the base run {base}; a published run is "
             "never modified: choose another --output."

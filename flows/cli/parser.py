@@ -362,9 +362,29 @@ def _add_update(sub) -> None:
         cmd_update,
         help="a new run from a published run and new rows (docs/update.md)",
     )
-    up.add_argument("run", help="the published run to start from (never modified)")
-    up.add_argument("new_data", help="the batch of new rows (same columns as the run's input)")
-    up.add_argument("--output", help="the new run's folder (default: RUN-v<n+1> beside RUN)")
+    up.add_argument(
+        "run", help="the series: a published output; each batch is a new version of it"
+    )
+    up.add_argument(
+        "new_data",
+        help="the batches: a file, a folder or prefix, a glob, or a template on the logical "
+        "date (s3://b/in/{date:%%Y-%%m-%%d}/*.parquet); each batch not merged yet, "
+        "oldest first",
+    )
+    up.add_argument(
+        "--output",
+        help="start another output from RUN instead (default: new versions of RUN itself)",
+    )
+    up.add_argument(
+        "--logical-date",
+        metavar="DATE",
+        help="the date NEW_DATA's {date} template is formatted with (default: now, UTC)",
+    )
+    up.add_argument(
+        "--duplicate-ids",
+        choices=["refuse", "keep"],
+        help="a batch with ids the series has: refuse (default) or keep both rows",
+    )
     up.add_argument(
         "--policy",
         choices=["auto", "merge", "refresh_landmarks", "refit"],

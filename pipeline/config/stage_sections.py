@@ -355,6 +355,19 @@ class UpdateConfig(_Model):
         "in order; join them through the base run's ids).",
     )
 
+    batch: dict[str, Any] | None = Field(
+        None,
+        description="The batch's identity (path, sha256, size, etag, version_id; set by "
+        "`kpca update`), recorded in the lineage: a batch is merged once (docs/update.md).",
+    )
+    duplicate_ids: Literal["refuse", "keep"] = Field(
+        "refuse",
+        description="A batch carrying ids the series already has: 'refuse' (the update "
+        "fails in one line naming a few, nothing published: ids stay unique join keys); "
+        "'keep' adds the rows anyway (a re-sent id is a new observation; finding "
+        "duplicate_ids).",
+    )
+
     @field_validator("base_storage_options")
     @classmethod
     def _no_base_credentials(cls, v: dict[str, Any]) -> dict[str, Any]:

@@ -241,7 +241,10 @@ def test_update_from_another_folder_with_columns_by_name(series, tmp_path):
     data = _batch(home, "b1.csv", shuffled)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = kpca("update", home / "runs", data, "--no-prefect", "--no-progress", cwd=elsewhere)
+    r = kpca(  # the re-sent id is kept (the default refuses it, issue 37)
+        "update", home / "runs", data, "--duplicate-ids", "keep", "--no-prefect",
+        "--no-progress", cwd=elsewhere,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert not any(elsewhere.iterdir())  # nothing written where the command ran
     v2 = _info(home / "runs" / "v2")

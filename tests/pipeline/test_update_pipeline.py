@@ -135,10 +135,10 @@ def test_merge_equals_union_fit_and_leaves_the_base_run_unchanged(base_run, dask
     assert drift["action"] == "merge" and not drift["drifted"]
     assert set(drift["checks"]) >= {"novelty", "captured_variance", "embedding_mean"}
 
-    # a second batch on top: v3, every row of the lineage counted, still exact
+    # a second batch on top, without --output: the third night of the series, published as
+    # a new version of v2's output itself (issue 37), every row of the lineage counted
     run_update(update_config(str(folder / "v2"), str(folder / "b2.npy")))
-    v3 = Path(default_output(Location(str(folder / "v2")), 3))
-    assert v3.name == "v3"  # a run named v<N> is one of a series: v<N+1> beside it
+    v3 = folder / "v2"
     m3 = verify_run(v3)
     assert m3["update"]["version"] == 3 and len(m3["update"]["rows"]) == 3
     X2 = np.load(folder / "b2.npy")
@@ -189,7 +189,7 @@ def test_model_without_statistics_is_refitted_not_merged(tmp_path, dask_client):
     run_pipeline(load_config(_config(tmp_path, tmp_path / "run", keep_statistics=False)))
     assert kpca_dask.load(version_dir(tmp_path / "run") / "model").statistics_ is None
     run_update(update_config(str(tmp_path / "run"), str(tmp_path / "b.npy"), policy="merge"))
-    m = verify_run(tmp_path / "run-v2")
+    m = verify_run(tmp_path / "run")
     assert m["update"]["action"] == "refit"
     assert "keeps no sufficient statistics" in m["update"]["reason"]
 
@@ -254,13 +254,13 @@ def test_exact_refit_is_warm_started_and_matches_a_cold_fit(tmp_path, dask_clien
     exact = {"eigen_solver": "randomized", "n_components": 8}
     run_pipeline(load_config(_config(tmp_path, tmp_path / "run", **exact)))
     run_update(update_config(str(tmp_path / "run"), str(tmp_path / "b.npy")))
-    m = verify_run(tmp_path / "run-v2")
+    m = verify_run(tmp_path / "run")
     assert m["update"]["action"] == "refit"
     cold_cfg = _config(tmp_path, tmp_path / "cold", **exact)
     cold_cfg["input"]["path"] = str(tmp_path / "union.npy")
     run_pipeline(load_config(cold_cfg))
 
-    warm = kpca_dask.load(version_dir(tmp_path / "run-v2") / "model")
+    warm = kpca_dask.load(version_dir(tmp_path / "run") / "model")
     cold = kpca_dask.load(version_dir(tmp_path / "cold") / "model")
     solved, cold_solved = m["model"], verify_run(tmp_path / "cold")["model"]
     assert solved["warm_start"] == 8
@@ -275,5 +275,5 @@ def test_exact_refit_is_warm_started_and_matches_a_cold_fit(tmp_path, dask_clien
         bound = model.residuals_ * model.eigenvalues_ + 1e-10 * ref[0]
         np.testing.assert_array_less(np.abs(model.eigenvalues_ - ref), bound)
     # the embedding of every row: the warm model's, as a cold fit's up to the certificate
-    emb = zarr.open_group(str(version_dir(tmp_path / "run-v2")), mode="r")["embedding"][...]
+    emb = zarr.open_group(str(version_dir(tmp_path / "run")), mode="r")["embedding"][...]
     np.testing.assert_allclose(emb, warm.transform(U), rtol=0, atol=1e-8)
