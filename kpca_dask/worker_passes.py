@@ -40,6 +40,10 @@ Task counts (for the cost model; ``W`` workers, ``f = REDUCE_FAN_IN``)::
                                 + W (kept blocks, memory/partial tier)
 
 So a later pass is ``W + R(W)`` tasks whatever ``n``: 21 on 16 workers, 43 on 32.
+With the basis on the workers (:mod:`kpca_dask.worker_basis`, :meth:`WorkerPasses.
+product_resident`) ``Z`` and ``K Z`` stay in row panels on the workers: ``P <= W`` publish
+tasks, the same share tasks and tree, ``ceil(P / f)`` tasks cutting the root and ``P``
+tasks storing the panels: ``3 P + W + R(W) + ceil(P / f)`` a pass (57 on 16 workers).
 Bytes: into the caller ``n c 8`` a pass (the root); out of the caller ``n c s`` (Z's
 panels, ``s`` the compute dtype's item size); between workers each share task fetches the
 Z panels its rows need and each reduction level moves the partials (the root level about
