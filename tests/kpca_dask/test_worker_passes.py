@@ -322,14 +322,28 @@ def test_the_basis_on_the_workers_equals_the_callers_scipy_and_sklearn(five_work
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("kernel, kp", [("linear", {}), ("rbf", {"gamma": 0.02})])
-def test_a_rank_deficient_kernel_gives_its_pairs_not_a_wrong_answer(five_workers, kernel, kp):
+def test_a_rank_deficient_kernel_gives_its_pairs_not_a_wrong_answer(
+    five_workers, kernel, kp, monkeypatch
+):
     """Three tight clusters: the linear kernel has rank 2 (centred, d = 2), the rbf kernel
     numerical rank about 3 x a few. The Krylov blocks lose columns to deflation (their Gram
     matrices are singular: plain CholQR breaks down on them); the worker basis takes the
     TSQR path there and returns the existing pairs with the dense eigh's values, the rest
     zero, as the caller-side basis does."""
+    from kpca_dask.worker_basis import PanelBasis
+
+    ops: list[str] = []
+    run = PanelBasis.run
+
+    def recording(self, program):
+        ops.extend(op[0] for op in program)
+        return run(self, program)
+
+    monkeypatch.setattr(PanelBasis, "run", recording)
     X, _ = make_blobs(600, n_features=2, centers=3, cluster_std=0.01, random_state=1)
     ref, mine = _fit(X, n_components=6, kernel=kernel, gamma=kp.get("gamma"))
+    assert mine.solver_info_["basis"] == "workers"
+    assert "qr_r" in ops  # a block was deflated by TSQR on the panels, not by CholQR
     w, V = _dense(X, kernel, **kp)
     lam = mine.eigenvalues_
     np.testing.assert_allclose(lam, ref.eigenvalues_, rtol=1e-8, atol=1e-9 * w[0])
