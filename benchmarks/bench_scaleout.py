@@ -21,7 +21,20 @@ stays on the client with either driver: docs/scaling.md, "Scale-out drivers").
 
     python benchmarks/bench_scaleout.py --workers 16 --n 40000 80000 160000
 
-Results go to ``benchmarks/results/scaleout-<workers>x1-<date>.json``.
+``--solve``: the whole block Krylov solve instead of the products alone, with the
+per-worker driver and the basis on the caller (``client-basis``, ``kpca.worker-basis:
+False``, as before issue 38's basis work) or on the workers (``worker-basis``,
+kpca_dask/worker_basis.py). After a warm-up product (the rows placed on the workers), solves of
+``--passes`` and ``2 x --passes`` fixed passes are measured and their difference divided
+by ``--passes`` gives the per-pass numbers (the first block, the certification pass and
+the final gather cancel); the client's bytes received (every TCP frame it reads: the
+scheduler's messages and the results it gathers) are counted in its process. ``--k``
+components and ``--oversamples`` set the block (``l = k + oversamples``).
+
+    python benchmarks/bench_scaleout.py --solve --workers 16 --n 40000 80000 160000
+
+Results go to ``benchmarks/results/scaleout-<workers>x1-<date>.json``
+(``scaleout-solve-...`` with ``--solve``).
 """
 
 from __future__ import annotations
@@ -115,6 +128,110 @@ def child(address: str, n: int, driver: str, passes: int, columns: int, d: int) 
     }
 
 
+_RECEIVED = [0]
+
+
+def _count_received() -> None:
+    """Count the bytes of every TCP frame this process reads (distributed's comm)."""
+    import distributed.comm.tcp as tcp
+
+    original = tcp.from_frames
+
+    async def counting(frames, *args, **kwargs):
+        _RECEIVED[0] += sum(len(f) for f in frames)
+        return await original(frames, *args, **kwargs)
+
+    tcp.from_frames = counting
+
+
+def child_solve(
+    address: str, n: int, basis: str, passes: int, k: int, oversamples: int, d: int
+) -> dict:
+    """One solver run in a fresh client process (see the module's docstring)."""
+    import resource
+
+    import dask
+    import dask.array as da
+    import numpy as np
+    import psutil
+    from distributed import Client, get_task_stream
+
+    from kpca_dask.centering import CentredKernel
+    from kpca_dask.gram import BlockKernelMatrix
+    from kpca_dask.kernels import make_kernel
+    from kpca_dask.params import auto_block_rows
+    from kpca_dask.solvers import randomized_eigh
+    from kpca_dask.worker_basis import BASIS_CONFIG, panel_krylov_eigh
+    from kpca_dask.worker_passes import DRIVER_CONFIG
+
+    _count_received()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    me = psutil.Process()
+    with Client(address) as client:
+        threads = sum(client.nthreads().values())
+        rows = auto_block_rows(n, "randomized", threads=threads)
+        X = np.random.default_rng(0).standard_normal((n, d)).astype(np.float32)
+        Xd = client.persist(da.from_array(X, chunks=(rows, d)))
+        del X  # the rows live on the workers, as a fit's persisted blocks do
+        K = BlockKernelMatrix(Xd, make_kernel("linear"), np.float32)
+        rss_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+        def solve(q: int):
+            kw = dict(n_oversamples=oversamples, n_power_iter=q - 1, random_state=0, warn=False)
+            if basis == "worker-basis":
+                return panel_krylov_eigh(K, k, **kw)[0]
+            return randomized_eigh(CentredKernel(K), k, **kw)
+
+        def measured(q: int) -> dict:
+            s0 = client.run_on_scheduler(_proc_cpu)
+            tr0 = client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.transition_counter
+            )
+            c0, b0 = me.cpu_times(), _RECEIVED[0]
+            t0 = time.perf_counter()
+            with get_task_stream(client) as ts:
+                res = solve(q)
+            wall = time.perf_counter() - t0
+            c1 = me.cpu_times()
+            return {
+                "passes": q,
+                "products": res.n_passes,
+                "wall_s": wall,
+                "tasks": len(ts.data),
+                "transitions": client.run_on_scheduler(
+                    lambda dask_scheduler: dask_scheduler.transition_counter
+                )
+                - tr0,
+                "scheduler_cpu_s": client.run_on_scheduler(_proc_cpu) - s0,
+                "client_cpu_s": (c1.user + c1.system) - (c0.user + c0.system),
+                "client_bytes_received": _RECEIVED[0] - b0,
+                "round_trips": res.info.get("basis_round_trips", 0),
+            }
+
+        with dask.config.set({DRIVER_CONFIG: "workers", BASIS_CONFIG: basis == "worker-basis"}):
+            K.product(np.ones((n, 1)))  # warm-up: X's blocks placed as each share's rows
+            short, long = measured(passes), measured(2 * passes)
+        K.release_cache()
+        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    per = {
+        key: (long[key] - short[key]) / passes
+        for key in ("wall_s", "tasks", "transitions", "scheduler_cpu_s", "client_cpu_s")
+        + ("client_bytes_received", "round_trips")
+    }
+    return {
+        "n": n,
+        "driver": basis,
+        "block_rows": rows,
+        "row_blocks": K.n_blocks,
+        "runs": [short, long],
+        "later_pass_mean": per,
+        "client_cpu_share_of_wall": long["client_cpu_s"] / long["wall_s"],
+        "client_peak_rss_mb_above_imports": (rss1 - rss0) / 1024,
+        "client_peak_rss_mb_above_data": (rss1 - rss_data) / 1024,
+        "basis_mb_per_column_block": n * (k + oversamples) * 8 / 2**20,
+    }
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=16)
@@ -124,11 +241,19 @@ def main(argv=None) -> None:
     ap.add_argument("--columns", type=int, default=2)
     ap.add_argument("--d", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--solve", action="store_true", help="the whole solve (module docstring)")
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--oversamples", type=int, default=8)
     ap.add_argument("--child", nargs=2, metavar=("ADDRESS", "N_DRIVER"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         n, driver = args.child[1].split(":")
-        res = child(args.child[0], int(n), driver, args.passes, args.columns, args.d)
+        if args.solve:
+            res = child_solve(
+                args.child[0], int(n), driver, args.passes, args.k, args.oversamples, args.d
+            )
+        else:
+            res = child(args.child[0], int(n), driver, args.passes, args.columns, args.d)
         print("RESULT " + json.dumps(res))
         return
 
@@ -138,6 +263,8 @@ def main(argv=None) -> None:
 
     from kpca_dask.cost import _cpu_model
 
+    if args.solve and args.drivers == ["waves", "workers"]:
+        args.drivers = ["client-basis", "worker-basis"]
     runs = []
     started = datetime.datetime.now(datetime.UTC)
     with _separate_processes(args.workers, 1) as address:
@@ -159,19 +286,30 @@ def main(argv=None) -> None:
                     str(args.columns),
                     "--d",
                     str(args.d),
-                ]
+                    "--k",
+                    str(args.k),
+                    "--oversamples",
+                    str(args.oversamples),
+                ] + (["--solve"] if args.solve else [])
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
                 res = json.loads(line[len("RESULT ") :])
                 res["load_avg_before"] = load0
                 runs.append(res)
                 m = res["later_pass_mean"]
+                extra = ""
+                if args.solve:
+                    extra = (
+                        f" client recv/pass={m['client_bytes_received'] / 1e6:.2f} MB"
+                        f" client CPU/wall={res['client_cpu_share_of_wall']:.1%}"
+                    )
                 print(
                     f"n={n} {driver:8s} blocks={res['row_blocks']:3d} "
                     f"tasks/pass={m['tasks']:.0f} transitions/pass={m['transitions']:.0f} "
                     f"scheduler CPU/pass={m['scheduler_cpu_s']:.3f}s "
                     f"client CPU/pass={m['client_cpu_s']:.3f}s wall/pass={m['wall_s']:.2f}s "
-                    f"client peak RSS +{res['client_peak_rss_mb_above_imports']:.0f} MB",
+                    f"client peak RSS +{res['client_peak_rss_mb_above_imports']:.0f} MB"
+                    + extra,
                     flush=True,
                 )
     cpu, simd = _cpu_model()
@@ -182,11 +320,17 @@ def main(argv=None) -> None:
         "simd": simd,
         "cores": os.cpu_count(),
         "workers": args.workers,
-        "kernel": f"linear, d = {args.d}, float32, recomputed, Z of {args.columns} columns",
+        "kernel": f"linear, d = {args.d}, float32, recomputed, Z of {args.columns} columns"
+        if not args.solve
+        else f"linear, d = {args.d}, float32, recomputed; k = {args.k}, l = "
+        f"{args.k + args.oversamples}, block Krylov, fixed passes",
+        "load_avg_end": os.getloadavg(),
         "runs": runs,
     }
     path = args.out or fresh(
-        HERE / "results" / f"scaleout-{args.workers}x1-{started.date().isoformat()}.json"
+        HERE
+        / "results"
+        / f"scaleout-{'solve-' * args.solve}{args.workers}x1-{started.date().isoformat()}.json"
     )
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"written to {path}")

@@ -216,9 +216,13 @@ def _solve_randomized(
     centring: tuple[np.ndarray, float] | None,
     v0: np.ndarray | None = None,
 ) -> tuple[EigResult, np.ndarray, float, str]:
-    op = _centred(K, centring)
+    from .worker_basis import uses_worker_basis
+
     n, k = plan.n_samples, params["n_components"]
     kw = _randomized_kwargs(plan, params, v0, plan.dtype)
+    if centring is None and uses_worker_basis(K, kw["method"]):
+        return _solve_on_workers(K, plan, params, kw)
+    op = _centred(K, centring)
     auto = params["eigen_solver"] == "auto"
     solver = plan.solver
     res = randomized_eigh(op, k, warn=not auto, **kw)
@@ -255,6 +259,46 @@ def _solve_randomized(
     else:
         mu, g = op.row_means, float(op.grand_mean)
     res.info["pass_seconds"] = list(op.pass_seconds)
+    _pad(res, n, k)
+    return res, mu, g, solver
+
+
+def _solve_on_workers(
+    K: Any, plan: FitPlan, params: Mapping[str, Any], kw: dict[str, Any]
+) -> tuple[EigResult, np.ndarray, float, str]:
+    """:func:`_solve_randomized` with the block Krylov basis on the workers
+    (kpca_dask.worker_basis): the same iteration, certificate and escalation."""
+    from .worker_basis import panel_krylov_eigh
+
+    n, k = plan.n_samples, params["n_components"]
+    auto = params["eigen_solver"] == "auto"
+    solver = plan.solver
+    kw = {key: v for key, v in kw.items()}
+    res, mu, g, seconds = panel_krylov_eigh(K, k, warn=not auto, **kw)
+    if auto and not res.converged:
+        esc = escalation_plan(n, k, kw, _plan.DENSE_FALLBACK_SAMPLES)
+        first = {"n_passes": res.n_passes, "certificate": res.info.get("certificate")}
+        if esc["solver"] == "dense":
+            res2, mu, g = _solve_dense(K, k)
+            solver = "dense"
+        else:
+            res2, mu, g, more = panel_krylov_eigh(K, k, warn=False, **esc["kwargs"])
+            seconds += more
+            if not res2.converged:
+                warnings.warn(
+                    not_converged_message(
+                        res2.info["certificate"],
+                        res.n_passes + res2.n_passes,
+                        plan.tol,
+                        escalated=True,
+                    ),
+                    ConvergenceWarning,
+                    stacklevel=_USER_STACK + 1,
+                )
+        res2.n_passes += res.n_passes
+        res2.info["escalated_from"] = first
+        res = res2
+    res.info["pass_seconds"] = seconds
     _pad(res, n, k)
     return res, mu, g, solver
 

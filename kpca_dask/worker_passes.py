@@ -40,6 +40,10 @@ Task counts (for the cost model; ``W`` workers, ``f = REDUCE_FAN_IN``)::
                                 + W (kept blocks, memory/partial tier)
 
 So a later pass is ``W + R(W)`` tasks whatever ``n``: 21 on 16 workers, 43 on 32.
+With the basis on the workers (:mod:`kpca_dask.worker_basis`, :meth:`WorkerPasses.
+product_resident`) ``Z`` and ``K Z`` stay in row panels on the workers: ``P <= W`` publish
+tasks, the same share tasks and tree, ``ceil(P / f)`` tasks cutting the root and ``P``
+tasks storing the panels: ``3 P + W + R(W) + ceil(P / f)`` a pass (57 on 16 workers).
 Bytes: into the caller ``n c 8`` a pass (the root); out of the caller ``n c s`` (Z's
 panels, ``s`` the compute dtype's item size); between workers each share task fetches the
 Z panels its rows need and each reduction level moves the partials (the root level about
@@ -332,30 +336,32 @@ class WorkerPasses:
         self.rows, self.cache = rows, cache
         del Xp, xfut  # the shares' tasks hold what they still need
 
-    def product(self, Z: np.ndarray) -> np.ndarray:
-        """``K @ Z`` (numpy, float64) in one round of share tasks and a tree of sums."""
-        from distributed import wait
+    def panel_bounds(self) -> np.ndarray:
+        """The first row block of each row panel (and ``nb`` last): at most ``W`` panels
+        of whole row blocks with about equal rows; panel ``p`` lives on worker ``p``."""
+        K = self.K
+        offsets = self.offsets()
+        bounds = np.searchsorted(
+            offsets, np.linspace(0, K.n, len(self.workers) + 1), side="left"
+        )
+        return np.unique(np.clip(bounds, 0, K.n_blocks))
 
-        K, client = self.K, self.client
-        if not self.rows and not self.cache:
-            self._place()
-        nb, ncols = K.n_blocks, int(Z.shape[1])
-        offsets = np.concatenate([[0], np.cumsum(K.row_chunks)]).astype(int)
-        # Z in W row panels of whole row blocks (about equal rows), straight to the workers
-        w = len(self.workers)
-        bounds = np.searchsorted(offsets, np.linspace(0, K.n, w + 1), side="left")
-        bounds = np.unique(np.clip(bounds, 0, nb))
-        Zc = np.ascontiguousarray(Z, dtype=self.dtype)
-        panels, panel_of = [], {}
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.K.row_chunks)]).astype(int)
+
+    def _panel_of(self, bounds: np.ndarray) -> dict[int, tuple[int, int, int]]:
+        offsets = self.offsets()
+        panel_of = {}
         for p in range(len(bounds) - 1):
             b0, b1 = int(bounds[p]), int(bounds[p + 1])
-            panels.append(Zc[offsets[b0] : offsets[b1]])
             for b in range(b0, b1):
                 a, e = int(offsets[b] - offsets[b0]), int(offsets[b + 1] - offsets[b0])
                 panel_of[b] = (p, a, e)
-        pf = client.scatter(panels, direct=True, hash=False)
-        ptoken = tokenize(self.token, self.passes, Zc.shape)
-        self.passes += 1
+        return panel_of
+
+    def _share_tree(self, pf: Sequence[Any], panel_of: dict, ptoken: str) -> Any:
+        """The share tasks on the panels ``pf`` and their tree of sums: the root's future."""
+        client, w = self.client, len(self.workers)
         leaves = []
         for s, pairs in enumerate(self.shares):
             blocks = share_blocks(pairs)
@@ -364,7 +370,7 @@ class WorkerPasses:
             leaves.append(
                 client.submit(
                     share_product,
-                    K.kernel,
+                    self.K.kernel,
                     self.rows[s],
                     self.cache[s],
                     pairs,
@@ -391,14 +397,113 @@ class WorkerPasses:
                     )
                 )
             level, tier = nxt, tier + 1
-        root = level[0]
+        return level[0]
+
+    def product(self, Z: np.ndarray) -> np.ndarray:
+        """``K @ Z`` (numpy, float64) in one round of share tasks and a tree of sums."""
+        from distributed import wait
+
+        K, client = self.K, self.client
+        if not self.rows and not self.cache:
+            self._place()
+        ncols = int(Z.shape[1])
+        offsets = self.offsets()
+        # Z in W row panels of whole row blocks (about equal rows), straight to the workers
+        bounds = self.panel_bounds()
+        panel_of = self._panel_of(bounds)
+        Zc = np.ascontiguousarray(Z, dtype=self.dtype)
+        panels = [
+            Zc[offsets[bounds[p]] : offsets[bounds[p + 1]]] for p in range(len(bounds) - 1)
+        ]
+        pf = client.scatter(panels, direct=True, hash=False)
+        ptoken = tokenize(self.token, self.passes, Zc.shape)
+        self.passes += 1
+        root = self._share_tree(pf, panel_of, ptoken)
         wait([root])
         parts = root.result()
         Y = np.zeros((K.n, ncols), dtype=np.float64)
         for b, y in parts.items():
             Y[offsets[b] : offsets[b + 1]] = y
-        del pf, leaves, level, root, parts
+        del pf, root, parts
         return Y
+
+    def product_resident(
+        self, store: str, src: str, dst: str, shift: np.ndarray, ones: bool = False
+    ) -> list[Any]:
+        """``K @ (src - shift)`` with ``src`` and the result row panels resident on the
+        workers (:mod:`kpca_dask.worker_basis`'s store ``store``): a task per panel
+        publishes its rows (``[src - shift, 1]`` with ``ones``), the share tasks and the
+        tree of sums run as in :meth:`product`, and the root is cut into the panels on
+        their workers (a level of ``ceil(P / f)`` group tasks when there are more than
+        ``f`` panels, then a task per panel storing ``dst``). Returns each panel's small
+        result of :func:`~kpca_dask.worker_basis.store_rows` (its column sums); the caller
+        receives nothing of size ``n``."""
+        from . import worker_basis as wb
+
+        client = self.client
+        if not self.rows and not self.cache:
+            self._place()
+        bounds = self.panel_bounds()
+        P = len(bounds) - 1
+        panel_of = self._panel_of(bounds)
+        offsets = self.offsets()
+        ptoken = tokenize(self.token, self.passes, store, src, dst)
+        self.passes += 1
+        pf = [
+            client.submit(
+                wb.publish,
+                store,
+                src,
+                np.asarray(shift, dtype=np.float64),
+                ones,
+                self.dtype.str,
+                key=f"kpca-wpub-{ptoken}-{p}",
+                workers=[self.workers[p]],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for p in range(P)
+        ]
+        root = self._share_tree(pf, panel_of, ptoken)
+        f = REDUCE_FAN_IN
+        groups: list[Any] = []
+        if P > f:
+            for g in range(0, P, f):
+                blocks = list(range(int(bounds[g]), int(bounds[min(g + f, P)])))
+                groups.append(
+                    client.submit(
+                        wb.pick_blocks,
+                        root,
+                        blocks,
+                        key=f"kpca-wcut-{ptoken}-{g // f}",
+                        workers=[self.workers[g]],
+                        allow_other_workers=True,
+                        pure=False,
+                    )
+                )
+        stored = []
+        for p in range(P):
+            b0, b1 = int(bounds[p]), int(bounds[p + 1])
+            local = {b: int(offsets[b] - offsets[b0]) for b in range(b0, b1)}
+            stored.append(
+                client.submit(
+                    wb.store_rows,
+                    store,
+                    dst,
+                    groups[p // f] if groups else root,
+                    local,
+                    int(offsets[b1] - offsets[b0]),
+                    ones,
+                    self.K.n,
+                    key=f"kpca-wstore-{ptoken}-{p}",
+                    workers=[self.workers[p]],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+            )
+        out = client.gather(stored)
+        del pf, root, groups, stored
+        return out
 
     def release(self) -> None:
         """Drop the resident rows and kept blocks (the cluster frees them)."""
@@ -429,10 +534,9 @@ class OnWorkers:
         kind, _ = _scheduler_kind()
         return kind == "distributed"
 
-    def _product_on_workers(self, Z: np.ndarray) -> np.ndarray:
-        """:meth:`product` by :class:`~kpca_dask.worker_passes.WorkerPasses`: one task per
-        worker a pass, the rows and the kept blocks resident on the workers from the
-        first pass until :meth:`release_cache`."""
+    def worker_passes(self) -> WorkerPasses:
+        """The per-worker pass driver of this matrix (built at its first use, with the
+        kept blocks the kernel cache asks for)."""
         if self._worker_passes is None:
             from .resources import _scheduler_kind
 
@@ -442,4 +546,10 @@ class OnWorkers:
                 keep = "all" if self._cache_pairs is None else list(self._cache_pairs)
             self._cache_pending = False
             self._worker_passes = WorkerPasses(self, client, keep)
-        return self._worker_passes.product(Z)
+        return self._worker_passes
+
+    def _product_on_workers(self, Z: np.ndarray) -> np.ndarray:
+        """:meth:`product` by :class:`~kpca_dask.worker_passes.WorkerPasses`: one task per
+        worker a pass, the rows and the kept blocks resident on the workers from the
+        first pass until :meth:`release_cache`."""
+        return self.worker_passes().product(Z)
