@@ -1,3 +1,4 @@
+# long: the panel store, its operations and the solve on them read together (one protocol)
 """The block Krylov basis row-distributed on the workers (issue 38).
 
 With the per-worker driver (:mod:`kpca_dask.worker_passes`, ``kpca.exact-driver:
@@ -437,6 +438,7 @@ def _first_block(pb: PanelBasis, s: Any, random_state: Any, v0: Any) -> int:
 
 
 def _solve(pb: PanelBasis, s: Any, random_state: Any, v0: Any, warn: bool, tol: float):
+    # long: solvers/randomized.py's block Krylov loop, step for step, on the panels
     t_start = time.perf_counter()
     n_warm = _first_block(pb, s, random_state, v0)
     pb.run([("reset", "Q")])

@@ -1,3 +1,4 @@
+# long: the driver's placement, pass, reductions and resident products read together
 """The per-worker pass driver of the exact (block-Krylov) solve on a distributed cluster:
 the tasks of a pass grow with the workers, not with ``n`` (issue 38).
 
