@@ -10,7 +10,7 @@ subprocess, then ``kpca update RUN BATCH --no-prefect`` in this process under
 threads is seen (the Dask workers' own processes are not). Printed: the number of
 distinct modules of pipeline/ entered (a module's import counts: its body is a call), the
 calls of functions defined in the store module (``pipeline/output/store.py``, before
-issue 36 ``pipeline/store.py``) and how many of those come from another module, and the
+issue 36 ``pipeline/output/store.py``) and how many of those come from another module, and the
 modules with their call counts. The numbers are quoted in docs/design.md ("The run and
 the update, in order").
 """
@@ -99,7 +99,7 @@ def measure(folder: Path) -> dict:
         sys.setprofile(None)
         threading.setprofile(None)
     store = next((m for m in calls if m.split(".")[-1] == "store" and "output" in m), None)
-    store = store or "pipeline.store"
+    store = store or "pipeline.output.store"
     return {
         "exit": code,
         "modules_entered": len(calls),

@@ -1,5 +1,5 @@
 """``kpca update``: a new run (version n+1) from a published run and a batch of new rows
-(pipeline/update_run.py, flows/update_flow.py; docs/update.md)."""
+(pipeline/update/run.py, flows/update_flow.py; docs/update.md)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ __all__ = ["cmd_update"]
 
 def cmd_update(args: argparse.Namespace) -> int:
     """A new run (version n+1) from a published run and a batch of new rows
-    (pipeline/update_run.py; docs/update.md)."""
-    from pipeline.progress import show_progress
-    from pipeline.update_run import update_config
+    (pipeline/update/run.py; docs/update.md)."""
+    from pipeline.runtime import show_progress
+    from pipeline.update import update_config
 
     from ..update_flow import run_update_flow_or_plain
 

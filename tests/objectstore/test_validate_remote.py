@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import load_config
-from pipeline.validate import validate
+from pipeline.data.validate import validate
 
 
 def _cfg(bucket: str, opts: dict, **inp) -> object:
