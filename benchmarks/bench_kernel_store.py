@@ -38,9 +38,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-# The worker settings pipeline.cluster gives a local cluster's worker processes; glibc
+# The worker settings pipeline.runtime.cluster gives a local cluster's worker processes; glibc
 # reads them at start-up, so set them and re-execute before numpy is imported.
-from pipeline.cluster import WORKER_MALLOC_ENV  # noqa: E402  (imports no numpy user code)
+from pipeline.runtime.cluster import WORKER_MALLOC_ENV  # noqa: E402  (imports no numpy user code)
 
 if any(os.environ.get(k) != str(v) for k, v in WORKER_MALLOC_ENV.items()):
     os.environ.update({k: str(v) for k, v in WORKER_MALLOC_ENV.items()})
@@ -53,8 +53,8 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 from kpca_dask.gram import pair_products, stored_pair_products  # noqa: E402
 from kpca_dask.kernels import RBFKernel  # noqa: E402
-from pipeline.kernel_store import _OPENED, KernelBlockReader, _crc, _ensure_block  # noqa: E402
-from pipeline.store import Location  # noqa: E402
+from pipeline.model.kernel_store import _OPENED, KernelBlockReader, _crc, _ensure_block  # noqa: E402
+from pipeline.output.store import Location  # noqa: E402
 
 R = 2000  # rows per block, what chunk_size="auto" picks at n = 100k
 L = 40  # block columns of the randomized solver for 16 components

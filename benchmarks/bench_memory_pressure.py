@@ -2,7 +2,7 @@
 
 Runs the pipeline (ingest, materialised kernel store, centring, randomized solve,
 projection, manifest) twice on the same data and config through
-``pipeline.cluster.dask_client`` -- a local cluster of worker processes, as
+``pipeline.runtime.cluster.dask_client`` -- a local cluster of worker processes, as
 ``kpca run`` starts it -- once with roomy workers and once with a tight
 ``cluster.memory_limit``. It reports, per run: wall time, the peak resident
 memory of each worker process (sampled every 0.1 s), what the workers' memory
@@ -111,10 +111,10 @@ def run_once(
 ) -> dict:
     import dask
 
-    from pipeline.cluster import dask_client
     from pipeline.config import load_config
-    from pipeline.export import verify_run
-    from pipeline.run import run_pipeline
+    from pipeline.output.export import verify_run
+    from pipeline.runner.run import run_pipeline
+    from pipeline.runtime.cluster import dask_client
 
     out = work / f"out-{memory_limit}"
     cfg = load_config(

@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import load_config
-from pipeline.demo_data import DEMO_DATASETS, demo_frame
-from pipeline.run import run_pipeline
+from pipeline.data.demo_data import DEMO_DATASETS, demo_frame
+from pipeline.runner.run import run_pipeline
 
 SCALES = ("none", "standard", "robust")
 

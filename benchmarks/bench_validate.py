@@ -1,4 +1,4 @@
-"""The cost of the full validation pass (pipeline/scan.py) that `kpca validate` and the
+"""The cost of the full validation pass (pipeline/data/scan.py) that `kpca validate` and the
 start of `kpca run`/`update`/`transform` make: every row read once, streaming.
 
     python benchmarks/bench_validate.py                  # 1 000 000 rows x 64, CSV + Parquet
@@ -43,7 +43,7 @@ def write_data(folder: Path, rows: int, cols: int) -> dict[str, Path]:
 
 def time_validate(path: Path, repeat: int) -> dict:
     from pipeline.config import load_config
-    from pipeline.validate import validate
+    from pipeline.data.validate import validate
 
     cfg = load_config(
         {

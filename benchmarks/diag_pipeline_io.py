@@ -185,9 +185,9 @@ def main() -> None:
     from kpca_dask.plan import auto_block_rows
     from kpca_dask.solvers.landmarks import select_landmarks
     from pipeline.config import PipelineConfig
-    from pipeline.fitspec import make_estimator
-    from pipeline.ingest import ingest, load_ingested
-    from pipeline.layout import run_layout
+    from pipeline.data.ingest import ingest, load_ingested
+    from pipeline.model.fitspec import make_estimator
+    from pipeline.output.layout import run_layout
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="kpca-diag-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -258,7 +258,7 @@ def main() -> None:
             f"{[round(s, 1) for s in info.get('pass_seconds', [])]}, "
             f"landmark seconds: {info.get('landmark_seconds', 0):.1f}"
         )
-        from pipeline.project import write_embedding
+        from pipeline.embed.project import write_embedding
 
         src = load_ingested(res)
         meter.step("project (write_embedding)", write_embedding, est, src.X, layout.out)

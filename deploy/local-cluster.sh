@@ -122,8 +122,8 @@ for _ in $(seq 1 120); do [ -s "$work/scheduler.json" ] && break; sleep 0.25; do
 [ -s "$work/scheduler.json" ] || { echo "the scheduler did not start" >&2; exit 1; }
 
 # the workers keep block-sized buffers for reuse instead of distributed's
-# MALLOC_TRIM_THRESHOLD_=65536 (pipeline.cluster.WORKER_MALLOC_ENV, docs/kernel-store.md)
-malloc_env="$(python -c 'from pipeline.cluster import WORKER_MALLOC_ENV as e; print(" ".join(f"{k}={v}" for k, v in e.items()))')"
+# MALLOC_TRIM_THRESHOLD_=65536 (pipeline.runtime.cluster.WORKER_MALLOC_ENV, docs/kernel-store.md)
+malloc_env="$(python -c 'from pipeline.runtime.cluster import WORKER_MALLOC_ENV as e; print(" ".join(f"{k}={v}" for k, v in e.items()))')"
 for i in $(seq 1 "$workers"); do
   # shellcheck disable=SC2086
   env $malloc_env dask worker "$address" --host 127.0.0.1 --nworkers 1 --nthreads 1 \
@@ -273,7 +273,7 @@ from flows.transform_flow import kpca_transform
 work, address = sys.argv[1], sys.argv[2]
 res = kpca_transform(model=f"{work}/run", input={"path": f"{work}/batch.parquet", "id_column": "id"},
                      output=f"{work}/batch-embedding.zarr", cluster={"address": address})
-from pipeline.versions import open_output
+from pipeline.output.versions import open_output
 emb = open_output(res["output"]).data.open_group("r")["embedding"]  # the published version
 assert emb.shape == (200, 8), emb.shape
 print(f"transform: {res['rows']} rows -> {res['components']} components at {res['output']}")

@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.layout import MANIFEST, MODEL, PARQUET, REPORT, REPORT_MD, RunLayout
-from pipeline.store import Location
+from pipeline.output import MANIFEST, MODEL, PARQUET, REPORT, REPORT_MD, Location, RunLayout
 
 __all__ = [
     "ARTIFACT_KEYS",

@@ -55,10 +55,9 @@ from typing import Any
 import kpca_dask
 import pipeline
 from pipeline.config import InputConfig, PipelineConfig
-from pipeline.ingest_store import file_stats
-from pipeline.layout import run_layout
+from pipeline.data.ingest_store import file_stats
+from pipeline.output import Location, json_default, run_layout
 from pipeline.stages import RUN_CONTROL, VOLATILE, Stage, identity
-from pipeline.store import Location, json_default
 
 __all__ = [
     "CACHE_SCHEMA",

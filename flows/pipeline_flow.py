@@ -32,11 +32,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from pipeline import stages
-from pipeline.cluster import dask_client
 from pipeline.config import PipelineConfig, with_absolute_paths
-from pipeline.export import verify_run
-from pipeline.layout import run_layout
-from pipeline.run import (
+from pipeline.output import run_layout, verify_run
+from pipeline.runner.run import (
     RunSummary,
     run_lock,
     run_pipeline,
@@ -44,7 +42,7 @@ from pipeline.run import (
     stage_begin,
     start_version,
 )
-from pipeline.visibility import check_visibility
+from pipeline.runtime import check_visibility, dask_client
 
 from . import tasks
 from .artifacts import publish_run_artifacts

@@ -30,11 +30,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pipeline.config import ChunkConfig, InputConfig, PipelineConfig
+from pipeline.embed.transform import transform_to_store
 from pipeline.errors import is_transient
-from pipeline.export import begin_run
-from pipeline.layout import run_layout
+from pipeline.output import begin_run, run_layout
 from pipeline.stages import Stage
-from pipeline.transform import transform_to_store
 
 from .caching import jsonable, result_serializer, stage_cache_key
 
@@ -75,7 +74,7 @@ RETRY_OPTIONS: dict[str, Any] = {
 # ---------------------------------------------------------------- publishing
 def claim_output(cfg: PipelineConfig) -> None:
     """Withdraw the manifest of the version being written (a copy of the published
-    run's, pipeline/versions.py) before a stage writes one of its artifacts there.
+    run's, pipeline/output/versions.py) before a stage writes one of its artifacts there.
 
     The flow checked ``output.overwrite`` before any task ran (``stage_begin``
     semantics); a task only gets here when it is about to write, so a re-run

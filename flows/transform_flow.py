@@ -20,9 +20,9 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from pydantic import AfterValidator
 
-from pipeline.cluster import dask_client
 from pipeline.config import ChunkConfig, ClusterConfig, InputConfig, check_storage_options
-from pipeline.publish import check_transform_output
+from pipeline.output import check_transform_output
+from pipeline.runtime import dask_client
 
 from . import tasks
 from .artifacts import publish_transform_artifacts

@@ -2,7 +2,7 @@
 
     ingest -> base -> drift -> update -> project -> export
 
-Thin: the stages are pipeline/update_run.py's registry, one cached, retried task per stage
+Thin: the stages are pipeline/update/run.py's registry, one cached, retried task per stage
 (:func:`flows.tasks.stage_task`), as the ``kpca_pipeline`` flow runs the full pipeline.
 It holds the new run's lock, connects to the configured Dask cluster, verifies the
 published run and records a markdown artifact with the drift report's verdict: which
@@ -16,14 +16,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from pipeline.cluster import dask_client
 from pipeline.config import PipelineConfig, with_absolute_paths
 from pipeline.errors import UserError
-from pipeline.export import verify_run
-from pipeline.layout import run_layout
-from pipeline.run import run_lock, run_stages, stage_begin
-from pipeline.update_run import UPDATE_REGISTRY, run_update, update_config
-from pipeline.visibility import check_visibility
+from pipeline.output import run_layout, verify_run
+from pipeline.runner.run import run_lock, run_stages, stage_begin
+from pipeline.runtime import check_visibility, dask_client
+from pipeline.update import UPDATE_REGISTRY, run_update, update_config
 
 from . import tasks
 from .caching import result_storage, with_result_storage

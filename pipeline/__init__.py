@@ -6,7 +6,7 @@ published run (docs/artifacts.md)."""
 
 def __getattr__(name: str):
     if name == "open_run":
-        from .export import open_run
+        from pipeline.output import open_run
 
         return open_run
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

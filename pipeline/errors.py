@@ -6,7 +6,8 @@
 - :class:`TransientError`: the environment failed (I/O, network, a lost worker). The
   same command may succeed when run again; the flow retries it, the CLI exits with 1.
   It is raised as its specific kinds: :class:`StoreError` (a store operation failed:
-  pipeline/verify.py words it) and ``WorkerTimeoutError`` (pipeline/liveness.py: a
+  pipeline/output/verify.py words it) and ``WorkerTimeoutError`` (pipeline/runtime/liveness.py:
+  a
   worker did not answer); other I/O and network errors are classified by
   :func:`is_transient` without being wrapped.
 - :class:`InternalError`, and anything else unexpected, is a bug: the CLI keeps its

@@ -1,4 +1,4 @@
-"""Test helpers for versioned outputs (pipeline/versions.py): where the published version
+"""Test helpers for versioned outputs (pipeline/output/versions.py): where the published version
 of a local output is, forging its manifest consistently, and every object's bytes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.layout import LOCK, MANIFEST, WORK
+from pipeline.output.layout import LOCK, MANIFEST, WORK
 
 
 def version_dir(out) -> Path:

@@ -8,6 +8,13 @@
   different top-level package (kpca_dask's, or a third party's like ``sklearn.utils._x``).
   Inside one package private names are the package's own business.
 - No pickle-like loader and no eval/exec anywhere in the packages.
+- The packages with a public API (``API_PACKAGES``: the output's lifecycle, the runtime,
+  the update) are used from outside only through it: no module of pipeline/ or flows/
+  outside ``pipeline/output/`` imports a module of it (tests may reach inside).
+
+A package's lazily imported public names (a dict ``API`` of name -> submodule in its
+``__init__.py``, PEP 562) count as imports of the submodule that defines them: a cycle
+through ``from pipeline.output import Location`` is a cycle through store.py.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ FORBIDDEN = {
     "pipeline": {"flows", "prefect", "prefect_dask"},
     "flows": set(),
 }
+#: packages used from outside only through their ``__init__``'s public names
+API_PACKAGES = ("pipeline.output", "pipeline.runtime", "pipeline.update")
 UNSAFE = {"pickle", "cPickle", "joblib", "cloudpickle", "dill", "shelve", "marshal"}
 
 #: underscore names the standard library documents as public API
@@ -75,12 +84,33 @@ def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str
     return ".".join(base + ([name] if name else []))
 
 
-def imports_of(path: Path, root: Path, modules: set[str]) -> Iterator[Import]:
+def lazy_names(root: Path, packages=PACKAGES) -> dict[str, dict[str, str]]:
+    """package -> {public name -> the submodule defining it}: the ``API`` dicts of the
+    packages' ``__init__.py`` files (names imported on first use, PEP 562)."""
+    found = {}
+    for f in package_files(root, packages):
+        if f.name != "__init__.py":
+            continue
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.AnnAssign | ast.Assign):
+                target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+                if isinstance(target, ast.Name) and target.id == "API":
+                    pkg = module_name(f, root)
+                    names = ast.literal_eval(node.value)  # name -> "module" or "module:attr"
+                    found[pkg] = {k: f"{pkg}.{v.split(':')[0]}" for k, v in names.items()}
+    return found
+
+
+def imports_of(
+    path: Path, root: Path, modules: set[str], lazy: dict[str, dict[str, str]] | None = None
+) -> Iterator[Import]:
     """Every import that runs in ``path``, at module level or inside a function.
 
     ``from pkg import x`` imports the module ``pkg.x`` when there is one (``modules``:
-    the known modules under the root), else the name ``x`` of ``pkg``.
+    the known modules under the root), else the name ``x`` of ``pkg`` -- of the module
+    defining it when ``pkg`` names it in its ``API`` (``lazy``: :func:`lazy_names`).
     """
+    lazy = lazy or {}
     tree = ast.parse(path.read_text(), filename=str(path))
     me = module_name(path, root)
     is_package = path.name == "__init__.py"
@@ -98,6 +128,8 @@ def imports_of(path: Path, root: Path, modules: set[str]) -> Iterator[Import]:
                 sub = f"{base}.{a.name}"
                 if sub in modules:
                     yield Import(rel, node.lineno, me, sub)
+                elif a.name in lazy.get(base, {}):
+                    yield Import(rel, node.lineno, me, lazy[base][a.name], a.name)
                 elif a.name != "*":
                     yield Import(rel, node.lineno, me, base, a.name)
 
@@ -109,7 +141,8 @@ def package_files(root: Path, packages=PACKAGES) -> list[Path]:
 def all_imports(root: Path, packages=PACKAGES) -> list[Import]:
     files = package_files(root, packages)
     modules = {module_name(f, root) for f in files}
-    return [imp for f in files for imp in imports_of(f, root, modules)]
+    lazy = lazy_names(root, packages)
+    return [imp for f in files for imp in imports_of(f, root, modules, lazy)]
 
 
 # ------------------------------------------------------------------ cycles
@@ -249,6 +282,96 @@ def offence(imp: Import) -> str:
 
 def describe_private(imp: Import) -> str:
     return f"{imp.file}:{imp.line} uses {offence(imp)}"
+
+
+# ------------------------------------------------------------------ public APIs
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def api_bypasses(root: Path, packages=PACKAGES, api=API_PACKAGES) -> list[str]:
+    """Imports, outside a package of ``api``, of a module inside it (as written: ``from
+    pipeline.output.store import Location``, ``from pipeline.output import store``,
+    ``import pipeline.output.lock``), as ``file:line imports module``."""
+    files = package_files(root, packages)
+    modules = {module_name(f, root) for f in files}
+    found = []
+    for f in files:
+        me = module_name(f, root)
+        tree = ast.parse(f.read_text(), filename=str(f))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                written = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(me, f.name == "__init__.py", node.level, node.module)
+                written = [base] + [f"{base}.{a.name}" for a in node.names]
+                written = [w for w in written if w == base or w in modules]
+            else:
+                continue
+            for w in written:
+                for pkg in api:
+                    if _inside(w, pkg) and w != pkg and not _inside(me, pkg):
+                        found.append(f"{f.relative_to(root)}:{node.lineno} imports {w}")
+    return sorted(set(found))
+
+
+def test_api_packages_are_used_through_their_api():
+    bad = api_bypasses(ROOT)
+    assert not bad, (
+        "modules outside a package with a public API import its modules; import the name "
+        "from the package (add it to the package's API dict, in its __init__.py, if it "
+        "is not there -- or better, a small function that does what the caller needs):\n  "
+        + "\n  ".join(bad)
+    )
+
+
+def test_api_names_exist():
+    """Every name of an ``API`` dict is defined by the module it names, and is not a
+    submodule's name (importing the submodule would rebind it on the package)."""
+    import importlib
+
+    missing = []
+    for pkg, names in lazy_names(ROOT).items():
+        module = importlib.import_module(pkg)
+        for name, mod in names.items():
+            value = getattr(module, name, None)
+            if value is None or type(value).__name__ == "module":
+                missing.append(f"{pkg}.{name} (from {mod})")
+            importlib.import_module(mod)  # its module imported: the name is still the API's
+            if getattr(module, name, None) is not value:
+                missing.append(f"{pkg}.{name} shadowed by a submodule")
+    assert not missing, missing
+
+
+def test_api_checker_finds_bypasses(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "pipeline/__init__.py": "",
+            "pipeline/output/__init__.py": "API = {'Location': 'store'}\n",
+            "pipeline/output/store.py": "class Location: ...\n",
+            "pipeline/output/lock.py": "from .store import Location\n",  # inside: fine
+            "pipeline/caller.py": """
+            from pipeline.output import Location
+            from pipeline.output.store import Location as L
+            from .output import store
+            def f():
+                import pipeline.output.lock
+        """,
+            "flows/__init__.py": "",
+            "flows/cli.py": "from pipeline.output import Location\n",
+        },
+    )
+    assert api_bypasses(tmp_path) == [
+        "pipeline/caller.py:3 imports pipeline.output.store",
+        "pipeline/caller.py:4 imports pipeline.output.store",
+        "pipeline/caller.py:6 imports pipeline.output.lock",
+    ]
+    imports = all_imports(tmp_path)
+    lazy = Import(
+        "pipeline/caller.py", 2, "pipeline.caller", "pipeline.output.store", "Location"
+    )
+    assert lazy in imports  # a cycle through the API's name is a cycle through store.py
 
 
 # ------------------------------------------------------------------ the checks
@@ -435,7 +558,7 @@ def test_checker_finds_upward_imports_and_unsafe_calls(tmp_path):
         {
             "kpca_dask/__init__.py": "",
             "kpca_dask/ok.py": "import numpy\nfrom . import other\n",
-            "kpca_dask/up.py": "from pipeline.layout import Layout\n",
+            "kpca_dask/up.py": "from pipeline.output.layout import Layout\n",
             "pipeline/__init__.py": "",
             "pipeline/orch.py": "import prefect.flows\nimport kpca_dask\n",
             "flows/__init__.py": "",

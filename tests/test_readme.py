@@ -97,7 +97,7 @@ def _example_input(folder: Path) -> None:
     """What deploy/examples/run.yaml reads as shipped: the table `kpca demo` writes
     (kpca-demo-output-data/digits.parquet beside kpca-demo-output/), written by the
     function the demo calls."""
-    from pipeline.demo_data import write_demo_dataset
+    from pipeline.data.demo_data import write_demo_dataset
 
     (folder / "deploy" / "examples").mkdir(parents=True)
     shutil.copy(ROOT / "deploy" / "examples" / "run.yaml", folder / "deploy" / "examples")

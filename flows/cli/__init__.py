@@ -13,7 +13,7 @@
 
 Global flags (-v/--verbose, -q/--quiet) go before or after the subcommand. ``kpca run``
 first checks the config, the input (every row, streaming) and the output
-(pipeline/validate.py), and only then starts Prefect and Dask: a wrong path, column or
+(pipeline/data/validate.py), and only then starts Prefect and Dask: a wrong path, column or
 type is one line per problem, in about a second, and leaves nothing behind.
 
 Exit status by the error taxonomy (pipeline/errors.py): errors in the input, the

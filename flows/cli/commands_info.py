@@ -1,4 +1,5 @@
-"""``kpca info``: verify a run folder (pipeline.export.open_run) and summarise it, or print
+"""``kpca info``: verify a run folder (pipeline.output.export.open_run) and summarise it, or
+print
 its manifest (``--json``)."""
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ __all__ = ["cmd_info", "feature_lines"]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from pipeline.export import open_run, read_spectrum
-    from pipeline.store import Location
+    from pipeline.output import Location, open_run, read_spectrum
 
     run = open_run(
         Location.at(args.artifact_dir, storage_options_arg(args)),
@@ -121,7 +121,7 @@ def _print_record(m: dict) -> None:
 
 def _print_files(run, n_components: int) -> None:
     """The run's files (the optional ones when they are there)."""
-    from pipeline.layout import PARQUET, REPORT
+    from pipeline.output import PARQUET, REPORT
 
     m = run.manifest
     rows = (m.get("update") or {}).get("n_rows", m["input"]["n_rows"])

@@ -1,5 +1,5 @@
 """``kpca plan`` and ``kpca calibrate``: a run's predicted time and memory from the cost
-model (kpca_dask/cost.py, pipeline/sizing.py), and the machine constants it reads.
+model (kpca_dask/cost.py, pipeline/runtime/sizing.py), and the machine constants it reads.
 Neither starts a run or writes into one."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from kpca_dask.cost import Cluster, load_machine
     from pipeline.config import ConfigError, load_config
-    from pipeline.sizing import configured_cluster, plan_run
+    from pipeline.runtime import configured_cluster, plan_run
 
     cfg = load_config(args.config)
     try:

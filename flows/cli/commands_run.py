@@ -26,7 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
-    from pipeline.demo_data import DEMO_DATASETS, write_demo_dataset
+    from pipeline.data.demo_data import DEMO_DATASETS, write_demo_dataset
 
     out = Path(args.output).resolve()
     data_dir = out.parent / (out.name + "-data")
@@ -57,7 +57,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pipeline.validate import validate
+    from pipeline.data.validate import validate
 
     cfg = _load_run_config(args, absolute=False)  # (its summary names paths as given)
     v = validate(cfg)
@@ -73,9 +73,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def prestart_checks(cfg, command: str) -> None:
-    """The pre-start checks (pipeline/validate.py): raise one error listing every problem
+    """The pre-start checks (pipeline/data/validate.py): raise one error listing every problem
     before Prefect or Dask start and before anything is written; log the notes."""
-    from pipeline.validate import validate
+    from pipeline.data.validate import validate
 
     v = validate(cfg)
     for note in v.notes:
@@ -90,13 +90,13 @@ def _run_config(cfg, args: argparse.Namespace) -> Any:
     if args.prefect:  # importing Prefect and Dask takes seconds: say what is under way
         say(args, "input and output checked; loading Prefect")
     start_runtime(args)
-    from pipeline.progress import show_progress
+    from pipeline.runtime import show_progress
 
     from ..pipeline_flow import run_flow_or_plain
     from ..runtime import handle_interrupts
 
     if args.prefect:
-        from pipeline.run import check_begin
+        from pipeline.runner.run import check_begin
 
         from ..runtime import check_prefect_api
 

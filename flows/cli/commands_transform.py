@@ -14,7 +14,7 @@ __all__ = ["cmd_transform"]
 
 def cmd_transform(args: argparse.Namespace) -> int:
     from pipeline.config import InputConfig, absolute_path
-    from pipeline.progress import show_progress
+    from pipeline.runtime import show_progress
 
     if args.preimage != "auto" and not args.inverse:
         raise UserError("--preimage applies to --inverse only.")
@@ -45,8 +45,8 @@ def _transform_cluster(args: argparse.Namespace):
 
     if not args.cluster:
         return contextlib.nullcontext()
-    from pipeline.cluster import dask_client
     from pipeline.config import ClusterConfig
+    from pipeline.runtime import dask_client
 
     kw = {"address": args.cluster}
     if args.worker_timeout is not None:
@@ -56,10 +56,10 @@ def _transform_cluster(args: argparse.Namespace):
 
 def _transform(args: argparse.Namespace, inp, options: dict) -> int:
     from pipeline.config import ChunkConfig
-    from pipeline.transform import transform_to_store
+    from pipeline.embed.transform import transform_to_store
 
     if args.inverse:
-        from pipeline.denoise import denoise_to_store
+        from pipeline.embed.denoise import denoise_to_store
 
         res = denoise_to_store(
             args.model,

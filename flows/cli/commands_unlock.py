@@ -1,4 +1,4 @@
-"""``kpca unlock``: break the lock a dead run left on its output (pipeline/lock.py);
+"""``kpca unlock``: break the lock a dead run left on its output (pipeline/output/lock.py);
 ``--force`` also removes a lock path that holds something kpca-dask did not write."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ __all__ = ["cmd_unlock"]
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
-    from pipeline.lock import LOCK_NAME, alien_lock, break_lock
-    from pipeline.store import Location
+    from pipeline.output import LOCK_NAME, Location, alien_lock, break_lock
 
     force = bool(getattr(args, "force", False))
     out = Location.at(args.output_dir, storage_options_arg(args))

@@ -1,5 +1,5 @@
 """``kpca update``: each batch of new rows NEW_DATA names that the series has not merged,
-published as a new version of RUN (pipeline/series/, pipeline/update_run.py,
+published as a new version of RUN (pipeline/series/, pipeline/update/run.py,
 flows/update_flow.py; docs/update.md)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ __all__ = ["cmd_update"]
 
 def cmd_update(args: argparse.Namespace) -> int:
     """Every pending batch of NEW_DATA, oldest first, one version each (docs/update.md)."""
-    from pipeline.progress import show_progress
+    from pipeline.runtime import show_progress
     from pipeline.series.night import parse_logical_date, run_night
-    from pipeline.update_run import update_config
+    from pipeline.update import update_config
 
     from ..update_flow import run_update_flow_or_plain
 

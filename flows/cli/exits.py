@@ -57,7 +57,7 @@ def report_error(command: str, exc: Exception, where: str = "") -> int:
         print(f"kpca {command}: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     if is_transient(exc):
-        from pipeline.verify import endpoint_hint
+        from pipeline.output import endpoint_hint
 
         print(
             f"kpca {command}: error: {type(exc).__name__}: {exc} (I/O, network or lost "
@@ -77,7 +77,7 @@ def report_error(command: str, exc: Exception, where: str = "") -> int:
 
 
 def _store_failure(exc: BaseException, where: str) -> str | None:
-    from pipeline.verify import describe_store_failure
+    from pipeline.output import describe_store_failure
 
     if _environment_error(exc) or (is_user_error(exc) and not isinstance(exc, PermissionError)):
         return None

@@ -26,7 +26,7 @@ def discard_fresh_output(folder: Path, exc: Exception) -> None:
     nothing would be resumed) or nothing written at all. Other failures keep the folder:
     re-running resumes from it. Only a folder holding nothing but a run's own names goes,
     through the project's one deletion function."""
-    from pipeline.layout import MANIFEST, RUN_NAMES
+    from pipeline.output import MANIFEST, RUN_NAMES
 
     if not folder.is_dir():
         return

@@ -25,7 +25,7 @@ def _type_name(t: Any) -> str:
 REFERENCE_NOTES: dict[str, str] = {
     "input": """### Feature columns (CSV and Parquet)
 
-Which columns of a table are features (pipeline/features.py):
+Which columns of a table are features (pipeline/data/features.py):
 
 - **Numeric** columns (integers, floats) are features. Without `input.columns`, every
   column except `id_column`, `label_column` and `exclude_columns` is a feature, in the
@@ -67,7 +67,7 @@ missing or unknown columns (docs/sklearn.md).
 
 `kpca validate`, and the start of `kpca run`, `kpca update` (its batch) and
 `kpca transform` (its rows), read the input's header and a sample for the quick checks
-(columns, types), then **every row once**, streaming (pipeline/scan.py: pyarrow's
+(columns, types), then **every row once**, streaming (pipeline/data/scan.py: pyarrow's
 streaming CSV and Parquet readers; NPY in row blocks), before any Dask cluster or
 Prefect server starts. They report, each with the exact row (0-based, as `kpca info`
 counts; CSV: the file's line too) and column of its first occurrence: NaN or infinity in

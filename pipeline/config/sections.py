@@ -112,11 +112,11 @@ class InputConfig(_Model):
 
 def _estimator_rule(section: str) -> Any:
     """A validator that checks a section's fields by the estimator's own rules for the
-    parameters they set (pipeline/fitspec.py; kpca_dask/plan.py): one validation system
+    parameters they set (pipeline/model/fitspec.py; kpca_dask/plan.py): one validation system
     for estimator parameters, run when the file is loaded; pydantic checks the types."""
 
     def check(cls: Any, v: Any, info: ValidationInfo) -> Any:
-        from ..fitspec import check_field
+        from pipeline.model.fitspec import check_field
 
         field = cls.model_fields[info.field_name]
         nullable = field.annotation is None or type(None) in get_args(field.annotation)

@@ -145,7 +145,9 @@ def _fold_accuracies(
     with threadpool_limits(1, user_api="blas"):
         for gi, g in enumerate(gammas):
             for fi, (tr, va) in enumerate(splits):
-                if progress is not None:  # pipeline.progress.Steps: one log line per fit
+                if (
+                    progress is not None
+                ):  # pipeline.runtime.progress.Steps: one log line per fit
                     progress.sub(
                         "gamma %.4g, fold %d of %d",
                         gi * folds + fi + 1,

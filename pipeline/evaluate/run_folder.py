@@ -16,9 +16,10 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from pipeline.output import Location
+
 from ..config import EvaluateConfig
 from ..errors import EvaluationError
-from ..store import Location
 
 __all__ = ["RunFolder", "open_run_folder", "read_rows", "sample_indices", "as_location"]
 

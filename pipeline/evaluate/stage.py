@@ -12,10 +12,11 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from pipeline.data.scaling import preprocess_report
+from pipeline.output import atomic_write_json
+from pipeline.runtime import Steps
+
 from ..config import EvaluateConfig
-from ..progress import Steps
-from ..scaling import preprocess_report
-from ..store import atomic_write_json
 from .baseline import linear_pca_baseline
 from .classify import (
     as_config,

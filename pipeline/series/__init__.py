@@ -2,7 +2,7 @@
 
 ``kpca update OUT NEW_DATA`` (and the nightly deployment) adds each batch of new rows to
 the output ``OUT`` itself: the batch's update is published as a new version of ``OUT``
-(the transaction of every writer, pipeline/versions.py: one atomic write of the pointer,
+(the transaction of every writer, pipeline/output/versions.py: one atomic write of the pointer,
 history, retention, holds, recovery), its base being the version published before. Readers
 keep one address: ``OUT/manifest.json`` names the latest published night.
 

@@ -24,8 +24,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.output import Location
+
 from ..errors import UserError
-from ..store import Location
 
 __all__ = ["Batch", "batch_identity", "pending_batches", "resolve_batches"]
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.output import Location
+
 from ..errors import UserError
-from ..store import Location
 
 __all__ = ["BatchAlreadyMerged", "check_base_current", "merged_by", "merged_sources"]
 
@@ -51,7 +52,7 @@ def check_base_current(root: Location, base_url: str) -> None:
     writes (a series): that version must still be the published one. Another night
     published meanwhile: refused in one line, nothing published (re-run the night: it
     starts from the new version and skips what that one merged)."""
-    from ..versions import read_pointer
+    from pipeline.output import read_pointer
 
     head, _, vid = base_url.rstrip("/").rpartition("/")
     if head.rstrip("/") != root.url.rstrip("/") + "/versions":

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.output import Location
+
 from ..config import PipelineConfig, absolute_path
 from ..errors import UserError
-from ..store import Location
 from .batches import Batch, pending_batches
 from .merged import BatchAlreadyMerged, merged_sources
 
@@ -65,8 +66,8 @@ def parse_logical_date(value: Any) -> datetime.datetime | None:
 
 
 def _published(run: str, options: dict[str, Any]) -> dict[str, Any]:
-    from ..export import open_run
-    from ..update_setup import latest_run
+    from pipeline.output import open_run
+    from pipeline.update import latest_run
 
     loc = Location.at(run, options)
     newest = latest_run(loc)
@@ -87,7 +88,7 @@ def run_night(
     """Merge every pending batch of ``new_data`` into the series ``run``, oldest first.
 
     ``make_config(base, batch, output)`` builds one batch's update config
-    (pipeline/update_setup.py ``update_config`` with the command's options);
+    (pipeline/update/setup.py ``update_config`` with the command's options);
     ``run_one(cfg)`` runs it (plain stages or the Prefect flow) and returns its summary.
     With ``output``, the first batch starts that output from ``run`` and the later ones
     are new versions of it. A refused batch (a user error: bad rows, duplicate ids,
@@ -133,10 +134,10 @@ def run_night(
 def _batch_problem(exc: BaseException) -> bool:
     """Whether ``exc`` refuses this batch only (its rows, columns or ids), so the night
     goes on with the next one."""
-    from ..checks.findings import PrestartError
-    from ..features import FeatureError
-    from ..readers.base import InputError
-    from ..update_setup import UpdateError
+    from pipeline.data.checks.findings import PrestartError
+    from pipeline.data.features import FeatureError
+    from pipeline.data.readers.base import InputError
+    from pipeline.update import UpdateError
 
     return isinstance(exc, UpdateError | PrestartError | InputError | FeatureError)
 

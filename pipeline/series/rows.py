@@ -2,11 +2,11 @@
 
 Each night ingests its batch into the output's ``work/ingest.zarr``; the next night
 rebuilds that store with its own batch. Holds written by other outputs keep rows through
-such a rebuild (pipeline/ingest_store.py: ``keep_held_rows`` copies them to
+such a rebuild (pipeline/data/ingest_store.py: ``keep_held_rows`` copies them to
 ``work/ingest/<fingerprint>.zarr`` first, hard links on local disk); an output never
-holds itself there (pipeline/lineage.py ``write_holds``). So a series writes one more hold
-in its own ``holds/`` folder, naming the rows (fingerprints) its lineage reads from its
-own ``work/`` and no version: the rows stay while the series needs them (every night's
+holds itself there (pipeline/output/lineage.py ``write_holds``). So a series writes one
+more hold in its own ``holds/`` folder, naming the rows (fingerprints) its lineage reads
+from its own ``work/`` and no version: the rows stay while the series needs them (every night's
 lineage needs every earlier night's rows), and retention of the series' versions stays
 ``output.keep_versions``'s.
 """
@@ -16,8 +16,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from ..lineage import hold_file, lineage_needs
-from ..store import Location, atomic_write_json
+from pipeline.output import Location, atomic_write_json, hold_file, lineage_needs
 
 __all__ = ["OWN_ROWS", "hold_own_rows"]
 

@@ -1,5 +1,5 @@
 """What ``kpca update`` checks and records before a batch's update starts (called by
-pipeline/update_setup.py ``update_config``): the batch's identity, refused as a no-op when
+pipeline/update/setup.py ``update_config``): the batch's identity, refused as a no-op when
 the series merged it already, and -- for an update published as a new version of the
 base's own output -- the series' hold on its rows, written before the ingest stage
 rebuilds ``work/ingest.zarr`` with the batch."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store import Location
+from pipeline.output import Location
+
 from .batches import batch_identity
 from .merged import BatchAlreadyMerged, merged_by
 from .rows import hold_own_rows

@@ -1,23 +1,23 @@
 """The pipeline's stages and :data:`REGISTRY`, their declarations in the order they run
-(the framework, :class:`Stage` and :class:`Registry`, is pipeline/registry.py).
+(the framework, :class:`Stage` and :class:`Registry`, is pipeline/runner/registry.py).
 
     ingest -> split -> kernel -> solve -> project -> denoise -> evaluate -> export
 
 Each stage is one module here, ``<name>_stage.py`` (the suffix keeps them apart from the
-modules that do the work: pipeline/ingest.py, kernel.py, solve.py, project.py,
+modules that do the work: pipeline/data/ingest.py, kernel.py, solve.py, project.py,
 denoise.py, evaluate/, export.py), exporting its :class:`Stage` (``INGEST``, ``SPLIT``,
 ...), its stage function and its ``_fresh_*``/``_fingerprint_*`` helpers; what several
 share is common.py. Each stage reads the config slice it declares (a
 :class:`ConfigView`), takes the typed results of earlier stages and returns its own;
 ``_fresh_*`` say whether a cached result still describes the stores, ``_fingerprint_*``
 add content checksums to a result. How the fit is set up (the kernel and solve stages'
-slices, the estimator, the plan carried from one to the other) is pipeline/fitspec.py;
+slices, the estimator, the plan carried from one to the other) is pipeline/model/fitspec.py;
 the hand-off from the kernel stage to the solve is kernel_stage.py (``planned_fit``).
 """
 
 from __future__ import annotations
 
-from ..registry import (
+from pipeline.runner.registry import (
     LAYOUT_FIELDS,
     RUN_CONTROL,
     VOLATILE,
@@ -28,6 +28,7 @@ from ..registry import (
     config_slice,
     identity,
 )
+
 from .common import _same as _same
 from .common import _store_array as _store_array
 from .common import _training_rows as _training_rows
@@ -93,5 +94,5 @@ __all__ = [
 ]
 
 #: the full run's stages, in the order they run (``kpca update`` has its own,
-#: pipeline/update_run.py, sharing INGEST)
+#: pipeline/update/run.py, sharing INGEST)
 REGISTRY = Registry([INGEST, SPLIT, KERNEL, SOLVE, PROJECT, DENOISE, EVALUATE, EXPORT])

@@ -9,14 +9,19 @@ from typing import Any
 
 import dask.array as da
 
-from ..completeness import DENSE
+from pipeline.data.ingest import IngestResult, InputError
+from pipeline.data.stage_data import ingested, read_split
+from pipeline.output import (
+    DENSE,
+    RunLayout,
+    array_checksum,
+    file_checksums,
+    json_default,
+    run_layout,
+)
+from pipeline.runner.results import SplitResult
+
 from ..config import ConfigError
-from ..export import file_checksums
-from ..ingest import IngestResult, InputError
-from ..layout import RunLayout, run_layout
-from ..results import SplitResult
-from ..stage_data import ingested, read_split
-from ..store import array_checksum, json_default
 
 __all__ = ["checksums", "evaluation_wanted", "files_under"]
 

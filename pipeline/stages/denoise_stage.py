@@ -1,14 +1,15 @@
 """The denoise stage's declaration: pre-images of the embedding (``denoise.enabled``),
-written next to it. Its body, :func:`~pipeline.denoise.stage_denoise`, is
-pipeline/denoise.py."""
+written next to it. Its body, :func:`~pipeline.embed.denoise.stage_denoise`, is
+pipeline/embed/denoise.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..denoise import WRITTEN_ATTR, stage_denoise
-from ..layout import run_layout
-from ..registry import Stage
+from pipeline.embed.denoise import WRITTEN_ATTR, stage_denoise
+from pipeline.output import run_layout
+from pipeline.runner.registry import Stage
+
 from .common import checksums
 
 __all__ = ["DENOISE", "stage_denoise"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ingest import IngestResult
-from ..layout import REPORT, run_layout
-from ..registry import Stage
-from ..results import ProjectResult, SolveResult, SplitResult
-from ..store import read_json
+from pipeline.data.ingest import IngestResult
+from pipeline.output import REPORT, read_json, run_layout
+from pipeline.runner.registry import Stage
+from pipeline.runner.results import ProjectResult, SolveResult, SplitResult
+
 from .common import _same, files_under
 
 __all__ = ["EVALUATE", "stage_evaluate"]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.data.ingest import IngestResult
+from pipeline.output import MODEL, read_json, run_layout, write_manifest
+from pipeline.runner.registry import Stage
+from pipeline.runner.results import KernelResult, ProjectResult, SolveResult, SplitResult
+
 from ..config import PipelineConfig
-from ..export import write_manifest
-from ..ingest import IngestResult
-from ..layout import MODEL, run_layout
-from ..registry import Stage
-from ..results import KernelResult, ProjectResult, SolveResult, SplitResult
-from ..store import read_json
 from .common import _same
 
 __all__ = ["EXPORT", "stage_export"]

@@ -1,13 +1,13 @@
 """The ingest stage: input -> ``work/ingest.zarr``, validated and fingerprinted (shared
-by the full run and by ``kpca update``, pipeline/update_run.py)."""
+by the full run and by ``kpca update``, pipeline/update/run.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..ingest import IngestResult, ingest, stale_ingest
-from ..layout import run_layout
-from ..registry import Stage
+from pipeline.data.ingest import IngestResult, ingest, stale_ingest
+from pipeline.output import run_layout
+from pipeline.runner.registry import Stage
 
 __all__ = ["INGEST", "stage_ingest"]
 

@@ -1,4 +1,4 @@
-"""The kernel stage: plan the fit (pipeline/fitspec.py: solver, block rows, whether to
+"""The kernel stage: plan the fit (pipeline/model/fitspec.py: solver, block rows, whether to
 materialise K), build the upper kernel blocks when that pays, and carry the plan to the
 solve. :func:`planned_fit` is the other end of that hand-off (the solve stage calls it),
 so the plan, its gamma and its blocks are read in this one module."""
@@ -14,16 +14,16 @@ import numpy as np
 
 from kpca_dask.params import resolve_kernel
 from kpca_dask.precision import centred_for_rows
+from pipeline.data.ingest import IngestResult
+from pipeline.data.scaling import scaler_id, scaler_of
+from pipeline.model.fitspec import PLAN_FIELDS, Fit, plan_fit
+from pipeline.model.kernel_store import build_kernel_store
+from pipeline.output import run_layout
+from pipeline.runner.registry import Stage, config_slice
+from pipeline.runner.results import KernelResult, SplitResult
 
 from ..config import ConfigError
 from ..errors import InternalError
-from ..fitspec import PLAN_FIELDS, Fit, plan_fit
-from ..ingest import IngestResult
-from ..kernel_store import build_kernel_store
-from ..layout import run_layout
-from ..registry import Stage, config_slice
-from ..results import KernelResult, SplitResult
-from ..scaling import scaler_id, scaler_of
 from .common import _same, _training_rows
 
 __all__ = ["KERNEL", "planned_fit", "stage_kernel"]
@@ -32,7 +32,7 @@ logger = logging.getLogger("pipeline")
 
 
 def stage_kernel(cfg: Any, ing: IngestResult, split: SplitResult) -> KernelResult:
-    """Plan the fit (pipeline/fitspec.py: solver, block rows, whether to materialise K)
+    """Plan the fit (pipeline/model/fitspec.py: solver, block rows, whether to materialise K)
     and, if K is materialised, build the upper-block store (resumable). The result
     carries the plan to the solve."""
     X_train = _training_rows(cfg, ing, split)

@@ -8,13 +8,13 @@ from typing import Any
 
 import dask.array as da
 
-from ..export import write_spectrum
-from ..ingest import IngestResult
-from ..layout import EMBEDDING, PARQUET, SPECTRUM_ARRAYS, run_layout
-from ..project import write_embedding, write_parquet
-from ..registry import Stage
-from ..results import ProjectResult, SolveResult, SplitResult
-from ..stage_data import ingested, read_split
+from pipeline.data.ingest import IngestResult
+from pipeline.data.stage_data import ingested, read_split
+from pipeline.embed.project import write_embedding, write_parquet
+from pipeline.output import EMBEDDING, PARQUET, SPECTRUM_ARRAYS, run_layout, write_spectrum
+from pipeline.runner.registry import Stage
+from pipeline.runner.results import ProjectResult, SolveResult, SplitResult
+
 from .common import checksums, files_under
 
 __all__ = ["PROJECT", "stage_project"]

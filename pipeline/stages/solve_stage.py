@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cluster import release_worker_memory
-from ..fitspec import FIT_FIELDS
-from ..ingest import IngestResult
-from ..kernel_store import KernelBlockReader
-from ..layout import MODEL, run_layout
-from ..registry import Stage, config_slice
-from ..results import KernelResult, SolveResult, SplitResult
-from ..scaling import scaler_of
-from ..solve import solve
+from pipeline.data.ingest import IngestResult
+from pipeline.data.scaling import scaler_of
+from pipeline.model.fitspec import FIT_FIELDS
+from pipeline.model.kernel_store import KernelBlockReader
+from pipeline.model.solve import solve
+from pipeline.output import MODEL, run_layout
+from pipeline.runner.registry import Stage, config_slice
+from pipeline.runner.results import KernelResult, SolveResult, SplitResult
+from pipeline.runtime import release_worker_memory
+
 from .common import _same
 from .kernel_stage import planned_fit
 

@@ -9,13 +9,14 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from pipeline.data.ingest import IngestResult
+from pipeline.data.scaling import fit_training_scaler
+from pipeline.data.stage_data import ingested
+from pipeline.output import ROW_ARRAYS, run_layout
+from pipeline.runner.registry import Stage
+from pipeline.runner.results import SplitResult
+
 from ..evaluate import make_split
-from ..ingest import IngestResult
-from ..layout import ROW_ARRAYS, run_layout
-from ..registry import Stage
-from ..results import SplitResult
-from ..scaling import fit_training_scaler
-from ..stage_data import ingested
 from .common import _store_array, checksums, evaluation_wanted
 
 __all__ = ["SPLIT", "stage_split"]

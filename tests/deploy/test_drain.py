@@ -130,7 +130,7 @@ def test_drain_stops_the_worker_after_the_run_in_flight_and_a_waiting_night_runs
         assert len(waiting) == 1 and waiting[0]["state_type"] == "SCHEDULED", waiting
         assert first["name"] in out and "drained" in out, out
 
-        from pipeline.export import verify_run
+        from pipeline.output.export import verify_run
 
         assert verify_run(cfg["output"]["path"])["input"]["n_rows"] == n
 

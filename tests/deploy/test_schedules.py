@@ -231,7 +231,7 @@ def test_a_cron_schedule_runs_the_pipeline_deployment_to_completion(tmp_path):
     noise = re.findall(r".*distributed\.[\w.]+ - INFO.*|.*Sending large graph.*", wtext)
     assert noise == [], noise[:10]
 
-    from pipeline.export import verify_run
+    from pipeline.output.export import verify_run
 
     manifest = verify_run(str(tmp_path / "runs" / "nightly"))
     assert manifest["input"]["n_rows"] == 240

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import zarr
 
-from pipeline.versions import open_output
+from pipeline.output.versions import open_output
 from tests.published import version_dir
 
 pytestmark = pytest.mark.cluster  # its tests start processes

@@ -1,4 +1,5 @@
-"""The checks before anything starts (pipeline/validate.py): ``kpca validate`` and the first
+"""The checks before anything starts (pipeline/data/validate.py): ``kpca validate`` and the
+first
 thing ``kpca run`` does. Every bad config below is refused by a real ``kpca run`` (Prefect
 mode, the default) in a subprocess that afterwards has imported neither dask, distributed,
 zarr nor Prefect -- so no cluster and no Prefect server can have started -- and that left no
@@ -204,7 +205,7 @@ def test_each_check_refuses_in_one_line(refused, key):
 
 def test_every_problem_gets_its_own_line(tmp_path):
     from pipeline.config import load_config
-    from pipeline.validate import validate
+    from pipeline.data.validate import validate
 
     pd.DataFrame({"a": [1.0, 2.0], "b": ["x", "y"]}).to_csv(tmp_path / "t.csv", index=False)
     cfg = load_config(
@@ -294,7 +295,7 @@ def test_a_run_refused_by_ingest_leaves_no_folder_it_created(tmp_path):
     anything starts (the full pass reads every row), with its row and column."""
     import zarr
 
-    from pipeline.validate import SAMPLE_ROWS
+    from pipeline.data.validate import SAMPLE_ROWS
 
     X = np.random.default_rng(0).standard_normal((SAMPLE_ROWS + 100, 3))
     X[SAMPLE_ROWS + 50, 1] = np.nan

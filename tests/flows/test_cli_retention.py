@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from flows.cli import main
-from pipeline.store import Location
-from pipeline.versions import expired_entries, read_pointer, version_ids
+from pipeline.output.store import Location
+from pipeline.output.versions import expired_entries, read_pointer, version_ids
 from tests.reliability.helpers import make_published_run
 
 

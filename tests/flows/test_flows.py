@@ -30,8 +30,8 @@ import pandas as pd
 import pytest
 import zarr
 
+from pipeline.output.versions import open_output
 from pipeline.stages import REGISTRY
-from pipeline.versions import open_output
 from tests.published import version_dir
 
 pytestmark = [pytest.mark.flows, pytest.mark.cluster]
@@ -175,7 +175,7 @@ def first_run(prefect_api, dask_cluster, data_dir):
 @pytest.mark.distributed
 def test_flow_publishes_a_verified_run_with_artifacts(first_run, dask_cluster):
     """Every stage runs once, the run verifies, and the artifacts describe it."""
-    from pipeline.export import verify_run
+    from pipeline.output.export import verify_run
 
     cfg, result, states, flow_run_id = first_run
     assert result["states"] == {s: "Completed" for s in STAGES}
@@ -225,8 +225,8 @@ def test_flow_publishes_a_verified_run_with_artifacts(first_run, dask_cluster):
 @pytest.mark.distributed
 def test_flow_writes_the_same_artifacts_as_run_pipeline(first_run, data_dir, dask_client):
     """The flow and the plain stage sequence publish identical arrays and model."""
-    from pipeline.export import verify_run
-    from pipeline.run import run_pipeline
+    from pipeline.output.export import verify_run
+    from pipeline.runner.run import run_pipeline
 
     cfg = first_run[0]
     plain_cfg = make_config(data_dir, cfg.cluster.address, out="plain")
@@ -257,7 +257,7 @@ def test_flow_writes_the_same_artifacts_as_run_pipeline(first_run, data_dir, das
 @pytest.mark.distributed
 def test_identical_rerun_recomputes_nothing(first_run):
     """A second identical run: every stage Cached, no file touched, the run still verified."""
-    from pipeline.export import verify_run
+    from pipeline.output.export import verify_run
 
     cfg = first_run[0]
     out = Path(cfg.output.path)
@@ -276,7 +276,7 @@ def test_changing_gamma_recomputes_only_what_depends_on_it(first_run):
     """gamma 0.2 -> 0.5: kernel..export run again, ingest and split are cache hits; going
     back to 0.2 re-runs the kernel although its 0.2 record exists, since the store on disk
     now holds the 0.5 kernel."""
-    from pipeline.export import verify_run
+    from pipeline.output.export import verify_run
 
     cfg = first_run[0]
     out = Path(cfg.output.path)
@@ -324,7 +324,7 @@ def test_changing_gamma_recomputes_only_what_depends_on_it(first_run):
 def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
     """denoise.enabled: the kernel store is reused, the model is refitted with
     its pre-image, the denoised rows are published (checksummed); off again removes them."""
-    from pipeline.export import verify_run
+    from pipeline.output.export import verify_run
 
     cfg = first_run[0]
     out = Path(cfg.output.path)
@@ -353,7 +353,7 @@ def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
 @pytest.mark.distributed
 def test_deleted_stores_are_rebuilt_not_trusted(first_run):
     """A cache hit must never point at missing artifacts: deleted stores are recomputed."""
-    from pipeline.export import verify_run
+    from pipeline.output.export import verify_run
 
     cfg = first_run[0]
     out = Path(cfg.output.path)
@@ -617,8 +617,8 @@ def test_update_flow_publishes_the_next_version(first_run, data_dir, dask_cluste
     v2 whose manifest links the first run, with the drift report and a markdown artifact
     naming the action. The first run's model is exact, so the action is a refit."""
     from flows.update_flow import kpca_update
-    from pipeline.export import verify_run
-    from pipeline.update_run import update_config
+    from pipeline.output.export import verify_run
+    from pipeline.update.run import update_config
 
     cfg = first_run[0]
     rng = np.random.default_rng(11)

@@ -205,9 +205,9 @@ def test_only_transient_failures_are_retried():
 
     from kpca_dask.exceptions import InvalidParameterError, ModelFormatError
     from pipeline.config import ConfigError
-    from pipeline.export import RunExistsError
-    from pipeline.ingest import InputError
-    from pipeline.kernel_store import KernelStoreError
+    from pipeline.data.ingest import InputError
+    from pipeline.model.kernel_store import KernelStoreError
+    from pipeline.output.export import RunExistsError
 
     for exc in (
         OSError("reset"),

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.versions import open_output
+from pipeline.output.versions import open_output
 
 from ..reliability.helpers import env
 

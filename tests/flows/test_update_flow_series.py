@@ -11,8 +11,8 @@ import json
 import pytest
 
 from pipeline.config import load_config
-from pipeline.export import open_run
-from pipeline.run import run_pipeline
+from pipeline.output.export import open_run
+from pipeline.runner.run import run_pipeline
 
 from ..pipeline.test_series_output import _config, _table, plain_read
 from .test_flows import prefect_api  # noqa: F401 - the session's Prefect server

@@ -14,8 +14,8 @@ import pytest
 
 from kpca_dask.exceptions import ConstantKernelError
 from pipeline.config import load_config
-from pipeline.solve import CONSTANT_KERNEL, SolveError, solve
-from pipeline.store import Location
+from pipeline.model.solve import CONSTANT_KERNEL, SolveError, solve
+from pipeline.output.store import Location
 
 DATA = {
     "zeros": np.zeros((120, 4)),  # kernel exactly constant: centred exactly 0

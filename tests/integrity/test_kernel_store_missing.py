@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from kpca_dask.kernels import RBFKernel
-from pipeline.kernel_store import KernelBlockReader, KernelStoreError, build_kernel_store
-from pipeline.store import Location
+from pipeline.model.kernel_store import KernelBlockReader, KernelStoreError, build_kernel_store
+from pipeline.output.store import Location
 
 
 @pytest.mark.parametrize("which", ["whole", "edge", "marker"])

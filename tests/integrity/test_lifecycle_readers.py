@@ -16,13 +16,13 @@ import pytest
 
 import kpca_dask
 import pipeline
-from pipeline.run import run_pipeline
-from pipeline.versions import VersionRemovedError, version_ids
+from pipeline.output.versions import VersionRemovedError, version_ids
+from pipeline.runner.run import run_pipeline
 
 from ..reliability.helpers import blobs, kpca, small_config
 
 
-def _night(folder, out, gamma: float, **output) -> pipeline.versions.Published:
+def _night(folder, out, gamma: float, **output) -> pipeline.output.versions.Published:
     run_pipeline(
         small_config(folder, out, kernel={"gamma": gamma}, output={"overwrite": True, **output})
     )
@@ -50,13 +50,13 @@ def test_a_reader_of_a_removed_version_fails_in_one_line_never_zeros(folder, das
     model_source = run.model.zarr_source()
 
     _night(folder, out, 0.06, keep_versions=1)  # expires the first night, keeps it 24 h
-    assert first.version in version_ids(pipeline.store.Location(str(out)))
+    assert first.version in version_ids(pipeline.output.store.Location(str(out)))
     np.testing.assert_array_equal(emb[...], want)
     np.testing.assert_array_equal(run.location.open_group("r")["embedding"][...], want)
     assert kpca_dask.load(run.model.zarr_source()).gamma == 0.05
 
     third = _night(folder, out, 0.07, keep_versions=1, retention_grace_hours=0)
-    assert first.version not in version_ids(pipeline.store.Location(str(out)))
+    assert first.version not in version_ids(pipeline.output.store.Location(str(out)))
     attempts = {
         "the array opened before": lambda: emb[...],
         "the group opened again": lambda: run.location.open_group("r")["embedding"][...],
@@ -102,7 +102,7 @@ def test_a_run_with_a_lost_or_damaged_pointer_keeps_its_versions(folder, dask_cl
     assert len(warn) == 1 and "read-only" in warn[0], info.stderr[-2000:]
     assert (pointer.read_bytes() if pointer.exists() else None) == before  # nothing written
     c = _night(folder, out, 0.07)
-    assert set(version_ids(pipeline.store.Location(str(out)))) == {
+    assert set(version_ids(pipeline.output.store.Location(str(out)))) == {
         a.version,
         b.version,
         c.version,

@@ -1,11 +1,12 @@
-"""An output's whole life at the level of its publishing transaction (pipeline/versions.py),
+"""An output's whole life at the level of its publishing transaction
+(pipeline/output/versions.py),
 on local disk and on an S3-protocol server (moto, a process on 127.0.0.1): readers of
 every kept version across retention, retention's grace period and holds, a lost or
 damaged pointer recovered by readers (read-only) and by the next writer (which keeps every
 version), and the clean-up of only the versions proven unpublished.
 
 Each night here is a real transform-like output written and published by
-:func:`pipeline.publish.publish_output` (the lock, the transaction, a zarr group of a
+:func:`pipeline.output.publish.publish_output` (the lock, the transaction, a zarr group of a
 dense ``embedding`` whose values are the night's number + 1: zeros are never right).
 """
 
@@ -18,10 +19,10 @@ import uuid
 import numpy as np
 import pytest
 
-from pipeline.completeness import DENSE
 from pipeline.errors import RunIncompleteError
-from pipeline.store import Location, atomic_write_json
-from pipeline.versions import (
+from pipeline.output.completeness import DENSE
+from pipeline.output.store import Location, atomic_write_json
+from pipeline.output.versions import (
     EXPIRED,
     Transaction,
     VersionRemovedError,
@@ -78,7 +79,7 @@ def out(request, tmp_path) -> Location:
 
 def night(out: Location, n: int, *, keep: int = 7, grace: float | None = None) -> str:
     """Publish night ``n``: a version holding ``embedding`` = n + 1; its version id."""
-    from pipeline.publish import publish_output
+    from pipeline.output.publish import publish_output
 
     def write(version: Location) -> None:
         g = version.open_group("a")
@@ -364,7 +365,7 @@ def test_a_transform_output_with_a_damaged_pointer_is_still_the_transforms_to_re
     """``kpca transform --overwrite`` to an output whose pointer was cut short: judged by
     the pointer its versions rebuild (a transform output), not refused as "not written by
     kpca transform" every night."""
-    from pipeline.publish import check_transform_output
+    from pipeline.output.publish import check_transform_output
 
     out = Location(str(tmp_path / "emb.zarr"))
     night(out, 0)

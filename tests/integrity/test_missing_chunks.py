@@ -20,8 +20,8 @@ from kpca_dask import KernelPCA
 from kpca_dask.exceptions import InvalidInputError
 from kpca_dask.validation import describe_missing_chunks, missing_zarr_chunks
 from pipeline.config import ChunkConfig, InputConfig
-from pipeline.ingest import InputError, ingest, load_ingested
-from pipeline.store import Location
+from pipeline.data.ingest import InputError, ingest, load_ingested
+from pipeline.output.store import Location
 
 X = np.random.default_rng(0).standard_normal((200, 4)) + 1.0
 
@@ -158,7 +158,7 @@ def test_source_edited_in_place_with_same_size_and_mtime_is_reingested(tmp_path)
 def test_stale_ingest_says_why_a_store_cannot_be_reused(tmp_path):
     """The check the flows' cache applies to a cached ingest result (its key holds only the
     source's file metadata)."""
-    from pipeline.ingest import stale_ingest
+    from pipeline.data.ingest import stale_ingest
 
     _, store = _npy_ingest(tmp_path)
     cfg, chunks = _cfg(tmp_path / "x.npy"), ChunkConfig(target_chunk_mb=0.002)

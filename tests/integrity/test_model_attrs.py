@@ -16,7 +16,7 @@ import kpca_dask
 from kpca_dask import KernelPCA, ModelFormatError
 from kpca_dask.exceptions import UnverifiedAttributesWarning
 from kpca_dask.persistence import SCHEMA_VERSION, attrs_sha256
-from pipeline.export import RunCorruptError, verify_run
+from pipeline.output.export import RunCorruptError, verify_run
 
 from ..reliability.helpers import blobs, kpca, make_published_run
 

@@ -13,8 +13,8 @@ import pytest
 
 from kpca_dask import KernelPCA
 from kpca_dask.exceptions import InvalidInputError
-from pipeline.cluster import ClusterError, dask_client
 from pipeline.config import ClusterConfig
+from pipeline.runtime.cluster import ClusterError, dask_client
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """Upgrades: an output written by the previous release (before ``versions/``: its
 manifest, ``model/``, ``embedding``, ``embedding.parquet`` and arrays at the top level)
-is migrated, never left serving its old paths (pipeline/migrate.py, issue 36).
+is migrated, never left serving its old paths (pipeline/output/migrate.py, issue 36).
 
 The old output is built here with the previous release's own code: the commit before
-``pipeline/versions.py`` was added, taken from git history (``git archive``) and run as
+``pipeline/output/versions.py`` was added, taken from git history (``git archive``) and run as
 ``python -m flows.cli run`` with that tree first on the path (same venv). The current
 code then re-runs it, migrates it by hand, or reads it. Git history is required: in a
 shallow clone (or without git) the tests fail and say so, they do not skip.
@@ -38,7 +38,7 @@ OLD_PATHS = ("model", "embedding", "embedding.parquet", "spectrum", "zarr.json")
 
 def previous_release() -> str:
     """The commit of the previous release: the parent of the commit that added
-    pipeline/versions.py (the layout with versions)."""
+    pipeline/output/versions.py (the layout with versions)."""
 
     def git(*args: str) -> str:
         try:
@@ -57,10 +57,10 @@ def previous_release() -> str:
             )
         return res.stdout.strip()
 
-    added = git("log", "--diff-filter=A", "--format=%H", "--", "pipeline/versions.py")
+    added = git("log", "--diff-filter=A", "--format=%H", "--", "pipeline/output/versions.py")
     if not added:
         pytest.fail(
-            "git history has no commit adding pipeline/versions.py: the upgrade "
+            "git history has no commit adding pipeline/output/versions.py: the upgrade "
             "tests need the repository's full history (git clone, not --depth 1; "
             "git fetch --unshallow)"
         )
@@ -156,8 +156,8 @@ def test_rerun_migrates_the_previous_release_output(
     the old night's), the old top-level paths are gone, the published version is the new
     night, and ``kpca transform <out>/model`` is refused in one line naming the output."""
     from pipeline import open_run
-    from pipeline.run import run_pipeline
-    from pipeline.store import Location
+    from pipeline.output.store import Location
+    from pipeline.runner.run import run_pipeline
 
     out = copy_of(legacy_output, tmp_path / "out")
     old_manifest = json.loads((out / "manifest.json").read_text())
@@ -270,9 +270,9 @@ def test_leftover_top_level_paths_beside_a_published_version_are_removed(
     the next writer (here ``kpca migrate``'s migration, the call every writer makes)
     removes those paths and keeps the published version as it is."""
     from pipeline import open_run
-    from pipeline.lock import RunLock
-    from pipeline.migrate import inspect, migrate
-    from pipeline.store import Location
+    from pipeline.output.lock import RunLock
+    from pipeline.output.migrate import inspect, migrate
+    from pipeline.output.store import Location
 
     out = copy_of(legacy_output, tmp_path / "out")
     root = Location(str(out))
@@ -306,9 +306,9 @@ def test_an_unfinished_previous_release_run_is_not_published_and_user_files_stay
     are not a result: the migration publishes nothing, removes them (ours by their
     group's kind) with one line saying why, and keeps ``work/`` and a file of the user's
     beside them."""
-    from pipeline.lock import RunLock
-    from pipeline.migrate import migrate
-    from pipeline.store import Location
+    from pipeline.output.lock import RunLock
+    from pipeline.output.migrate import migrate
+    from pipeline.output.store import Location
 
     out = copy_of(legacy_output, tmp_path / "out")
     os.remove(out / "manifest.json")  # the state a killed run of that release left

@@ -1,5 +1,5 @@
-"""Every read of a published run and of its lineage is verified (pipeline/verify.py,
-pipeline/lineage.py): a deleted, truncated or altered chunk, or an edited attribute, in
+"""Every read of a published run and of its lineage is verified (pipeline/output/verify.py,
+pipeline/output/lineage.py): a deleted, truncated or altered chunk, or an edited attribute, in
 the embedding, spectrum, labels, ids, split or model of a run, or in the training rows
 of its lineage (the base's ``work/ingest.zarr``), is refused in one line naming it by
 ``kpca info``, ``kpca transform`` and ``kpca update`` (exit 2), never read as zeros.
@@ -19,16 +19,16 @@ import pytest
 import zarr
 
 from pipeline.config import load_config
-from pipeline.export import verify_run
-from pipeline.run import run_pipeline
-from pipeline.store import Location
-from pipeline.verify import (
+from pipeline.output.export import verify_run
+from pipeline.output.store import Location
+from pipeline.output.verify import (
     absent_chunks,
     attrs_digest,
     check_present,
     checked_array,
     describe_store_failure,
 )
+from pipeline.runner.run import run_pipeline
 
 from ..reliability.helpers import blobs, kpca
 

@@ -63,7 +63,7 @@ def test_block_rule_sizes():
 
 def test_pipeline_uses_the_estimators_rule(tmp_path):
     from pipeline.config import load_config
-    from pipeline.fitspec import auto_rows as _auto_rows
+    from pipeline.model.fitspec import auto_rows as _auto_rows
 
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(

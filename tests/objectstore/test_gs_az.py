@@ -238,7 +238,7 @@ ZARR_ON_AZ = """
 import json, sys
 import numpy as np, zarr
 if sys.argv[1] == "pipeline":
-    import pipeline.store  # noqa: F401  (installs the exit hook)
+    import pipeline.output.store  # noqa: F401  (installs the exit hook)
 url, opts = sys.argv[2], json.loads(sys.argv[3])
 z = zarr.open_array(url, mode="w", shape=(8,), chunks=(4,), dtype="f8", storage_options=opts)
 z[:] = np.arange(8.0)
@@ -261,7 +261,7 @@ def test_azure_clients_opened_by_zarr_are_closed_without_a_traceback(az_store):
     bare = python("bare")
     assert bare.returncode == 0 and bare.stdout.strip() == "28.0", bare.stderr[-2000:]
     # the control: without the hook the upstream failure shows (if a newer adlfs fixed
-    # it, pipeline/storage_clients.py and this control can go)
+    # it, pipeline/output/storage_clients.py and this control can go)
     assert "Loop is not running" in bare.stderr, "adlfs no longer fails at exit"
     ours = python("pipeline")
     assert ours.returncode == 0 and ours.stdout.strip() == "28.0", ours.stderr[-2000:]

@@ -19,7 +19,7 @@ After the failure: exit 1 in one error line naming the output, no traceback; eve
 object of the output (``work/`` and the lock aside) byte for byte as it was, and no
 version folder beside the published ones; the published result verifies (``kpca info``
 for an update; a transform output is read back through
-:func:`pipeline.versions.open_output`, verified and compared); with the proxy cleared
+:func:`pipeline.output.versions.open_output`, verified and compared); with the proxy cleared
 the same command publishes.
 
 ``slow``: a few minutes each (gcsfs and the Azure SDK retry every failed write with
@@ -166,8 +166,8 @@ def publish_run(where: Prefix, name: str, seed: int) -> str:
 @pytest.mark.slow  # minutes: the clients retry each dropped write with backoff
 @pytest.mark.parametrize("object_store", ["gs", "az"], indirect=True)
 def test_transform_dropped_connections_keep_the_published_output(where, object_store):
-    from pipeline.transform import verify_transform_output
-    from pipeline.versions import open_output
+    from pipeline.embed.transform import verify_transform_output
+    from pipeline.output.versions import open_output
 
     model = publish_run(where, "model-run", 0)
     model_before = where.objects("model-run")
@@ -266,9 +266,9 @@ def test_a_lock_and_a_pointer_written_after_their_folder_was_listed_are_read(obj
     written read as missing ("locked by an unknown holder") on an existing output."""
     from dataclasses import asdict
 
-    from pipeline.lock import LOCK_NAME, LockHolder, create_object, read_lock
-    from pipeline.store import Location
-    from pipeline.versions import read_pointer
+    from pipeline.output.lock import LOCK_NAME, LockHolder, create_object, read_lock
+    from pipeline.output.store import Location
+    from pipeline.output.versions import read_pointer
 
     out = Location.at(object_store.url(uuid.uuid4().hex[:8], "out"), object_store.direct)
     out.fs.pipe_file(out.child("manifest.json").fs_path, b'{"version": "a"}')

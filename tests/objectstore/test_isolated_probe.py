@@ -406,9 +406,9 @@ def test_chunks_written_where_the_client_cannot_see_are_never_published(iso, cli
     the check before publishing (every chunk of every array, listed) refuses it."""
     import dask.array as da
 
-    from pipeline.completeness import DENSE, IncompleteStoreError
-    from pipeline.store import Location
-    from pipeline.transform import verify_transform_output
+    from pipeline.embed.transform import verify_transform_output
+    from pipeline.output.completeness import DENSE, IncompleteStoreError
+    from pipeline.output.store import Location
 
     target = Location(str(client_dir / "zeros" / "emb.zarr"))
     g = target.open_group("w")

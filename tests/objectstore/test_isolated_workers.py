@@ -126,7 +126,7 @@ def test_isolated_workers_cannot_see_the_client_folder(iso, client_dir):
     data, and sees the code and the interpreter as the client does."""
     assert (client_dir / "x.npy").exists()
     assert set(iso.sees(client_dir / "x.npy").values()) == {False}
-    assert set(iso.sees(ROOT / "pipeline" / "visibility.py").values()) == {True}
+    assert set(iso.sees(ROOT / "pipeline" / "runtime" / "visibility.py").values()) == {True}
 
 
 # ---------------------------------------------------------------------- refused
@@ -134,7 +134,7 @@ def test_probe_tells_missing_from_different_content(iso, client_dir):
     """A worker that finds another file at the input's path (its own disk, not the
     client's) is refused too, as seeing different content; the message tells each
     worker's reason."""
-    from pipeline.visibility import ProbeTarget, VisibilityError, check_locations
+    from pipeline.runtime.visibility import ProbeTarget, VisibilityError, check_locations
 
     path = client_dir / "other.npy"
     np.save(path, np.zeros((10, 3)))

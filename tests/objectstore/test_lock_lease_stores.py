@@ -18,8 +18,8 @@ import uuid
 
 import pytest
 
-from pipeline.lock import LOCK_NAME, LockHolder, OutputLockedError, RunLock, lock_status
-from pipeline.store import Location
+from pipeline.output.lock import LOCK_NAME, LockHolder, OutputLockedError, RunLock, lock_status
+from pipeline.output.store import Location
 from tests.reliability.helpers import ROOT, env, kpca, wait_until
 from tests.reliability.test_lock_lease import LEASE, dead_record
 
@@ -40,7 +40,7 @@ def _start_holder(out: Location, host: str, prelude: str = "") -> subprocess.Pop
     store: only the lease speaks for it) with a LEASE-second lease, until its stdin ends."""
     script = prelude + (
         f"import socket, sys\nsocket.gethostname = lambda: {host!r}\n"
-        "from pipeline.lock import RunLock\nfrom pipeline.store import Location\n"
+        "from pipeline.output.lock import RunLock\nfrom pipeline.output.store import Location\n"
         f"lock = RunLock(Location({out.url!r}, {out.storage_options!r})).acquire()\n"
         "print('held', flush=True)\nsys.stdin.readline()\nlock.release()\n"
     )
@@ -98,7 +98,7 @@ def test_the_stores_conditional_write_refuses_a_stale_version(object_store):
     by the server for a version that is no longer the object's, which stays as it is.
     (The GCS emulator ignores ``ifGenerationMatch``: there the check before the write is
     what the test above shows.)"""
-    from pipeline.lock_objects import _conditional_put, _object_version
+    from pipeline.output.lock_objects import _conditional_put, _object_version
 
     out = _out(object_store, object_store.direct)
     loc = out.child(LOCK_NAME)
@@ -174,7 +174,7 @@ def test_holder_whose_renewals_fail_past_its_lease_publishes_nothing(s3_store):
     """Every write of the lock object answered 500 for longer than the lease: the holder
     cannot know whether another host broke its lock, so it publishes nothing (its commit
     is refused in one line) and the published version stays."""
-    from pipeline.versions import ConcurrentPublishError, Transaction, read_pointer
+    from pipeline.output.versions import ConcurrentPublishError, Transaction, read_pointer
     from tests.pipeline.test_versions import publish
 
     out = _out(s3_store)
@@ -220,7 +220,7 @@ def test_the_next_writer_removes_stale_probe_objects_on_s3(s3_store):
     """Probe objects a killed run left in the output and its work folder (20 minutes old,
     and one of an earlier format) go when the next writer takes the lock; a fresh one of
     a probe under way stays, and so does everything else."""
-    from pipeline.probe_files import PROBE_PREFIX
+    from pipeline.runtime.probe_files import PROBE_PREFIX
     from tests.reliability.test_lock_lease import probe_names
 
     out = _out(s3_store)

@@ -38,8 +38,8 @@ import pytest
 import yaml
 import zarr
 
-from pipeline.export import open_run
-from pipeline.layout import CHECKSUMMED, FLOW_CACHE, LOCK, WORK
+from pipeline.output.export import open_run
+from pipeline.output.layout import CHECKSUMMED, FLOW_CACHE, LOCK, WORK
 from pipeline.stages import REGISTRY
 from tests.objectstore.s3server import CREDENTIAL_ENV
 from tests.published import version_dir
@@ -304,7 +304,7 @@ print("ROWS", res["rows"], res["components"])
     res = python(runs["api"], code)
     assert res.returncode == 0, res.stderr
     assert "ROWS 40 3" in res.stdout
-    from pipeline.versions import open_output
+    from pipeline.output.versions import open_output
 
     got = open_output(dest, opts).data.open_group("r")["embedding"][...]
     import kpca_dask

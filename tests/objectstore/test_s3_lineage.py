@@ -277,7 +277,7 @@ def test_http_500_on_writes_is_retried_by_the_client(s3, proxy, local_run, tmp_p
     assert seen and all(v == 3 for v in seen.values()), seen  # each failed twice, then ok
     import zarr
 
-    from pipeline.versions import open_output
+    from pipeline.output.versions import open_output
 
     emb = open_output(f"s3://{bucket}/flaky", s3[0].storage_options).data.open_group("r")
     got = np.asarray(emb["embedding"][...])

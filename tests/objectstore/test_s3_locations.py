@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline.config import ConfigError, OutputConfig, load_config, parse_storage_options
-from pipeline.layout import run_layout
-from pipeline.store import Location
+from pipeline.output.layout import run_layout
+from pipeline.output.store import Location
 
 
 # ------------------------------------------------------------------ options
@@ -70,7 +70,7 @@ def test_storage_options_flag_json_or_file(tmp_path):
 def test_run_lock_on_a_bucket_is_taken_released_and_broken(s3_server, s3_bucket):
     """The lock is written and removed through the output's own options; a stale lock
     (its holder gone) is broken by ``kpca unlock`` with --storage-options."""
-    from pipeline.lock import RunLock, lock_status
+    from pipeline.output.lock import RunLock, lock_status
     from tests.reliability.helpers import kpca
 
     out = Location(f"s3://{s3_bucket}/run", s3_server.storage_options)
@@ -100,7 +100,7 @@ def test_remote_npy_is_read_by_byte_ranges(tmp_path, s3_server, s3_bucket, order
     import dask
 
     from pipeline.config import ChunkConfig, InputConfig
-    from pipeline.readers import RemoteNpyFile, read_input
+    from pipeline.data.readers import RemoteNpyFile, read_input
 
     rng = np.random.default_rng(0)
     A = np.asarray(rng.standard_normal((1003, 7)), dtype=">f4", order=order)
@@ -122,7 +122,7 @@ def test_remote_npy_is_read_by_byte_ranges(tmp_path, s3_server, s3_bucket, order
     np.testing.assert_array_equal(f[[9, 3, 1000]], A[[9, 3, 1000]])
 
     fs.pipe(f"{s3_bucket}/t.npy", (tmp_path / "a.npy").read_bytes()[:-10])
-    from pipeline.readers import InputError
+    from pipeline.data.readers import InputError
 
     with pytest.raises(InputError, match="header promises"):
         read_input(cfg.model_copy(update={"path": f"s3://{s3_bucket}/t.npy"}))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.layout import LOCK
+from pipeline.output.layout import LOCK
 from tests.objectstore.test_gs_az import embed
 from tests.objectstore.test_s3_pipeline import CANARY, s3  # noqa: F401
 from tests.published import s3_tree_bytes

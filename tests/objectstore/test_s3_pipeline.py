@@ -102,8 +102,8 @@ def _artifacts(out: str, options: dict | None) -> dict:
     import hashlib
 
     import kpca_dask
-    from pipeline.export import open_run
-    from pipeline.store import Location
+    from pipeline.output.export import open_run
+    from pipeline.output.store import Location
 
     root = Location.at(out, options)
     run = open_run(root)  # the published version, verified
@@ -247,8 +247,8 @@ def test_kpca_info_and_transform_on_the_s3_run(tmp_path, s3, s3_run, data):
     )
     assert tr.returncode == 0, tr.stderr[-2000:]
     import kpca_dask
-    from pipeline.export import open_run
-    from pipeline.versions import open_output
+    from pipeline.output.export import open_run
+    from pipeline.output.versions import open_output
 
     got = open_output(emb_url, server.storage_options).data.open_group("r")["embedding"][...]
     model = kpca_dask.load(open_run(out, server.storage_options).model.zarr_source())
@@ -281,8 +281,8 @@ def test_tabular_inputs_in_the_bucket(tmp_path, s3, s3_run, fmt):
     )
     res = _run(cfg, tmp_path / "run.log")
     assert res.returncode == 0, res.stderr[-3000:]
-    from pipeline.export import verify_run
-    from pipeline.store import Location
+    from pipeline.output.export import verify_run
+    from pipeline.output.store import Location
 
     m = verify_run(Location(out, server.storage_options))
     ref = verify_run(Location(s3_run[0], server.storage_options))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import kpca_dask
-from pipeline.export import open_run
+from pipeline.output.export import open_run
 from tests.objectstore.test_s3_lineage import _kpca, _run
 from tests.objectstore.test_s3_pipeline import s3  # noqa: F401
 from tests.pipeline.test_series_base import (

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import yaml
 
-from pipeline.export import open_run
+from pipeline.output.export import open_run
 from tests.objectstore.test_s3_lineage import _kpca, _run
 from tests.objectstore.test_s3_pipeline import s3  # noqa: F401
 from tests.pipeline.test_series_output import _config, _table

@@ -15,7 +15,7 @@ few have been written, so the command is well under way):
 After each: exit 1 (the environment's failure) in one error line naming the output,
 without a traceback; the published result byte for byte as it was (every object of the
 output compared, ``work/`` and the lock aside) with no version folder left beside it (a
-failed writer removes its own: pipeline/versions.py), ``kpca info`` verifies it (a
+failed writer removes its own: pipeline/output/versions.py), ``kpca info`` verifies it (a
 transform output, which ``kpca info`` does not read, is verified by the check its writer
 runs and read back); with the proxy cleared the next command publishes. A single
 transient 500 is retried by the client and the command publishes as if nothing happened.
@@ -166,8 +166,8 @@ def test_run_store_failures_keep_the_published_run(store, tmp_path):
 # ----------------------------------------------------------------- kpca transform
 @pytest.mark.slow  # 2-5 min each on a shared 2-core machine
 def test_transform_store_failures_keep_the_published_output(store, tmp_path):
-    from pipeline.transform import verify_transform_output
-    from pipeline.versions import open_output
+    from pipeline.embed.transform import verify_transform_output
+    from pipeline.output.versions import open_output
 
     model = store.url("model-run")
     assert run(tt.config(store, put(store, 0), model, tmp_path / "m.yaml")).returncode == 0
@@ -291,7 +291,7 @@ def test_endpoint_advice_only_when_no_connection_was_made():
         ReadTimeoutError,
     )
 
-    from pipeline.verify import describe_store_failure
+    from pipeline.output.verify import describe_store_failure
 
     url = "http://127.0.0.1:9/b/out/versions/v/embedding/c/1/0"
     for exc in (ConnectionClosedError(endpoint_url=url), ReadTimeoutError(endpoint_url=url)):

@@ -29,7 +29,7 @@ TEST_FRACTION = 0.25
 
 @pytest.mark.parametrize("data", [b"\r", b"a\r", b"\r\n", b"a\r\r", b"\x28\xb5\x2f\xfd\x00\r"])
 def test_an_object_ending_in_a_carriage_return_reads_back_whole(gcs_store, data):
-    from pipeline.store import Location
+    from pipeline.output.store import Location
 
     loc = Location.at(gcs_store.url(uuid.uuid4().hex[:8], "obj"), gcs_store.storage_options)
     loc.fs.pipe_file(loc.fs_path, data)  # a multipart upload, as gcsfs writes chunks
@@ -86,7 +86,7 @@ def test_a_labelled_run_on_gs_whose_split_chunk_ends_in_a_carriage_return(gcs_st
     manifest = json.loads(res.stdout)
     assert {"split", "labels"} <= set(manifest["checksums"]), manifest["checksums"]
 
-    from pipeline.versions import open_output
+    from pipeline.output.versions import open_output
 
     pub = open_output(out, store.direct)
     group = pub.data.open_group("r")

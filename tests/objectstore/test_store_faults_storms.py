@@ -4,7 +4,7 @@ fault proxy in front of gcp-storage-emulator and moto's S3 server.
 
 - the command ends in bounded time after the storm starts (gcsfs: a bounded number of
   attempts per request, then a breaker: one attempt each for the failed writer's
-  clean-up; pipeline/storage_clients.py), exit 1;
+  clean-up; pipeline/output/storage_clients.py), exit 1;
 - one error line naming the write that failed (operation, object, location), the failed
   clean-up at most as a clause after it; no XML error body anywhere in the output;
 - a 507 is told as a full store / quota to raise, not "re-run when it is reachable".
@@ -36,7 +36,7 @@ MARGIN = 40.0
 
 # ------------------------------------------------------------ arithmetic, no processes
 def test_the_default_gcs_retry_bound_is_gcsfs_backoff_and_is_documented():
-    from pipeline import storage_clients as sc
+    from pipeline.output import storage_clients as sc
 
     assert sc.gcs_attempts() == sc.GCS_DEFAULT_ATTEMPTS == 6
     # gcsfs's sleeps before attempts 2..6, each at its largest jitter (1 s)
@@ -49,7 +49,7 @@ def test_the_default_gcs_retry_bound_is_gcsfs_backoff_and_is_documented():
 
 
 def test_the_attempts_follow_the_environment(monkeypatch):
-    from pipeline import storage_clients as sc
+    from pipeline.output import storage_clients as sc
 
     monkeypatch.setenv("KPCA_GCS_ATTEMPTS", "3")
     assert sc.gcs_attempts() == 3
@@ -63,7 +63,7 @@ def test_the_attempts_follow_the_environment(monkeypatch):
 def test_an_xml_error_body_becomes_one_short_line():
     from gcsfs.retry import HttpError
 
-    from pipeline import storage_clients as sc
+    from pipeline.output import storage_clients as sc
 
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ServiceUnavailable</Code>'
@@ -171,7 +171,7 @@ def test_a_store_failing_every_write_ends_in_one_line(object_store, status, tmp_
     else:
         assert "the store failed" in line and "re-run the same command" in line, line
     if store.scheme == "gs":  # the bounded retries: two sequences at most, then one each
-        from pipeline.storage_clients import storm_bound_seconds
+        from pipeline.output.storage_clients import storm_bound_seconds
 
         bound = storm_bound_seconds(ATTEMPTS, request_seconds=2.0) + MARGIN
         assert storm < bound, (storm, bound, text[-3000:])

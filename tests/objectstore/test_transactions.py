@@ -1,4 +1,4 @@
-"""Publishing is a transaction on every store (pipeline/versions.py), shown on a real
+"""Publishing is a transaction on every store (pipeline/output/versions.py), shown on a real
 S3-protocol server (moto's standalone server, a process on 127.0.0.1) and on local disk.
 
 For ``kpca run``, ``kpca transform`` and ``kpca update`` with ``--overwrite``: a writer
@@ -322,7 +322,7 @@ def test_transform_overwrite_failing_or_killed_keeps_the_published_output(
     s3store, model_run, tmp_path
 ):
     store = s3store
-    from pipeline.versions import open_output
+    from pipeline.output.versions import open_output
 
     out = store.url("emb.zarr")
     batch = store.put(blobs(40, D, seed=1), "b.npy")
@@ -363,7 +363,7 @@ def test_transform_overwrite_failing_or_killed_keeps_the_published_output(
 @pytest.mark.slow
 def test_two_transforms_at_once_only_one_publishes(s3store, model_run, tmp_path):
     store = s3store
-    from pipeline.versions import open_output
+    from pipeline.output.versions import open_output
 
     out = store.url("shared.zarr")
     batches = [store.put(blobs(60000 + i, D, seed=i), f"b{i}.npy") for i in range(2)]

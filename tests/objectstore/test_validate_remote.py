@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
-from pipeline.validate import validate
+from pipeline.data.validate import validate
 from tests.objectstore.faultproxy import WRITE_METHODS
 from tests.objectstore.test_gs_az import kpca
 
@@ -111,7 +111,13 @@ def test_an_output_store_answering_503_is_the_environment_exit_1(
 
 
 def test_an_unanswered_store_is_transient_a_refused_one_is_not():
-    from pipeline.checks.findings import Finding, PrestartError, Stop, Unreachable, unreachable
+    from pipeline.data.checks.findings import (
+        Finding,
+        PrestartError,
+        Stop,
+        Unreachable,
+        unreachable,
+    )
 
     assert unreachable(ConnectionRefusedError("refused")) is Unreachable
     assert unreachable(TimeoutError("slow")) is Unreachable

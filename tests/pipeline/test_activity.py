@@ -1,11 +1,11 @@
-"""pipeline.liveness.activity from several threads: each leaves only its own label, in
+"""pipeline.runtime.liveness.activity from several threads: each leaves only its own label, in
 any order (two transforms at once used to leave a finished label behind)."""
 
 from __future__ import annotations
 
 import threading
 
-from pipeline.liveness import activity, current_activity
+from pipeline.runtime.liveness import activity, current_activity
 
 
 def test_overlapping_activities_leave_nothing_behind():

@@ -1,13 +1,18 @@
 """The check before publishing: every chunk of every published array is in the store
-(pipeline/completeness.py), on real zarr stores in a tmp folder."""
+(pipeline/output/completeness.py), on real zarr stores in a tmp folder."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.completeness import DENSE, IncompleteStoreError, check_complete, missing_chunks
-from pipeline.store import Location
+from pipeline.output.completeness import (
+    DENSE,
+    IncompleteStoreError,
+    check_complete,
+    missing_chunks,
+)
+from pipeline.output.store import Location
 
 
 def _group(tmp_path):
@@ -60,7 +65,7 @@ def test_without_write_empty_chunks_zero_chunks_would_look_lost(tmp_path):
 def test_transform_output_missing_a_chunk_is_not_published(tmp_path):
     """verify_transform_output (the check before a transform is swapped in) refuses a
     complete-looking output that lacks a chunk."""
-    from pipeline.transform import verify_transform_output
+    from pipeline.embed.transform import verify_transform_output
 
     loc = _group(tmp_path)
     loc.open_group("a").attrs.update({"kind": "kpca-dask-transform", "status": "complete"})

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kpca_dask import KernelPCA
-from pipeline.demo_data import DEMO_DATASETS, demo_frame, write_demo_data, write_table
+from pipeline.data.demo_data import DEMO_DATASETS, demo_frame, write_demo_data, write_table
 from pipeline.evaluate import evaluate_embeddings, linear_pca_baseline, make_split
 
 

@@ -12,14 +12,14 @@ from sklearn.decomposition import PCA
 import kpca_dask
 from kpca_dask import KernelPCA
 from pipeline.config import load_config
-from pipeline.denoise import (
+from pipeline.embed.denoise import (
     DenoiseConfig,
     DenoiseError,
     denoise_to_store,
     estimator_params,
     stage_denoise,
 )
-from pipeline.run import stage_begin
+from pipeline.runner.run import stage_begin
 from pipeline.stages import stage_ingest, stage_kernel, stage_project, stage_solve, stage_split
 
 RNG = np.random.default_rng(0)
@@ -228,7 +228,7 @@ def test_denoise_to_store_with_a_model_folder(tmp_path):
         str(tmp_path / "den.zarr"),
     )
     assert info["rows"] == 50
-    from pipeline.versions import open_output
+    from pipeline.output.versions import open_output
 
     g = open_output(tmp_path / "den.zarr").data.open_group("r")  # the published version
     assert g.attrs["status"] == "complete" and g.attrs["method"] == "learned"

@@ -1,4 +1,4 @@
-"""Batch inference in one place (pipeline/transform.py: embed_rows), checked against the
+"""Batch inference in one place (pipeline/embed/transform.py: embed_rows), checked against the
 model's own transform and scikit-learn's KernelPCA."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from sklearn.decomposition import KernelPCA as SkKernelPCA
 
 from kpca_dask import KernelPCA
-from pipeline.transform import embed_rows
+from pipeline.embed.transform import embed_rows
 
 RNG = np.random.default_rng(3)
 X = RNG.standard_normal((300, 5))

@@ -11,9 +11,10 @@ from distributed.scheduler import KilledWorker
 from pydantic import ValidationError
 
 from kpca_dask.exceptions import InvalidParameterError, UnsafeRemovalError
-from pipeline.cluster import ClusterError
 from pipeline.config import ChunkConfig, ConfigError
-from pipeline.denoise import DenoiseError
+from pipeline.data.ingest import InputError
+from pipeline.data.validate import PrestartError
+from pipeline.embed.denoise import DenoiseError
 from pipeline.errors import (
     InternalError,
     PipelineError,
@@ -25,14 +26,13 @@ from pipeline.errors import (
     is_user_error,
 )
 from pipeline.evaluate import EvaluationError
-from pipeline.export import RunError
-from pipeline.ingest import InputError
-from pipeline.kernel_store import KernelStoreError
-from pipeline.lock import OutputLockedError
-from pipeline.publish import TransformOutputError, TransformOutputExistsError
-from pipeline.solve import SolveError
-from pipeline.store import NotLocalError, PathEscapeError
-from pipeline.validate import PrestartError
+from pipeline.model.kernel_store import KernelStoreError
+from pipeline.model.solve import SolveError
+from pipeline.output.export import RunError
+from pipeline.output.lock import OutputLockedError
+from pipeline.output.publish import TransformOutputError, TransformOutputExistsError
+from pipeline.output.store import NotLocalError, PathEscapeError
+from pipeline.runtime.cluster import ClusterError
 
 
 def _validation_error() -> ValidationError:
@@ -140,8 +140,12 @@ def test_every_pipeline_error_class_has_a_kind():
     kinds = (UserError, TransientError, InternalError)
     loose = []
     modules = list(pkgutil.walk_packages(pipeline.__path__, "pipeline."))
-    assert {"pipeline.readers.base", "pipeline.checks.findings"} <= {m.name for m in modules}
-    for mod in modules:  # subpackages' modules too (pipeline/readers/, pipeline/checks/)
+    assert {"pipeline.data.readers.base", "pipeline.data.checks.findings"} <= {
+        m.name for m in modules
+    }
+    for (
+        mod
+    ) in modules:  # subpackages' modules too (pipeline/data/readers/, pipeline/data/checks/)
         m = importlib.import_module(mod.name)
         for name, obj in vars(m).items():
             ours = (

@@ -19,7 +19,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from kpca_dask import KernelPCA
-from pipeline.demo_data import DEMO_DATASETS
+from pipeline.data.demo_data import DEMO_DATASETS
 from pipeline.evaluate import (
     EvaluateConfig,
     EvaluationError,

@@ -18,10 +18,10 @@ import zarr
 
 import kpca_dask
 from pipeline.config import InputConfig, load_config
-from pipeline.features import FeatureError, match, select
-from pipeline.ingest import InputError
-from pipeline.run import run_pipeline
-from pipeline.transform import transform_to_store
+from pipeline.data.features import FeatureError, match, select
+from pipeline.data.ingest import InputError
+from pipeline.embed.transform import transform_to_store
+from pipeline.runner.run import run_pipeline
 from tests.published import version_dir
 
 N = 240

@@ -1,4 +1,4 @@
-"""The fit spec (pipeline/fitspec.py): one table from config fields to estimator
+"""The fit spec (pipeline/model/fitspec.py): one table from config fields to estimator
 parameters, the slices derived from it, one validation system, one plan per run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from kpca_dask import KernelPCA
 from kpca_dask.cost import Cluster, Machine
 from kpca_dask.exceptions import InvalidParameterError
 from pipeline.config import ConfigError, load_config
-from pipeline.fitspec import (
+from pipeline.model.fitspec import (
     FIT_FIELDS,
     FIXED,
     PARAMS,
@@ -20,10 +20,10 @@ from pipeline.fitspec import (
     make_estimator,
     plan_fit,
 )
-from pipeline.run import stage_begin
-from pipeline.sizing import plan_run
+from pipeline.runner.run import stage_begin
+from pipeline.runtime.sizing import plan_run
 from pipeline.stages import REGISTRY, config_slice
-from pipeline.update_run import UPDATE_REGISTRY
+from pipeline.update.run import UPDATE_REGISTRY
 
 RNG = np.random.default_rng(0)
 N, D = 900, 5
@@ -156,7 +156,7 @@ def test_the_kernel_stages_plan_is_the_fits(tmp_path, npy, over):
 
 
 def test_kpca_plan_plans_as_the_run(tmp_path, npy):
-    """`kpca plan` (pipeline/sizing.py) gets the solver and block rows the kernel stage
+    """`kpca plan` (pipeline/runtime/sizing.py) gets the solver and block rows the kernel stage
     plans for the same rows, parameters and threads."""
     cfg = _config(npy, tmp_path / "out", solver={"eigen_solver": "randomized"})
     cluster = Cluster(workers=1, threads=2)

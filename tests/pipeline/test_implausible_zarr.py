@@ -69,7 +69,7 @@ def test_reader_refuses_a_shape_its_store_cannot_hold(tmp_path, missing_chunks):
     r = _run(
         f"""
         from pipeline.config import InputConfig
-        from pipeline.readers import InputError, read_input
+        from pipeline.data.readers import InputError, read_input
         try:
             read_input(InputConfig(path={str(store)!r}, missing_chunks={missing_chunks!r}))
         except InputError as exc:
@@ -144,7 +144,7 @@ def test_a_plausible_store_with_a_missing_chunk_keeps_its_exact_message(tmp_path
     z[...] = 1.0
     (tmp_path / "x.zarr" / "c" / "3" / "0").unlink()
     from pipeline.config import InputConfig
-    from pipeline.readers import InputError, read_input
+    from pipeline.data.readers import InputError, read_input
 
     with pytest.raises(InputError, match=r"1 of 4 chunks is missing .*'c/3/0', rows 150-199"):
         read_input(InputConfig(path=str(tmp_path / "x.zarr")))

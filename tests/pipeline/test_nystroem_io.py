@@ -13,7 +13,7 @@ import pytest
 
 from kpca_dask import KernelPCA
 from pipeline.config import load_config
-from pipeline.run import stage_begin
+from pipeline.runner.run import stage_begin
 from pipeline.stages import stage_ingest, stage_kernel, stage_solve, stage_split
 
 N, D, M = 40_000, 8, 200
@@ -121,7 +121,7 @@ def test_nystroem_solve_reads_the_ingest_store_once(tmp_path, data, dask_client,
     model = kpca_dask.load(solved["path"])
 
     # the same solve with no memory to spare: the store is re-read, once per pass
-    monkeypatch.setattr("pipeline.solve.PERSIST_FRACTION", 0.0)
+    monkeypatch.setattr("pipeline.model.solve.PERSIST_FRACTION", 0.0)
     solved2, read2, store2 = _solve(_config(tmp_path / "b", path), dask_client)
     assert solved2["rows_in_memory"] is False
     reads = solved2["n_passes"] + 3  # + NaN check, gamma sample, landmark sample

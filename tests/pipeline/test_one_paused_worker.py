@@ -14,8 +14,8 @@ import time
 import dask
 import pytest
 
-from pipeline.cluster import ClusterError, dask_client
 from pipeline.config import ClusterConfig
+from pipeline.runtime.cluster import ClusterError, dask_client
 
 LIMIT = 400 * 2**20
 

@@ -12,11 +12,16 @@ import kpca_dask
 from kpca_dask import KernelPCA
 from kpca_dask.kernels import RBFKernel
 from pipeline.config import ConfigError, load_config
-from pipeline.export import RunCorruptError, RunExistsError, RunIncompleteError, verify_run
-from pipeline.ingest import InputError, ingest
-from pipeline.kernel_store import KernelBlockReader, build_kernel_store
-from pipeline.run import run_pipeline
-from pipeline.store import Location
+from pipeline.data.ingest import InputError, ingest
+from pipeline.model.kernel_store import KernelBlockReader, build_kernel_store
+from pipeline.output.export import (
+    RunCorruptError,
+    RunExistsError,
+    RunIncompleteError,
+    verify_run,
+)
+from pipeline.output.store import Location
+from pipeline.runner.run import run_pipeline
 from tests.published import rewrite_manifests, version_dir
 
 RNG = np.random.default_rng(0)
@@ -176,7 +181,7 @@ def test_kernel_build_resumes_after_a_failure(tmp_path):
 
 
 def test_kernel_reader_reads_verified_blocks_and_refuses_a_rebuilt_store(tmp_path):
-    from pipeline.kernel_store import KernelStoreError
+    from pipeline.model.kernel_store import KernelStoreError
 
     Xd = da.from_array(X, chunks=(128, -1))
     store = Location(str(tmp_path / "k.zarr"))
@@ -186,7 +191,7 @@ def test_kernel_reader_reads_verified_blocks_and_refuses_a_rebuilt_store(tmp_pat
     reader = KernelBlockReader(store.url)
     K = RBFKernel(0.1)(X[:128], X[128:256], dtype=np.float32)
     # whole blocks are read raw (the chunk's bytes in place), edge blocks through zarr
-    from pipeline.kernel_store import _raw_layout
+    from pipeline.model.kernel_store import _raw_layout
 
     assert _raw_layout(reader._open().K, 128)
     np.testing.assert_array_equal(reader(0, 1), K)
@@ -201,7 +206,7 @@ def test_kernel_reader_reads_verified_blocks_and_refuses_a_rebuilt_store(tmp_pat
     g["K"][0:128, 128:256] = K + 1
     with pytest.raises(KernelStoreError, match="checksum"):
         reader(0, 1)
-    from pipeline.kernel_store import _DONE, _crc
+    from pipeline.model.kernel_store import _DONE, _crc
 
     g["done"][0, 1] = _DONE | np.uint64(_crc(K + 1))  # as a resumed build rewrites a block
     np.testing.assert_array_equal(reader(0, 1), K + 1)

@@ -24,8 +24,8 @@ import kpca_dask
 from kpca_dask import KernelPCA
 from kpca_dask import preprocess as pre
 from pipeline.config import InputConfig, load_config
-from pipeline.run import run_pipeline
-from pipeline.transform import transform_to_store
+from pipeline.embed.transform import transform_to_store
+from pipeline.runner.run import run_pipeline
 from tests.published import version_dir
 
 from ..conftest import align_signs

@@ -5,7 +5,7 @@ certified to; ``solver.max_residual`` bounds the residuals of pairs certified as
 or subspaces, not the raw residuals of "eigenvalue only" pairs (a flat tail), whose
 eigenvalues are certified by Weyl's bound to ``tail_tol`` (1 %). Fits without a
 certificate (dense, arpack, Nyström's covariance method) keep ``max_residual`` on every
-residual. Real fits through ``pipeline.solve.solve`` (no mocks); docs/solvers.md, "What
+residual. Real fits through ``pipeline.model.solve.solve`` (no mocks); docs/solvers.md, "What
 you can rely on".
 """
 
@@ -20,9 +20,9 @@ from sklearn.datasets import make_blobs
 from sklearn.metrics.pairwise import rbf_kernel
 
 from pipeline.config import load_config
-from pipeline.fit_check import certificate_of
-from pipeline.solve import SolveError, check_fit, solve
-from pipeline.store import Location
+from pipeline.model.fit_check import certificate_of
+from pipeline.model.solve import SolveError, check_fit, solve
+from pipeline.output.store import Location
 
 # 10 blobs in d = 64, rbf gamma = 1/64, 16 components, rows as given (scale: none): nine
 # leading eigenvalues (~45) certified as subspaces, then a flat tail of seven (~3.3, relative

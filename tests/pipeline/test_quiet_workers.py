@@ -1,5 +1,6 @@
 """What a local cluster's workers may print on the user's terminal: the records the
-pipeline's worker plugin drops (pipeline.cluster.QuietTaskErrors), checked on the records
+pipeline's worker plugin drops (pipeline.runtime.cluster.QuietTaskErrors), checked on the
+records
 distributed itself emits, in real worker processes."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import logging
 
 import pytest
 
-from pipeline.cluster import QuietTaskErrors
+from pipeline.runtime.cluster import QuietTaskErrors
 
 pytestmark = pytest.mark.distributed
 

@@ -26,9 +26,9 @@ import kpca_dask
 from kpca_dask.kernels import make_kernel
 from kpca_dask.solvers.nystroem import nystroem_basis, nystroem_eigh
 from pipeline.config import load_config
-from pipeline.export import verify_run
-from pipeline.run import run_pipeline
-from pipeline.update_run import run_update, update_config
+from pipeline.output.export import verify_run
+from pipeline.runner.run import run_pipeline
+from pipeline.update.run import run_update, update_config
 from tests.published import version_dir
 
 K = 3
@@ -211,7 +211,7 @@ def test_rows_of_a_base_rerun_on_new_data_are_kept_while_held(rerun_series):
 def test_retention_keeps_the_versions_a_series_holds(rerun_series):
     """The base's first version, which the series' lineage names (``run``) and holds,
     outlives the base's re-run although ``keep_versions`` is 1: retention
-    (pipeline/versions.py) obeys the holds (``held_versions``)."""
+    (pipeline/output/versions.py) obeys the holds (``held_versions``)."""
     series = rerun_series["series"]
     first = rerun_series["first_version"]
     held = {
@@ -229,8 +229,8 @@ def held_rows_scenario(folder: Path, root: str, options: dict | None) -> dict:
     a hold names the first rows (kept), then after the hold is released (the kept copy
     removed). Returns what the checks need; shared by the local and S3 tests."""
     from pipeline.config import ChunkConfig, InputConfig
-    from pipeline.ingest import ingest
-    from pipeline.lineage import (
+    from pipeline.data.ingest import ingest
+    from pipeline.output.lineage import (
         entry_record,
         entry_rows,
         hold_file,
@@ -239,8 +239,8 @@ def held_rows_scenario(folder: Path, root: str, options: dict | None) -> dict:
         rows_location,
         write_holds,
     )
-    from pipeline.ownership import mark_folder
-    from pipeline.store import Location
+    from pipeline.output.ownership import mark_folder
+    from pipeline.output.store import Location
 
     out = Location.at(root, options)
     mark_folder(out, "run")  # an output of ours (its kept copies are ours to remove)

@@ -23,10 +23,10 @@ import pytest
 
 import kpca_dask
 from pipeline.config import load_config
-from pipeline.export import open_run
-from pipeline.run import run_pipeline
+from pipeline.output.export import open_run
+from pipeline.runner.run import run_pipeline
 from pipeline.series.night import run_night
-from pipeline.update_run import run_update, update_config
+from pipeline.update.run import run_update, update_config
 
 FEATURES = ["f0", "f1", "f2", "f3"]
 
@@ -204,8 +204,8 @@ def test_killed_night_folder_is_never_served_and_cleaned(series):
     dead = out / "versions" / "20260101T000000000000Z-dead00"
     dead.mkdir()
     (dead / "zarr.json").write_text("{}")
-    from pipeline.ownership import mark_folder
-    from pipeline.store import Location
+    from pipeline.output.ownership import mark_folder
+    from pipeline.output.store import Location
 
     mark_folder(Location.at(str(dead)), "version")
     assert open_run(out).manifest["created"] == pointer["created"]

@@ -10,8 +10,8 @@ import pytest
 from sklearn.datasets import make_blobs
 
 from pipeline.config import load_config
-from pipeline.solve import SolveError, solve
-from pipeline.store import Location
+from pipeline.model.solve import SolveError, solve
+from pipeline.output.store import Location
 
 X = make_blobs(600, n_features=4, centers=6, random_state=0)[0]
 
@@ -76,7 +76,7 @@ def test_residual_at_the_rounding_level_is_not_refused(tmp_path):
     blobs, n = 20 000, float32, refused its own certified model, residual 0.013 against
     the default 0.01.) "Eigenvalue only" pairs are judged by their certificate, which
     applies the same tau (tests/pipeline/test_publish_certificate.py)."""
-    from pipeline.solve import check_fit
+    from pipeline.model.solve import check_fit
 
     Xc = make_blobs(2000, n_features=64, centers=10, random_state=0)[0]
     cfg = _cfg(tmp_path, dtype="float32", n_components=16)

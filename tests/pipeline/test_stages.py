@@ -11,9 +11,9 @@ import pytest
 
 from pipeline import stages
 from pipeline.config import load_config
-from pipeline.export import verify_run
-from pipeline.layout import LOCK, MANIFEST, VERSIONS, RunLayout, run_layout
-from pipeline.run import run_pipeline
+from pipeline.output.export import verify_run
+from pipeline.output.layout import LOCK, MANIFEST, VERSIONS, RunLayout, run_layout
+from pipeline.runner.run import run_pipeline
 from pipeline.stages import REGISTRY, ConfigSliceError, ConfigView, Registry, Stage
 
 N, D = 200, 3
@@ -163,10 +163,10 @@ def test_the_layout_names_every_store_under_the_output(tmp_path):
 
 
 def test_the_store_module_knows_the_layout_names():
-    """pipeline/store.py sits below the layout (it defines Location), so it keeps its own
+    """pipeline/output/store.py sits below the layout (it defines Location), so it keeps its own
     lists of a run's names for ownership checks: they must be the layout's."""
     from kpca_dask.removal import MARKER_FILE
-    from pipeline import layout, store
+    from pipeline.output import layout, store
 
     assert set(store.RUN_FOLDERS) <= layout.RUN_NAMES
     assert set(store.OUR_FILES) <= layout.RUN_NAMES | {MARKER_FILE}

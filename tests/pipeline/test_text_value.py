@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from pipeline.config import InputConfig
-from pipeline.validate import validate_input
+from pipeline.data.validate import validate_input
 
 FEATURES = ["a", "b", "c"]
 

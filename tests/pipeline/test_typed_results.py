@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pipeline.config import ChunkConfig, InputConfig
-from pipeline.ingest import IngestResult, ingest, load_ingested
-from pipeline.store import Location
+from pipeline.data.ingest import IngestResult, ingest, load_ingested
+from pipeline.output.store import Location
 
 #: a harmless fsspec option (never credentials: the config refuses those)
 OPTS = {"use_listings_cache": False}
@@ -62,7 +62,7 @@ def test_ingest_result_is_frozen():
 
 # ------------------------------------------------------------- the registry's types
 def test_the_registry_declares_result_types_and_resolves_input_types():
-    from pipeline.results import KernelResult, SolveResult, SplitResult
+    from pipeline.runner.results import KernelResult, SolveResult, SplitResult
     from pipeline.stages import REGISTRY
 
     assert REGISTRY["ingest"].result_type is IngestResult
@@ -81,8 +81,8 @@ def test_a_real_run_passes_json_that_round_trips_to_the_typed_results(tmp_path):
     and the model are the layout's locations."""
     import time
 
-    from pipeline.layout import run_layout
-    from pipeline.run import run_lock, run_stages, stage_begin
+    from pipeline.output.layout import run_layout
+    from pipeline.runner.run import run_lock, run_stages, stage_begin
     from pipeline.stages import REGISTRY
 
     from .test_stages import config
@@ -115,7 +115,7 @@ def test_a_real_run_passes_json_that_round_trips_to_the_typed_results(tmp_path):
 
 
 def test_the_kernel_and_model_descriptors_reopen_with_their_options():
-    from pipeline.results import KernelResult, SolveResult
+    from pipeline.runner.results import KernelResult, SolveResult
 
     k = KernelResult(
         materialized=True,

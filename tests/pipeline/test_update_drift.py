@@ -1,4 +1,5 @@
-"""The drift report (pipeline/drift.py): a shifted batch is flagged, an i.i.d. batch is not,
+"""The drift report (pipeline/update/drift_report.py): a shifted batch is flagged, an i.i.d.
+batch is not,
 at the documented false-positive level (docs/update.md), measured over 20 seeds."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import pytest
 
 from kpca_dask import KernelPCA
 from pipeline.config import UpdateConfig
-from pipeline.drift import decide, drift_report
+from pipeline.update.drift_report import decide, drift_report
 
 SEEDS = range(20)
 

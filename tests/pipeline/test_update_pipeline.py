@@ -1,4 +1,4 @@
-"""``kpca update``: a new run from a published run and a batch (pipeline/update_run.py).
+"""``kpca update``: a new run from a published run and a batch (pipeline/update/run.py).
 
 Real components: the pipeline on a real Dask LocalCluster, zarr stores in tmp folders,
 the ``kpca`` command in subprocesses (killed with SIGKILL for the resume test).
@@ -22,10 +22,10 @@ import kpca_dask
 from kpca_dask.kernels import make_kernel
 from kpca_dask.solvers.nystroem import nystroem_basis, nystroem_eigh
 from pipeline.config import load_config
-from pipeline.export import verify_run
-from pipeline.run import run_pipeline
-from pipeline.store import Location
-from pipeline.update_run import UpdateError, default_output, run_update, update_config
+from pipeline.output.export import verify_run
+from pipeline.output.store import Location
+from pipeline.runner.run import run_pipeline
+from pipeline.update.run import UpdateError, default_output, run_update, update_config
 from tests.published import version_dir
 
 from ..reliability.helpers import artifacts, kpca, start_job, wait_until
@@ -225,7 +225,7 @@ def test_killed_update_resumes_with_identical_artifacts(base_run, tmp_path, dask
 def test_series_folder_names_the_newest_run(tmp_path):
     """A nightly deployment names a series folder; the newest complete ``v<N>`` is the base
     and ``v<N+1>`` the new run (``kpca update SERIES BATCH`` alike)."""
-    from pipeline.update_run import latest_run
+    from pipeline.update.run import latest_run
 
     series = tmp_path / "features"
     for name, complete in (("v1", True), ("v2", True), ("v10", True), ("v11", False)):

@@ -1,4 +1,4 @@
-"""The publishing transaction itself (pipeline/versions.py) on local disk: the guarded
+"""The publishing transaction itself (pipeline/output/versions.py) on local disk: the guarded
 commit, retention, reading an earlier version, the pointer checked against the version,
 and the clean-up of versions left by dead writers (only ours)."""
 
@@ -10,9 +10,9 @@ import os
 import pytest
 
 from pipeline.errors import RunCorruptError, RunIncompleteError
-from pipeline.lock import RunLock
-from pipeline.store import Location, atomic_write_json
-from pipeline.versions import (
+from pipeline.output.lock import RunLock
+from pipeline.output.store import Location, atomic_write_json
+from pipeline.output.versions import (
     ConcurrentPublishError,
     Transaction,
     resolve,
@@ -22,7 +22,7 @@ from pipeline.versions import (
 
 def publish(root: Location, n: int, keep: int = 7, grace: float | None = None) -> str:
     """One writer: a version holding ``data.json`` = n, published; its id."""
-    from pipeline.publish import _mark_output
+    from pipeline.output.publish import _mark_output
 
     with RunLock(root) as lock:
         _mark_output(root)
@@ -140,7 +140,7 @@ def test_a_failed_writer_publishes_nothing_and_leaves_no_version(tmp_path):
         for p in (tmp_path / "out").rglob("*")
         if p.is_file() and p.name != ".kpca-run.lock"
     }
-    from pipeline.publish import publish_output
+    from pipeline.output.publish import publish_output
 
     def write(v):
         atomic_write_json(v.child("data.json"), {"n": 2})

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.store import Location
-from pipeline.visibility import (
+from pipeline.output.store import Location
+from pipeline.runtime.visibility import (
     PROBE_PREFIX,
     ProbeTarget,
     VisibilityError,

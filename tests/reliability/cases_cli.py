@@ -1,6 +1,6 @@
 """Command-line cases of the bad-input catalogue (issue 15): the pre-start checks of
 ``kpca validate`` (the same ones ``kpca run`` makes before Prefect or Dask start,
-pipeline/validate.py), and what only the ingest stage can see (a NaN after the rows the
+pipeline/data/validate.py), and what only the ingest stage can see (a NaN after the rows the
 checks sample)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.validate import SAMPLE_ROWS
+from pipeline.data.validate import SAMPLE_ROWS
 
 from .catalogue import Case, D, N
 from .helpers import blobs

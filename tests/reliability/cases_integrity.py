@@ -170,8 +170,8 @@ def _npz_as_npy(ctx):
 # ------------------------------------------------------------------ an output's whole life
 def _night(out, n: int, **kw) -> None:
     """Publish night ``n`` of a small transform-like output at ``out`` (no cluster)."""
-    from pipeline.completeness import DENSE
-    from pipeline.publish import publish_output
+    from pipeline.output.completeness import DENSE
+    from pipeline.output.publish import publish_output
 
     def write(version):
         g = version.open_group("a")
@@ -191,7 +191,7 @@ def _night(out, n: int, **kw) -> None:
 
 def _removed_version_reader(ctx):
     """A reader holding last night's version, deleted by retention (keep 1, no grace)."""
-    from pipeline.versions import resolve
+    from pipeline.output.versions import resolve
 
     out = ctx.dir / "nightly.zarr"
     _night(out, 0, keep=1)

@@ -98,8 +98,8 @@ def _tr_link(c: Ctx):
 
 
 def _tr_locked(c: Ctx):
-    from pipeline.lock import RunLock
-    from pipeline.store import Location
+    from pipeline.output.lock import RunLock
+    from pipeline.output.store import Location
 
     lock = RunLock(Location(str(c.dir / "shared.zarr"))).__enter__()
     c.cleanups.append(lambda: lock.__exit__(None, None, None))

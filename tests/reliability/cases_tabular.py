@@ -32,7 +32,7 @@ def _exclude_unknown(ctx):
     return _run(ctx, _frame(), exclude_columns=["nope"])
 
 
-# NaN past the rows `kpca run` samples before it starts (pipeline/validate.py): found by
+# NaN past the rows `kpca run` samples before it starts (pipeline/data/validate.py): found by
 # the ingest stage's pass over every row
 FAR = 3 * N
 

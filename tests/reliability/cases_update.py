@@ -51,10 +51,10 @@ def _rows_rebuilt_unheld(ctx):
     import shutil
 
     from pipeline.config import ChunkConfig, InputConfig
-    from pipeline.ingest import ingest
-    from pipeline.lineage import entry_record
-    from pipeline.ownership import mark_folder
-    from pipeline.store import Location
+    from pipeline.data.ingest import ingest
+    from pipeline.output.lineage import entry_record
+    from pipeline.output.ownership import mark_folder
+    from pipeline.output.store import Location
     from tests.published import rewrite_manifests
 
     rows = Location.at(str(ctx.dir / "night"))

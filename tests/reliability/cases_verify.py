@@ -1,6 +1,7 @@
 """Verified-read cases of the bad-input catalogue (issue 26): a deleted, truncated or altered
 chunk, or an edited attribute, in a published run or in the training rows of its lineage
-is refused in one line naming the object (pipeline/verify.py, pipeline/lineage.py)."""
+is refused in one line naming the object (pipeline/output/verify.py,
+pipeline/output/lineage.py)."""
 
 from __future__ import annotations
 

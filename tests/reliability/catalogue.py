@@ -562,7 +562,7 @@ INPUT = [
         "input",
         "NaN in an NPY file",
         _nan_npy,
-        (  # found on the pre-start sample (pipeline/validate.py); cases_cli: after it
+        (  # found on the pre-start sample (pipeline/data/validate.py); cases_cli: after it
             "contains NaN or infinity in column(s) ['x2'] (first: row 150)",
             "set input.nonfinite: drop",
         ),
@@ -800,7 +800,8 @@ def _complete_run_exists(ctx):
 
 def _locked(ctx):
     script = (
-        "import sys\nfrom pipeline.lock import RunLock\nfrom pipeline.store import Location"
+        "import sys\nfrom pipeline.output.lock import RunLock"
+        "\nfrom pipeline.output.store import Location"
         f"\nlock = RunLock(Location({str(ctx.out)!r})).acquire()\nprint('held', flush=True)"
         "\nsys.stdin.read()\nlock.release()\n"
     )
@@ -1252,7 +1253,7 @@ def markdown(outcomes: list[tuple[Outcome, str]]) -> str:
     the pointer `<out>/manifest.json`: written to a temporary name beside it, fsynced,
     then renamed (`os.replace`); one PUT on object stores. A failed or killed writer
     leaves the published version and the pointer as they were. `verify_run` -- and
-    through it `kpca info`, `kpca transform` and `pipeline.transform.load_model`, also
+    through it `kpca info`, `kpca transform` and `pipeline.embed.transform.load_model`, also
     when given a version's `model/` folder -- refuses a
     run with no manifest, a manifest that is not valid JSON or lacks a required field, an
     unknown `schema_version`, a status other than `complete`, or any array, Parquet/report

@@ -137,8 +137,8 @@ def small_config(folder: Path, out: Path, **over: dict):
 
 def make_published_run(folder: Path) -> Path:
     """A complete, verified run of 300 x 5 rows (on the current Dask client) at folder/out."""
-    from pipeline.export import verify_run
-    from pipeline.run import run_pipeline
+    from pipeline.output.export import verify_run
+    from pipeline.runner.run import run_pipeline
 
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "x.npy", blobs(300, 5))
@@ -171,7 +171,7 @@ def artifacts(out: Path) -> dict:
     import pandas as pd
     import zarr
 
-    from pipeline.export import verify_run
+    from pipeline.output.export import verify_run
 
     m = verify_run(out)
     res = {
@@ -184,7 +184,7 @@ def artifacts(out: Path) -> dict:
     if k.exists():
         K = zarr.open_group(str(k), mode="r")["K"][...]
         res["kernel"] = hashlib.sha256(np.ascontiguousarray(K).tobytes()).hexdigest()
-    from pipeline.export import open_run
+    from pipeline.output.export import open_run
 
     pq = open_run(out, check_arrays=False).location.local_path / "embedding.parquet"
     if pq.exists():

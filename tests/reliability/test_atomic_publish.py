@@ -19,9 +19,9 @@ import zarr
 
 import kpca_dask
 from kpca_dask.exceptions import ModelFormatError
-from pipeline.export import MANIFEST, RunError, verify_run
-from pipeline.run import stage_begin
-from pipeline.transform import load_model
+from pipeline.embed.transform import load_model
+from pipeline.output.export import MANIFEST, RunError, verify_run
+from pipeline.runner.run import stage_begin
 from tests.published import rewrite_manifests, version_dir
 
 from .helpers import ROOT, env, make_published_run, small_config
@@ -73,7 +73,7 @@ def test_killed_while_writing_the_manifest_publishes_nothing(published, tmp_path
     (out / MANIFEST).unlink()
     script = f"""
 import os, signal
-from pipeline.store import Location, atomic_write_json
+from pipeline.output.store import Location, atomic_write_json
 real_fsync = os.fsync
 def fsync_then_die(fd):
     real_fsync(fd)  # the whole manifest is on disk under its temporary name
@@ -98,8 +98,8 @@ def test_a_rerun_keeps_the_old_result_published_while_it_writes(published, tmp_p
     """With overwrite, a re-run writes a new version nothing points to: the old result
     stays published and verifies, and the version being written has no manifest (a
     reader never takes it for a result)."""
-    from pipeline.layout import run_layout
-    from pipeline.run import run_lock
+    from pipeline.output.layout import run_layout
+    from pipeline.runner.run import run_lock
 
     shutil.copytree(published / "out", tmp_path / "run")
     before = verify_run(tmp_path / "run")

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import zarr
 
-from pipeline.lock import LOCK_NAME
+from pipeline.output.lock import LOCK_NAME
 
 from .helpers import (
     ROOT,

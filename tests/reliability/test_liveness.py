@@ -1,4 +1,4 @@
-"""Workers that stop answering or pause, on a real local cluster (pipeline/liveness.py).
+"""Workers that stop answering or pause, on a real local cluster (pipeline/runtime/liveness.py).
 
 A worker process is frozen with SIGSTOP (its connection to the scheduler stays open, so
 distributed never calls it lost) and thawed with SIGCONT in every test's teardown. Shown:
@@ -59,7 +59,7 @@ def _stop(pids, stopped, address) -> None:
 
 
 def test_run_on_workers_names_the_frozen_worker(cluster):
-    from pipeline.liveness import run_on_workers
+    from pipeline.runtime.liveness import run_on_workers
 
     client, pids, stopped = cluster
     frozen, live = sorted(pids)
@@ -75,7 +75,7 @@ def test_run_on_workers_names_the_frozen_worker(cluster):
 def test_watch_names_the_frozen_worker_and_the_activity(cluster):
     from distributed import wait
 
-    from pipeline.liveness import WorkerTimeoutError, activity, watching
+    from pipeline.runtime.liveness import WorkerTimeoutError, activity, watching
 
     client, pids, stopped = cluster
     frozen = sorted(pids)[0]
@@ -95,7 +95,7 @@ def test_watch_names_the_frozen_worker_and_the_activity(cluster):
 
 
 def test_watch_refuses_the_next_activity_once_tripped(cluster):
-    from pipeline.liveness import WorkerTimeoutError, activity, watching
+    from pipeline.runtime.liveness import WorkerTimeoutError, activity, watching
 
     client, pids, stopped = cluster
     _stop(pids, stopped, sorted(pids)[0])
@@ -111,7 +111,7 @@ def test_watch_refuses_the_next_activity_once_tripped(cluster):
 
 def test_no_activity_no_trip(cluster):
     """Between activities (nothing of the run is waiting) a frozen worker is not a failure."""
-    from pipeline.liveness import watching
+    from pipeline.runtime.liveness import watching
 
     client, pids, stopped = cluster
     _stop(pids, stopped, sorted(pids)[0])
@@ -125,7 +125,7 @@ def test_paused_worker_is_logged_by_name(caplog):
     name as it pauses, and again when it resumes."""
     from distributed import Client, LocalCluster
 
-    from pipeline.liveness import watching
+    from pipeline.runtime.liveness import watching
 
     def rss(dask_worker=None) -> int:
         import psutil
@@ -175,7 +175,7 @@ def test_paused_worker_is_logged_by_name(caplog):
 def test_probe_removes_stale_probe_files_only(dask_client, tmp_path: Path):
     """Probe files a killed client left (an hour old by the time in their name) go with
     the next probe of that folder; a fresh one (another probe under way) stays."""
-    from pipeline.visibility import PROBE_PREFIX, ProbeTarget, check_locations
+    from pipeline.runtime.visibility import PROBE_PREFIX, ProbeTarget, check_locations
 
     out = tmp_path / "out"
     out.mkdir()

@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from pipeline.lock import LOCK_NAME, LockHolder, OutputLockedError, RunLock, lock_status
-from pipeline.store import Location
+from pipeline.output.lock import LOCK_NAME, LockHolder, OutputLockedError, RunLock, lock_status
+from pipeline.output.store import Location
 
 from .helpers import (
     ROOT,
@@ -93,8 +93,8 @@ def _hold_lock_in_a_process(out, *, die: bool) -> subprocess.Popen:
     """A real process that takes the lock, then either dies by SIGKILL or waits on stdin."""
     end = "os.kill(os.getpid(), signal.SIGKILL)" if die else "sys.stdin.read()"
     script = (
-        f"import os, signal, sys\nfrom pipeline.lock import RunLock\n"
-        f"from pipeline.store import Location\n"
+        f"import os, signal, sys\nfrom pipeline.output.lock import RunLock\n"
+        f"from pipeline.output.store import Location\n"
         f"lock = RunLock(Location({str(out)!r})).acquire()\nprint('held', flush=True)\n"
         f"{end}\nlock.release()\n"
     )

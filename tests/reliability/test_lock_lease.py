@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from pipeline.lock import (
+from pipeline.output.lock import (
     LOCK_NAME,
     LockHolder,
     OutputLockedError,
@@ -30,7 +30,7 @@ from pipeline.lock import (
     lease_seconds,
     lock_status,
 )
-from pipeline.store import Location
+from pipeline.output.store import Location
 
 from .helpers import ROOT, env, wait_until
 
@@ -77,7 +77,7 @@ def _holder_script(out, *, host: str | None, then: str = "sys.stdin.readline()")
     return (
         "import os, signal, socket, sys, json\n"
         f"{fake_host}"
-        "from pipeline.lock import RunLock\nfrom pipeline.store import Location\n"
+        "from pipeline.output.lock import RunLock\nfrom pipeline.output.store import Location\n"
         f"lock = RunLock(Location({str(out)!r})).acquire()\nprint('held', flush=True)\n"
         f"{then}\nlock.release()\n"
     )
@@ -185,7 +185,7 @@ def test_a_holder_frozen_past_its_lease_publishes_nothing(tmp_path):
     publish(Location(str(root)), 1)
     before = (root / "manifest.json").read_bytes()
     then = (
-        "from pipeline.versions import Transaction\n"
+        "from pipeline.output.versions import Transaction\n"
         "txn = Transaction(lock.out, lock); txn.begin(); txn.start()\n"
         "print('ready', flush=True); sys.stdin.readline()\n"
         "try:\n    txn.commit({'status': 'complete', 'n': 2}); print('published', flush=True)\n"
@@ -275,7 +275,7 @@ def test_the_lease_is_configured_by_dask_config(monkeypatch):
 
 def probe_names(age: float) -> list[str]:
     """Names of visibility probe files written ``age`` seconds ago (client's, a worker's)."""
-    from pipeline.probe_files import PROBE_PREFIX
+    from pipeline.runtime.probe_files import PROBE_PREFIX
 
     token = f"{int(time.time() - age)}-{uuid.uuid4().hex[:12]}"
     return [f"{PROBE_PREFIX}{token}.client", f"{PROBE_PREFIX}{token}.3f9c0a1b2c3d"]
@@ -287,7 +287,7 @@ def test_the_next_writer_removes_the_probe_files_a_dead_run_left(tmp_path):
     with or without a cluster to probe -- once older than any probe lasts (20 minutes
     here; one of an earlier format without a time too); a fresh one, of a probe another
     run has under way, stays."""
-    from pipeline.probe_files import PROBE_PREFIX
+    from pipeline.runtime.probe_files import PROBE_PREFIX
 
     out = tmp_path / "out"
     (out / "work").mkdir(parents=True)
@@ -315,7 +315,7 @@ class _DT(_dt.datetime):
     @classmethod
     def now(cls, tz=None):
         return _dt.datetime.fromtimestamp(_time.time(), tz)
-import pipeline.lock as _lock
+import pipeline.output.lock as _lock
 _lock.datetime = types.SimpleNamespace(
     datetime=_DT, UTC=_dt.UTC, timedelta=_dt.timedelta, timezone=_dt.timezone
 )

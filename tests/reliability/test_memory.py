@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import load_config
-from pipeline.ingest import read_input
+from pipeline.data.ingest import read_input
 
 pytestmark = pytest.mark.cluster  # its tests start processes
 
@@ -36,8 +36,8 @@ def test_workers_paused_for_good_fail_the_run_with_the_fix():
     import dask.array as da
     import pytest
 
-    from pipeline.cluster import ClusterError, dask_client
     from pipeline.config import ClusterConfig
+    from pipeline.runtime.cluster import ClusterError, dask_client
 
     cfg = ClusterConfig(
         n_workers=1,
@@ -66,11 +66,12 @@ def test_local_cluster_workers_keep_block_buffers_for_reuse():
     """distributed spawns workers with MALLOC_TRIM_THRESHOLD_=65536, which makes every
     block-sized buffer a fresh mmap (page faults, zeroing: twice the time of a stored
     kernel pass). A local cluster's worker processes get the settings of
-    pipeline.cluster.WORKER_MALLOC_ENV instead -- checked in the real worker processes."""
+    pipeline.runtime.cluster.WORKER_MALLOC_ENV instead -- checked in the real worker
+    processes."""
     import os
 
-    from pipeline.cluster import WORKER_MALLOC_ENV, dask_client
     from pipeline.config import ClusterConfig
+    from pipeline.runtime.cluster import WORKER_MALLOC_ENV, dask_client
 
     cfg = ClusterConfig(n_workers=2, threads_per_worker=1, dashboard_address=None)
     with dask_client(cfg) as client:
@@ -108,8 +109,8 @@ def _rss() -> int:
 def test_release_worker_memory_returns_freed_heap_of_real_workers():
     """release_worker_memory (malloc_trim on every worker) gives the holes freed buffers
     leave in a worker's heap back to the OS; the workers keep what is still in use."""
-    from pipeline.cluster import dask_client, release_worker_memory
     from pipeline.config import ClusterConfig
+    from pipeline.runtime.cluster import dask_client, release_worker_memory
 
     release_worker_memory()  # without a client: nothing to do, no error
     cfg = ClusterConfig(n_workers=2, threads_per_worker=1, dashboard_address=None)

@@ -18,11 +18,11 @@ import psutil
 import pytest
 
 import kpca_dask
-from pipeline.cluster import ClusterError, dask_client
 from pipeline.config import ClusterConfig, ConfigError, TLSConfig, load_config
-from pipeline.export import verify_run
-from pipeline.run import run_pipeline, stage_locations
-from pipeline.store import Location, PathEscapeError
+from pipeline.output.export import verify_run
+from pipeline.output.store import Location, PathEscapeError
+from pipeline.runner.run import run_pipeline, stage_locations
+from pipeline.runtime.cluster import ClusterError, dask_client
 
 from .helpers import ROOT, blobs, env, external_cluster, small_config
 

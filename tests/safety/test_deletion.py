@@ -15,11 +15,11 @@ import zarr
 
 from kpca_dask import UnsafeRemovalError
 from kpca_dask.removal import removal_refusal, remove_owned
-from pipeline.export import verify_run
-from pipeline.lock import RunLock
-from pipeline.run import run_pipeline
-from pipeline.store import Location
-from pipeline.versions import open_output, version_ids
+from pipeline.output.export import verify_run
+from pipeline.output.lock import RunLock
+from pipeline.output.store import Location
+from pipeline.output.versions import open_output, version_ids
+from pipeline.runner.run import run_pipeline
 from tests.published import version_dir
 from tests.reliability.helpers import small_config
 
@@ -364,8 +364,8 @@ def test_a_new_version_never_changes_the_published_one_through_its_links(world):
     """The new version starts as hard links to the published one; every writer replaces
     files (rename over, remove and recreate), so what it writes never reaches the
     published version's files, which verify byte for byte afterwards."""
-    from pipeline.lock import RunLock
-    from pipeline.versions import Transaction
+    from pipeline.output.lock import RunLock
+    from pipeline.output.versions import Transaction
 
     pub = version_dir(world.run)
     (pub / "report").mkdir()
@@ -400,7 +400,7 @@ def test_two_transforms_at_once_never_publish_a_broken_output(world, dask_client
 
     def go(i):
         from pipeline.config import InputConfig
-        from pipeline.transform import transform_to_store
+        from pipeline.embed.transform import transform_to_store
 
         try:
             results[i] = transform_to_store(
@@ -467,8 +467,8 @@ def test_a_second_transform_sees_a_first_one_publishing_as_a_running_job(world, 
     lets the second transform on to the lock, which then refuses it as a running job (CI
     once saw "exists and was not written by kpca transform" from two transforms started
     together). A user's own file still makes it a folder that is not ours."""
-    from pipeline.layout import LOCK
-    from pipeline.publish import TransformOutputError, check_transform_output
+    from pipeline.output.layout import LOCK
+    from pipeline.output.publish import TransformOutputError, check_transform_output
 
     out = tmp_path / "shared.zarr"
     (out / "versions" / "20261126T000000-abc").mkdir(parents=True)

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from pipeline.export import verify_run
+from pipeline.output.export import verify_run
 from tests.flows.test_flows import prefect_api  # noqa: F401  (the session's Prefect API)
 from tests.reliability.helpers import small_config
 

@@ -37,12 +37,12 @@ REPLACING = {"replace", "rename", "renames", "move"}
 #: (file, function, call) -> why it is safe
 ALLOWED = {
     (
-        "pipeline/store.py",
+        "pipeline/output/store.py",
         "atomic_write_json",
         "unlink",
     ): "its own mkstemp temporary file, on failure",
     (
-        "pipeline/store.py",
+        "pipeline/output/store.py",
         "atomic_write_json",
         "replace",
     ): "publishes a JSON file by rename; replaces a link as a link, never its target",
@@ -56,33 +56,37 @@ ALLOWED = {
         "write_bytes",
         "replace",
     ): "report file inside our run folder",
-    ("pipeline/demo_data.py", "write_table", "unlink"): "its own mkstemp temporary file",
+    ("pipeline/data/demo_data.py", "write_table", "unlink"): "its own mkstemp temporary file",
     (
-        "pipeline/demo_data.py",
+        "pipeline/data/demo_data.py",
         "write_table",
         "replace",
     ): "the demo's data file in <output>-data (kpca demo); noted as a gap in issue 19",
-    ("pipeline/kernel_store.py", "_write_raw", "unlink"): (
+    ("pipeline/model/kernel_store.py", "_write_raw", "unlink"): (
         "its own uuid-named .partial chunk file"
     ),
-    ("pipeline/kernel_store.py", "_write_raw", "replace"): "a chunk file of our kernel store",
+    (
+        "pipeline/model/kernel_store.py",
+        "_write_raw",
+        "replace",
+    ): "a chunk file of our kernel store",
     (
         "kpca_dask/persistence.py",
         "save_state",
         "replace",
     ): "renames its own temporary model onto a path emptied by remove_owned",
     (
-        "pipeline/validate.py",
+        "pipeline/data/validate.py",
         "_probe_writable",
         "unlink",
     ): "its own uuid-named probe file, created with O_EXCL just before",
     (
-        "pipeline/validate.py",
+        "pipeline/data/validate.py",
         "_probe_writable",
         "rm_file",
     ): "its own uuid-named probe object (object stores), written just before",
     (
-        "pipeline/validate.py",
+        "pipeline/data/validate.py",
         "_probe_writable",
         "rmdir",
     ): "the folders the probe itself created, deepest first (rmdir: empty ones only)",

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.export import verify_run
-from pipeline.run import run_pipeline
+from pipeline.output.export import verify_run
+from pipeline.runner.run import run_pipeline
 from tests.published import version_dir
 from tests.reliability.helpers import small_config
 

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...store import Location
+from pipeline.output import Location
 
 __all__ = ["DPI", "FIGSIZES", "png_size", "new_figure", "save_png", "write_bytes"]
 

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from ...store import Location
+from pipeline.output import Location
+
 from .canvas import write_bytes
 from .formatting import kernel_label
 from .markdown import report_markdown

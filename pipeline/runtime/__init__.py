@@ -1,0 +1,55 @@
+"""The runtime: the Dask cluster a command runs on and what watches it.
+
+* cluster.py: connect to the configured cluster, or start a local one sized to this
+  machine (``dask_client``);
+* liveness.py: workers that stop answering named in one line (``activity``);
+* visibility.py over probe_files.py: can every worker see the run's locations (checked
+  before any stage);
+* progress.py: progress bars in a terminal, quiet otherwise (``compute``, ``Steps``);
+* sizing.py: ``kpca plan``, what a configured run will need before it runs.
+
+Used from outside through the names below (imported on first use, PEP 562: importing
+the package loads no cluster library); tests/test_layers.py checks it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: the public name -> the module of this package that defines it ("module:attr" when the
+#: module names it differently; never a module's name, which its import would rebind)
+API: dict[str, str] = {
+    "dask_client": "cluster",
+    "release_worker_memory": "cluster",
+    "activity": "liveness",
+    "check_visibility": "visibility",
+    "check_locations": "visibility",
+    "transform_targets": "visibility",
+    "missing_folders": "visibility",
+    "remove_created": "visibility",
+    "PROBE_PREFIX": "probe_files",
+    "remove_stale_probes": "probe_files",
+    "new_token": "probe_files",
+    "remove_probe_file": "probe_files",
+    "compute": "progress",
+    "Steps": "progress",
+    "show_progress": "progress",
+    "plan_run": "sizing",
+    "configured_cluster": "sizing",
+}
+
+__all__ = list(API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = API[name].partition(":")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(API))

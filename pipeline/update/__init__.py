@@ -1,0 +1,42 @@
+"""``kpca update RUN NEW_DATA``: a new run (version n+1) from a published run and a batch.
+
+run.py walks the update's stages in order, one module each:
+
+    setup.py (the config) -> base.py (the base run verified, its lineage)
+    -> drift.py (the drift report, drift_report.py; the action) -> model.py (the new
+    model) -> project.py (the union's embedding) -> the manifest and the publish
+
+Used from outside through the names below (imported on first use, PEP 562);
+tests/test_layers.py checks it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: the public name -> the module of this package that defines it ("module:attr" when the
+#: module names it differently; never a module's name, which its import would rebind)
+API: dict[str, str] = {
+    "run_update": "run",
+    "update_config": "run",
+    "UPDATE_REGISTRY": "run",
+    "UpdateError": "run",
+    "default_output": "run",
+    "latest_run": "setup",
+}
+
+__all__ = list(API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = API[name].partition(":")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(API))
