@@ -317,18 +317,9 @@ def _write_denoised(target: Location, den, status, src, attrs: dict) -> np.ndarr
 
 
 def _denoise_to_store(
-    model_path,
-    input_cfg,
-    output,
-    *,
-    chunks,
-    method,
-    overwrite,
-    storage_options,
-    ignore_extra,
-    keep_versions=None,
-    retention_grace_hours=None,
-) -> dict[str, Any]:
+    model_path, input_cfg, output, *, chunks, method, overwrite, storage_options, ignore_extra,
+    keep_versions=None, retention_grace_hours=None,
+) -> dict[str, Any]:  # fmt: skip
     from pipeline.output import check_transform_output, publish_output
 
     from .transform import open_transform, verify_transform_output
