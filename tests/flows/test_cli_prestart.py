@@ -286,6 +286,8 @@ def test_global_flags_before_or_after_the_subcommand():
     assert parse_args(["validate", "c.yaml", "--quiet"]).quiet is True
 
 
+# moved out of the default run (its 20-minute budget; 2026-11-28, second cut): ~20 s
+@pytest.mark.slow
 @pytest.mark.cluster  # a kpca command or a Prefect run
 def test_a_run_refused_by_ingest_leaves_no_folder_it_created(tmp_path):
     """A NaN the pre-start checks do not read (a zarr array's values: its metadata only)

@@ -222,6 +222,9 @@ def test_flow_publishes_a_verified_run_with_artifacts(first_run, dask_cluster):
     assert "kernel PCA" in arts["kpca-evaluation"]["data"]
 
 
+# moved out of the default run (its 20-minute budget; 2026-11-28, second cut): ~40 s; the flow
+# from the CLI is tests/flows/test_cli.py::test_run_publishes_a_verified_run
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_flow_writes_the_same_artifacts_as_run_pipeline(first_run, data_dir, dask_client):
     """The flow and the plain stage sequence publish identical arrays and model."""
@@ -350,6 +353,8 @@ def test_turning_denoising_on_refits_and_publishes_denoised_rows(first_run):
     assert verify_run(out)["denoise"] is None
 
 
+# moved out of the default run (its 20-minute budget; 2026-11-28, second cut): ~19 s
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_deleted_stores_are_rebuilt_not_trusted(first_run):
     """A cache hit must never point at missing artifacts: deleted stores are recomputed."""

@@ -426,6 +426,8 @@ def test_update_keeps_gamma_and_solver_unless_the_policy_changes_them(series, tm
         assert m["model"]["gamma"] == base["gamma"]
 
 
+# moved out of the default run (its 20-minute budget; 2026-11-28, second cut): ~15 s
+@pytest.mark.slow
 def test_transform_creates_missing_parents_with_absolute_records(series, tmp_path):
     home = series
     data = _batch(home, "t.csv", _table(30, 15, first_id=BIG + 99_000))

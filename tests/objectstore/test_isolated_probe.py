@@ -191,6 +191,9 @@ def test_transform_local_output_refused_before_writing(
     _no_probe_objects(s3_server, bucket)
 
 
+# moved out of the default run (its 20-minute budget; 2026-11-28, second cut): ~30 s;
+# test_worker_stopped_before_the_probe_is_named stays
+@pytest.mark.slow
 def test_transform_local_model_refused_before_reading_it(
     iso, client_dir, base, bucket, s3_server
 ):

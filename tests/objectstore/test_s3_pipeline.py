@@ -188,6 +188,9 @@ def s3_run(tmp_path_factory, s3, data):
     return out, res.stdout + res.stderr
 
 
+# moved out of the default run (its 20-minute budget; 2026-11-28, second cut): ~47 s; an S3
+# run identical to shared disk is tests/objectstore/test_isolated_workers.py's
+@pytest.mark.slow
 def test_s3_run_is_identical_to_the_local_run(s3, s3_run, local_run):
     """Input and output on s3://, the endpoint only in the config: the run completes, its
     input fingerprint, kernel store and training rows are the local run's byte for byte,

@@ -21,6 +21,9 @@ def _objects(fs, prefix: str) -> dict[str, str]:
     return {k: v.get("ETag", "") for k, v in fs.find(prefix, detail=True).items()}
 
 
+# moved out of the default run (its 20-minute budget; 2026-11-28, second cut): ~90 s; the S3
+# series nights are tests/objectstore/test_series_nights.py (slow)
+@pytest.mark.slow
 def test_kpca_update_on_s3_merges_and_leaves_the_base_run_unchanged(s3, data, tmp_path):
     server, bucket = s3
     opts = server.storage_options
