@@ -13,7 +13,8 @@ tests/test_layers.py checks it.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+
+from pipeline._lazy_api import lazy_api
 
 #: the public name -> the module of this package that defines it ("module:attr" when the
 #: module names it differently; never a module's name, which its import would rebind)
@@ -43,14 +44,4 @@ def _module(module: str) -> ModuleType:
     raise AttributeError(f"module {__name__!r} has no module {module!r}")
 
 
-def __getattr__(name: str) -> Any:
-    if name not in API:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, _, attr = API[name].partition(":")
-    value = getattr(_module(module), attr or name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(API))
+__getattr__, __dir__ = lazy_api(__name__, API, _module)
