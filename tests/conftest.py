@@ -10,10 +10,15 @@ process fails (``_no_process_unless_marked``), so the fast loop stays what it sa
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import multiprocessing.process
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +46,47 @@ PROCESS_FIXTURES = {
 PROCESS_FOLDERS = ("objectstore", "deploy")
 TESTS = Path(__file__).resolve().parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n: each worker process its own Prefect database (two temporary Prefect
+    # servers on one SQLite file lock each other out)
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="kpca-tests-prefect-home-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         folder = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
         if folder in PROCESS_FOLDERS or PROCESS_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.cluster)
+
+
+_session_server = contextlib.ExitStack()
+
+
+def pytest_collection_finish(session):
+    """One Prefect server for the session's flows, when a selected test starts processes.
+
+    The ``kpca`` commands and flows the tests start record their runs in it (as on a
+    cluster, where PREFECT_API_URL names a server) instead of each starting a temporary
+    server of its own (10-30 s each). The tests of that temporary server, what a user
+    without PREFECT_API_URL gets, remove the variable from their commands' environment.
+    ``KPCA_TEST_PREFECT_SERVER=0`` turns this off.
+    """
+    if "PREFECT_API_URL" in os.environ or os.environ.get("KPCA_TEST_PREFECT_SERVER") == "0":
+        return
+    if not any(item.get_closest_marker("cluster") for item in session.items):
+        return
+    from tests.prefect_server import prefect_server
+
+    home = Path(tempfile.mkdtemp(prefix="kpca-tests-prefect-server-"))
+    _session_server.callback(shutil.rmtree, home, ignore_errors=True)
+    api, _env, _log = _session_server.enter_context(prefect_server(home))
+    os.environ["PREFECT_API_URL"] = api
+    _session_server.callback(os.environ.pop, "PREFECT_API_URL", None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _session_server.close()
 
 
 class ProcessStarted(AssertionError):

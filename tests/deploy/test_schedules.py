@@ -11,14 +11,9 @@ completing on a tiny config.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,68 +21,27 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.prefect_server import PREFECT, free_port, server_env
+from tests.prefect_server import prefect_server as _server
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-PREFECT = [sys.executable, "-m", "prefect"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(home: Path, api: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
+def prefect_server(home: Path):
+    """`prefect server start` as a process on 127.0.0.1: (API URL, environment, log)."""
+    api = f"http://127.0.0.1:{free_port()}/api"
+    env = server_env(
+        home,
+        api,
         PYTHONPATH=str(ROOT),
-        PREFECT_HOME=str(home),
-        PREFECT_API_URL=api,
-        PREFECT_UI_ENABLED="false",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
         # the scheduler's loop (60 s by default) every 2 s: it runs as often as the
         # test polls, so a scheduler that fails shows within a few loops
         PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2",
         OMP_NUM_THREADS="1",
         OPENBLAS_NUM_THREADS="1",
     )
-    return env
-
-
-@contextlib.contextmanager
-def prefect_server(home: Path) -> Iterator[tuple[str, dict[str, str], Path]]:
-    """`prefect server start` as a process on 127.0.0.1: (API URL, environment, log)."""
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = _env(home, api)
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / "server.log"
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(
-            PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                assert server.poll() is None, log_path.read_text()[-3000:]
-                try:
-                    if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "the Prefect server did not answer"
-                time.sleep(0.5)
-            yield api, env, log_path
-        finally:
-            server.terminate()
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    return _server(home, env)
 
 
 def _prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:

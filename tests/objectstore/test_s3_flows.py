@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 import uuid
 
 import numpy as np
@@ -42,6 +39,7 @@ from pipeline.output.export import open_run
 from pipeline.output.layout import CHECKSUMMED, FLOW_CACHE, LOCK, WORK
 from pipeline.stages import REGISTRY
 from tests.objectstore.s3server import CREDENTIAL_ENV
+from tests.prefect_server import prefect_server as start_prefect_server
 from tests.published import version_dir
 
 # the S3 flows (~110 s): moved out of the default run (its 20-minute budget, 2026-11-28);
@@ -73,39 +71,11 @@ def _env(api: str | None = None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
+def prefect_server(tmp_path_factory):
     """One Prefect server process for this module's runs (as on a cluster: the flows
     record their runs in a server named by PREFECT_API_URL); its API URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**_env(), "PREFECT_UI_ENABLED": "false"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"]
-        + ["--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, "prefect server exited at start"
-            try:
-                urllib.request.urlopen(f"{api}/health", timeout=2).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "prefect server did not answer"
-                time.sleep(0.5)
+    with start_prefect_server(tmp_path_factory.mktemp("prefect-server")) as (api, _, _):
         yield api
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def kpca(api: str, *args, timeout=600):
