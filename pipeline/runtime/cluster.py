@@ -14,6 +14,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from pipeline.config import ClusterConfig
 from pipeline.errors import UserError
 
+from .stacks import StacksOnSignal
+
 __all__ = [
     "dask_client",
     "ClusterError",
@@ -243,7 +245,7 @@ class PauseWatchdog(threading.Thread):
 
 
 @contextlib.contextmanager
-def _watched(client, cfg: ClusterConfig) -> Iterator[object]:
+def _watched(client, cfg: ClusterConfig, local: bool = False) -> Iterator[object]:
     """Yield ``client`` with a :class:`PauseWatchdog` (unless ``paused_timeout`` is null)
     and a :class:`pipeline.runtime.liveness.WorkerWatch` (``worker_timeout``)."""
     from .liveness import watching
@@ -255,7 +257,7 @@ def _watched(client, cfg: ClusterConfig) -> Iterator[object]:
     try:
         # workers that stop answering, and pauses, named in one line
         # (pipeline/runtime/liveness.py)
-        with watching(client, cfg.worker_timeout):
+        with watching(client, cfg.worker_timeout, local=local):
             yield client
     except BaseException as exc:
         if dog is not None and dog.tripped:
@@ -385,11 +387,12 @@ def dask_client(cfg: ClusterConfig) -> Iterator[object]:
         with Client(cluster, set_as_default=True) as client:
             if not logging.getLogger("distributed").isEnabledFor(logging.DEBUG):
                 client.register_plugin(QuietTaskErrors())
+            client.register_plugin(StacksOnSignal())  # a silent worker's stacks, kept
             logger.info(
                 "local Dask cluster: %d workers x %d threads; dashboard: %s",
                 n_workers,
                 cfg.threads_per_worker,
                 client.dashboard_link if cfg.dashboard_address else "disabled",
             )
-            with _watched(client, cfg):
+            with _watched(client, cfg, local=True):
                 yield client

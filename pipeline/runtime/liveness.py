@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -176,9 +177,19 @@ def silent_message(addresses: list[str], what: str, timeout: float | None) -> st
 class WorkerWatch(threading.Thread):
     """Watch the workers' heartbeats and pauses through the scheduler (module doc)."""
 
-    def __init__(self, client, timeout: float | None, interval: float = POLL_INTERVAL):
+    def __init__(
+        self,
+        client,
+        timeout: float | None,
+        interval: float = POLL_INTERVAL,
+        local: bool = False,
+    ):
         super().__init__(daemon=True, name="kpca-worker-watch")
         self.client, self.timeout, self.interval = client, timeout, interval
+        #: the workers are processes of this machine that the run started (their
+        #: threads' stacks are kept when they stop answering: pipeline/runtime/stacks.py)
+        self.local = local
+        self._pids: dict[str, int | None] = {}
         self.tripped: str | None = None
         self._seen: dict[str, tuple[Any, float]] = {}  # address -> (last_seen, changed at)
         self._paused: set[str] = set()
@@ -196,6 +207,8 @@ class WorkerWatch(threading.Thread):
         now = time.monotonic() if now is None else now
         workers = self._workers()
         doing = current_activity()
+        if self.local:
+            self._ask_pids([a for a in workers if a not in self._pids])
         for addr, w in workers.items():
             seen = w.get("last_seen")
             prev = self._seen.get(addr)
@@ -238,6 +251,31 @@ class WorkerWatch(threading.Thread):
         self._tripped_at = now
         # the run raises it as its one line (dask_client); logged only if it does not
         logger.debug("%s", self.tripped)
+        if self.local:
+            self._keep_stacks(silent)
+
+    def _ask_pids(self, new: list[str]) -> None:
+        """The process ids of workers not seen before (asked once each; a worker that does
+        not answer within 5 s stays without one)."""
+        if not new:
+            return
+        answers, _ = run_on_workers(self.client, os.getpid, timeout=5, workers=new)
+        for addr in new:
+            pid = answers.get(addr)
+            self._pids[addr] = pid if isinstance(pid, int) else None
+
+    def _keep_stacks(self, silent: list[str]) -> None:
+        from .stacks import dump_stacks
+
+        for addr in silent:
+            pid = self._pids.get(addr)
+            kept = dump_stacks(pid) if pid else None
+            if kept:
+                logger.warning(
+                    "Dask worker %s stopped answering: its threads' stacks are in %s",
+                    addr,
+                    kept,
+                )
 
     def cancel_pending(self) -> None:
         from distributed import Future
@@ -273,10 +311,13 @@ class WorkerWatch(threading.Thread):
 
 
 @contextlib.contextmanager
-def watching(client, timeout: float | None) -> Iterator[WorkerWatch]:
+def watching(client, timeout: float | None, local: bool = False) -> Iterator[WorkerWatch]:
     """Run a :class:`WorkerWatch` on ``client`` for the block; an error raised in the
     block after the watch tripped becomes :class:`WorkerTimeoutError` (its one line)."""
-    watch = WorkerWatch(client, timeout)
+    watch = WorkerWatch(client, timeout, local=local)
+    if local:  # while every worker answers: asked later, a silent one would stay unknown
+        with contextlib.suppress(Exception):
+            watch._ask_pids(sorted(watch._workers()))
     with _LOCK:
         old, _STATE["watch"] = _STATE["watch"], watch
     watch.start()
@@ -290,3 +331,7 @@ def watching(client, timeout: float | None) -> Iterator[WorkerWatch]:
         watch.stop()
         with _LOCK:
             _STATE["watch"] = old
+        if local:  # a worker killed at the cluster's close leaves its file behind
+            from .stacks import forget
+
+            forget(p for p in watch._pids.values() if p)

@@ -88,6 +88,18 @@ def kpca(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 # ------------------------------------------------------------------ data and config
+def with_stacks(stderr: str) -> str:
+    """A failed command's stderr tail, and the stacks of any local worker that it says
+    stopped answering (pipeline/runtime/stacks.py): where it hung, in the test's report."""
+    import re
+
+    out = stderr[-3000:]
+    for path in re.findall(r"its threads' stacks are in (\S+)", stderr):
+        with contextlib.suppress(OSError):
+            out += f"\n--- {path}:\n" + Path(path).read_text()[-6000:]
+    return out
+
+
 def blobs(n: int = 3000, d: int = 40, seed: int = 0) -> np.ndarray:
     """Well-separated clusters: a clear spectral gap, so the solver converges in few passes."""
     from sklearn.datasets import make_blobs

@@ -109,6 +109,37 @@ def test_watch_refuses_the_next_activity_once_tripped(cluster):
                 pytest.fail("the next stage started after a worker stopped answering")
 
 
+def test_a_local_worker_that_stops_answering_leaves_its_threads_stacks(caplog):
+    """A worker of a local cluster the run started whose event loop is held (what a
+    deadlock or a call holding the GIL does: no heartbeat, no ``Client.run``): besides the
+    one-line WorkerTimeoutError, the log names a file that keeps every one of its threads'
+    stacks, written by the worker itself on SIGUSR1 (pipeline/runtime/stacks.py), and the
+    held function is in it."""
+    from pipeline.config import ClusterConfig
+    from pipeline.runtime.cluster import dask_client
+    from pipeline.runtime.liveness import WorkerTimeoutError, activity
+
+    async def _hold_the_event_loop(seconds):  # on the worker's event loop, blocking it
+        time.sleep(seconds)
+
+    cfg = ClusterConfig(n_workers=2, dashboard_address=None, worker_timeout=3)
+    caplog.set_level(logging.WARNING, logger="pipeline")
+    with pytest.raises(WorkerTimeoutError) as err:
+        with dask_client(cfg) as client, activity("stage 'ingest'"):
+            held = sorted(client.scheduler_info()["workers"])[0]
+            client.run(_hold_the_event_loop, 20, workers=[held], wait=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                client.submit(np.ones, 3, workers=[held], pure=False).result(timeout=60)
+    assert held in str(err.value)
+    kept = [r for r in caplog.records if "threads' stacks are in" in r.getMessage()]
+    assert len(kept) == 1 and held in kept[0].getMessage(), caplog.text
+    path = Path(kept[0].getMessage().rsplit(" are in ", 1)[1])
+    stacks = path.read_text()
+    path.unlink()
+    assert "most recent call first" in stacks and "_hold_the_event_loop" in stacks, stacks
+
+
 def test_no_activity_no_trip(cluster):
     """Between activities (nothing of the run is waiting) a frozen worker is not a failure."""
     from pipeline.runtime.liveness import watching
