@@ -25,6 +25,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -234,6 +235,7 @@ def main() -> None:
             result.update(plan_against(args, result, server, bucket, root, env))
     finally:
         stop_s3_server(server)
+        shutil.rmtree(root, ignore_errors=True)  # the run's local copies (GBs at 1M rows)
     tag = "run" if args.run_only else "plan"
     out = (
         Path(args.out)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ X = RNG.standard_normal((600, 4))
 
 
 PREFECT_HOME = tempfile.mkdtemp(prefix="kpca-cli-prefect-")
+atexit.register(shutil.rmtree, PREFECT_HOME, ignore_errors=True)
 
 
 def kpca(*args, cwd=None):

@@ -22,8 +22,10 @@ cluster: ``PREFECT_API_URL``) -- with:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,7 @@ NEW = RNG.normal(scale=1.5, size=(40, 4))
 #: a secret the server accepts (moto takes any), distinctive enough to search for
 SECRET = f"kpca-secret-{uuid.uuid4().hex}"
 PREFECT_HOME = tempfile.mkdtemp(prefix="kpca-s3-flows-prefect-")
+atexit.register(shutil.rmtree, PREFECT_HOME, ignore_errors=True)
 
 
 def _env(api: str | None = None) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +60,7 @@ def test_published_spectrum_far_from_origin_equals_reference(tmp_path, materiali
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "PREFECT_HOME": os.environ.get("PREFECT_HOME", tempfile.mkdtemp(prefix="kpca-pf-")),
+        "PREFECT_HOME": os.environ.get("PREFECT_HOME") or str(tmp_path / "prefect"),
     }
     r = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "run.yaml")]
