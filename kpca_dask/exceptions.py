@@ -17,6 +17,7 @@ __all__ = [
     "UnsafeRemovalError",
     "NotUpdatableError",
     "PartialFitUnavailableError",
+    "BasisLostError",
     "KpcaWarning",
     "ConvergenceWarning",  # noqa: F822 (built on first use by __getattr__)
     "DroppedComponentsWarning",
@@ -144,3 +145,9 @@ class NotUpdatableError(KpcaError, ValueError):
 class PartialFitUnavailableError(NotUpdatableError, AttributeError):
     """``partial_fit`` on an exact estimator: an AttributeError as well, so that
     ``hasattr(est, "partial_fit")`` is False for it (scikit-learn's checks, duck typing)."""
+
+
+class BasisLostError(KpcaError, ConnectionError):
+    """A Dask worker holding part of the solver's Krylov basis (``kpca.worker-basis``) was
+    lost during the fit: the basis cannot be rebuilt from the others, so the fit stops.
+    A ConnectionError (an OSError): an environment failure, worth running again."""

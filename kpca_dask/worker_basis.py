@@ -37,8 +37,9 @@ the tree of sums, ``ceil(P / 4)`` cut tasks and a task per panel storing the res
 about six ``Client.run`` round trips (centring and ``W^T Y``; two of CGS2; two of CholQR2;
 the residual's ``Q_next^T Y``), each ``O(L c)`` numbers a panel.
 
-Limits: a lost worker loses its panels (the solve fails; the per-worker driver's resident
-rows are recomputed elsewhere, the basis is not); subspace iteration and mixed precision
+Limits: a lost worker loses its panels: the fit stops with one :class:`BasisLostError`
+naming it and its rows (the per-worker driver's resident rows are recomputed elsewhere,
+the basis is not); subspace iteration and mixed precision
 keep the basis on the caller.
 """
 
@@ -53,7 +54,7 @@ import numpy as np
 import scipy.linalg
 from dask.base import tokenize
 
-from .exceptions import ConvergenceWarning
+from .exceptions import BasisLostError, ConvergenceWarning
 from .solvers._common import EigResult, deterministic_signs
 from .solvers.certificate import certify, not_converged_message
 from .solvers.krylov_basis import COND_CHOLQR
@@ -231,7 +232,7 @@ class PanelBasis:
     def run(self, ops: list[tuple]) -> list[Any]:
         """``ops`` on every panel; the outputs summed (Grams, column sums) or listed."""
         self.round_trips += 1
-        got = self.client.run(run_ops, self.store, ops, workers=self.workers)
+        got = self._run_on(self.workers, ops)
         per = [got[w] for w in self.workers]
         kinds = [op[0] for op in ops if op[0] in ("tn", "colsum", "qr_r", "get")]
         merged: list[Any] = []
@@ -248,9 +249,37 @@ class PanelBasis:
     def put_rows(self, name: str, fill) -> None:
         """``fill(p, rows)`` -> the panel's rows of ``name`` (one panel at a time)."""
         for p, w in enumerate(self.workers):
-            self.client.run(
-                run_ops, self.store, [("put", name, fill(p, self.rows[p]))], workers=[w]
-            )
+            self._run_on([w], [("put", name, fill(p, self.rows[p]))])
+
+    def _run_on(self, workers: list[str], ops: list[tuple]) -> dict[str, Any]:
+        """``run_ops`` on ``workers`` by ``Client.run``; a lost worker (its connection
+        closed, refused or timed out; or its panel gone: restarted at the same address) is
+        one :class:`BasisLostError` naming it and its rows, never a partial answer."""
+        try:
+            got = self.client.run(run_ops, self.store, ops, workers=workers)
+            missing = [w for w in workers if w not in got]
+        except (OSError, KeyError) as exc:
+            self._lost(exc)
+        if missing:
+            self._lost(KeyError(missing))
+        return got
+
+    def _lost(self, exc: BaseException) -> None:
+        try:
+            alive = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:  # noqa: BLE001 - the scheduler is gone too: name them all
+            alive = set()
+        lost = [p for p, w in enumerate(self.workers) if w not in alive] or list(range(self.P))
+        starts = np.cumsum([0, *self.rows])
+        who = "; ".join(
+            f"{self.workers[p]} (rows {starts[p]}-{starts[p + 1] - 1})" for p in lost
+        )
+        raise BasisLostError(
+            f"lost the Dask worker(s) holding part of the solver's Krylov basis during the "
+            f"fit: {who} ({type(exc).__name__}: {exc}); the basis cannot be rebuilt from the "
+            "other workers, so the fit stopped. Run it again (a pipeline run resumes at the "
+            "solve), or set kpca.worker-basis: false to keep the basis on the client."
+        ) from exc
 
     def gather(self, name: str) -> np.ndarray:
         """The whole array (the result's gather, at the end)."""

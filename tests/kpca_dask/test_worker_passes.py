@@ -321,6 +321,55 @@ def test_the_basis_on_the_workers_equals_the_callers_scipy_and_sklearn(five_work
 
 
 @pytest.mark.cluster
+def test_a_worker_lost_with_its_basis_panel_stops_the_fit_naming_it(monkeypatch):
+    """A worker SIGKILLed between two of the basis's round trips takes its panel with it:
+    the fit raises one BasisLostError naming the worker and its rows (an OSError: the
+    pipeline's environment failure, re-run to resume), never a basis with a hole in it."""
+    import os
+    import signal
+
+    from distributed import Client, LocalCluster
+
+    from kpca_dask.exceptions import BasisLostError
+    from kpca_dask.worker_basis import PanelBasis
+
+    X, _ = make_blobs(3000, n_features=5, centers=6, random_state=3)
+    run, calls, victim = PanelBasis.run, [], {}
+
+    def killing(self, program):
+        calls.append(program)
+        if len(calls) == 4:  # past the first block: the panels hold the basis
+            victim["addr"] = self.workers[0]
+            os.kill(pids[victim["addr"]], signal.SIGKILL)
+        return run(self, program)
+
+    monkeypatch.setattr(PanelBasis, "run", killing)
+    with (
+        # the in-process scheduler's broadcast gives up on the dead worker after 5 s, not 30
+        dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
+        LocalCluster(
+            n_workers=3,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            memory_limit="1GiB",
+            silence_logs=logging.CRITICAL,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        pids = client.run(os.getpid)
+        with pytest.raises(BasisLostError) as err:
+            with dask.config.set({"kpca.execution": "cluster", **WORKERS}):
+                KernelPCA(5, kernel="rbf", gamma=0.05, chunk_size=500, random_state=0).fit(X)
+    msg = str(err.value)
+    assert isinstance(err.value, OSError)
+    assert f"{victim['addr']} (rows 0-" in msg and "Krylov basis" in msg
+    assert "kpca.worker-basis: false" in msg and "\n" not in msg
+    assert len(calls) == 4  # nothing ran on the broken basis after the loss
+
+
+@pytest.mark.cluster
 @pytest.mark.parametrize("kernel, kp", [("linear", {}), ("rbf", {"gamma": 0.02})])
 def test_a_rank_deficient_kernel_gives_its_pairs_not_a_wrong_answer(
     five_workers, kernel, kp, monkeypatch
