@@ -111,6 +111,26 @@ def pass_tasks(n_workers: int, n_blocks: int, fan_in: int = REDUCE_FAN_IN) -> in
     return shares + reduction_tasks(shares, fan_in)
 
 
+def panel_starts(row_chunks: Sequence[int], n_workers: int) -> np.ndarray:
+    """The first row block of each row panel of the basis (and ``nb`` last): at most
+    ``n_workers`` panels of whole row blocks with about equal rows."""
+    offsets = np.concatenate([[0], np.cumsum([int(c) for c in row_chunks])]).astype(int)
+    n, nb = int(offsets[-1]), len(row_chunks)
+    bounds = np.searchsorted(offsets, np.linspace(0, n, int(n_workers) + 1), side="left")
+    return np.unique(np.clip(bounds, 0, nb))
+
+
+def basis_pass_tasks(
+    row_chunks: Sequence[int], n_workers: int, fan_in: int = REDUCE_FAN_IN
+) -> int:
+    """Tasks of one Krylov pass with the basis on the workers (:mod:`.worker_basis`): a
+    publish, a cut and a store task a panel (the cuts grouped ``fan_in`` panels a task)
+    around the pass's share tasks and tree, ``3 P + W + R(W) + ceil(P / f)``."""
+    nb = len(row_chunks)
+    panels = len(panel_starts(row_chunks, n_workers)) - 1
+    return 2 * panels + pass_tasks(n_workers, nb, fan_in) + panels + math.ceil(panels / fan_in)
+
+
 def tile_side(n_blocks: int, n_workers: int) -> int:
     """Block pairs per side of a tile of :func:`assign_pairs`."""
     return max(1, math.floor(n_blocks / math.sqrt(2 * max(1, n_workers))))
@@ -340,12 +360,7 @@ class WorkerPasses:
     def panel_bounds(self) -> np.ndarray:
         """The first row block of each row panel (and ``nb`` last): at most ``W`` panels
         of whole row blocks with about equal rows; panel ``p`` lives on worker ``p``."""
-        K = self.K
-        offsets = self.offsets()
-        bounds = np.searchsorted(
-            offsets, np.linspace(0, K.n, len(self.workers) + 1), side="left"
-        )
-        return np.unique(np.clip(bounds, 0, K.n_blocks))
+        return panel_starts(self.K.row_chunks, len(self.workers))
 
     def offsets(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.K.row_chunks)]).astype(int)

@@ -7,10 +7,11 @@ Chosen by ``estimate(..., driver="workers")``; ``driver="blocks"`` (the default)
 the block drivers as they run today (:mod:`.price_exact`, :mod:`.price_nystroem`).
 
 The counts are those of the exact solver's per-worker driver (kpca_dask/worker_passes.py,
-``kpca.exact-driver: workers``): :data:`WORKER_TASKS` task a worker a pass and a tree of
-sums with fan-in 4 over the workers' partials -- independent of n. Nyström has no
-per-worker driver yet and is priced with the same counts; the driver does not yet keep
-the basis on the workers, which this price assumes.
+``kpca.exact-driver: workers``, with ``kpca.worker-basis``): :data:`WORKER_TASKS` task a
+worker a pass and a tree of sums with fan-in 4 over the workers' partials, and around them
+a publish, a cut and a store task a row panel of the basis (``basis_pass_tasks``) and
+:data:`BASIS_ROUND_TRIPS` ``Client.run`` round trips -- independent of n. Nyström has no
+per-worker driver yet and is priced with the share and tree counts alone.
 
 The arithmetic a pass does is the block drivers' (each upper block evaluated, or read
 from the kept blocks, and used twice); what changes is what surrounds it: the
@@ -31,11 +32,17 @@ import math
 from .pricing import TASK_GRAPH_BYTES, _Fit, _kernel_evals, _Priced
 from .rates import EIGH_EFFICIENCY
 
-__all__ = ["WORKER_TASKS", "worker_pass_tasks"]
+__all__ = ["BASIS_ROUND_TRIPS", "WORKER_TASKS", "worker_pass_tasks"]
 
 #: Tasks a worker runs in one pass of the per-worker driver (kpca_dask/worker_passes.py:
 #: one share task a worker, its threads splitting the share inside the task).
 WORKER_TASKS = 1
+
+#: ``Client.run`` round trips a Krylov pass of the basis on the workers makes
+#: (kpca_dask/worker_basis.py: centring and ``W^T Y``, CGS2, CholQR2, the residual's
+#: ``Q_next^T Y``); measured 7 a pass on 3 and 5 workers, at n = 1000 and 4000
+#: (tests/kpca_dask/test_worker_passes.py checks it)
+BASIS_ROUND_TRIPS = 7
 
 
 def worker_pass_tasks(workers: int, per_worker: int = WORKER_TASKS) -> tuple[int, int]:
@@ -68,9 +75,13 @@ def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
     pairs = None
     if kernel_cache == "auto":
         kernel_cache, pairs = _auto_cache(f.chunks, item, cl, f.passes, f.assumptions)
+    from ..worker_passes import basis_pass_tasks
+
     c, p, p_range = _exact_passes(f)
     work, reduce = worker_pass_tasks(W)
-    tasks = work + reduce
+    # the basis on the workers (kpca.worker-basis): a publish, a cut and a store task a
+    # row panel around the shares and their tree (the count the driver runs)
+    tasks = basis_pass_tasks(f.chunks, W)
     evals = _kernel_evals(f.chunks, item)
     split = _cache_split(f, kernel_cache, pairs, evals)
     # the block tasks' arithmetic as the block drivers do it, on every core, no last round
@@ -90,7 +101,7 @@ def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
     def pass_parts(t_c: float) -> dict[str, float]:
         return {
             "compute": t_c + ortho,
-            "scheduler": tasks * f.ts + (depth + 1) * f.rt,
+            "scheduler": tasks * f.ts + (depth + 1 + BASIS_ROUND_TRIPS) * f.rt,
             "network": (2 * n * c * item + depth * 2 * n * c * item / W) / f.net
             if cl.distributed
             else 0.0,
@@ -110,9 +121,10 @@ def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
     )
     mem_client = float(6 * basis * basis * 8)
     f.assumptions.append(
-        f"per-worker driver: {WORKER_TASKS} task a worker and {reduce} reduction tasks a "
-        "pass (kpca_dask/worker_passes.py's counts); the basis priced in row panels on the "
-        "workers, which the driver does not do yet (it stays on the client)"
+        f"per-worker driver with the basis on the workers: {tasks} tasks a pass ({work} "
+        f"share, {reduce} reduction, the rest the basis's row panels: "
+        "kpca_dask/worker_passes.py's basis_pass_tasks) and "
+        f"{BASIS_ROUND_TRIPS} Client.run round trips"
     )
     return _Priced(
         passes=p,

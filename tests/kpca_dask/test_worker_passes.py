@@ -16,12 +16,14 @@ import scipy.linalg
 from sklearn.datasets import make_blobs
 
 from kpca_dask import KernelPCA
+from kpca_dask.cost.price_workers import BASIS_ROUND_TRIPS
 from kpca_dask.gram import BlockKernelMatrix
 from kpca_dask.kernels import make_kernel
 from kpca_dask.worker_passes import (
     DRIVER_CONFIG,
     REDUCE_FAN_IN,
     assign_pairs,
+    basis_pass_tasks,
     pass_tasks,
     reduction_tasks,
     share_product,
@@ -478,5 +480,9 @@ def test_a_solver_pass_with_the_worker_basis_is_flat_in_n(five_workers):
         K.release_cache()
         per_pass = t3 - t2  # one more Krylov pass (the rows' placement cancels)
         assert per_pass <= 4 * w + reduction_tasks(w)
+        # the count the cost model prices (kpca plan --driver workers)
+        assert per_pass == basis_pass_tasks(K.row_chunks, w)
+        trips = got[3].info["basis_round_trips"] - got[2].info["basis_round_trips"]
+        assert trips == BASIS_ROUND_TRIPS  # and the round trips it prices
         counts[n] = per_pass
     assert counts[1000] == counts[4000]
