@@ -29,6 +29,7 @@ from kpca_dask.worker_passes import (
     share_product,
     sum_shares,
 )
+from tests.clusters import local_cluster
 
 WORKERS = {DRIVER_CONFIG: "workers"}
 
@@ -96,18 +97,10 @@ def test_an_unknown_driver_is_refused():
 @pytest.fixture(scope="module")
 def five_workers():
     """A LocalCluster of 5 one-thread worker processes: two levels of the sum tree."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     with (
-        LocalCluster(
-            n_workers=5,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            memory_limit="1GiB",
-            silence_logs=logging.ERROR,
-        ) as cluster,
+        local_cluster(5) as cluster,
         Client(cluster) as client,
     ):
         client.wait_for_workers(5, timeout=60)
@@ -330,7 +323,7 @@ def test_a_worker_lost_with_its_basis_panel_stops_the_fit_naming_it(monkeypatch)
     import os
     import signal
 
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from kpca_dask.exceptions import BasisLostError
     from kpca_dask.worker_basis import PanelBasis
@@ -349,15 +342,7 @@ def test_a_worker_lost_with_its_basis_panel_stops_the_fit_naming_it(monkeypatch)
     with (
         # the in-process scheduler's broadcast gives up on the dead worker after 5 s, not 30
         dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
-        LocalCluster(
-            n_workers=3,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            memory_limit="1GiB",
-            silence_logs=logging.CRITICAL,
-        ) as cluster,
+        local_cluster(3, silence_logs=logging.CRITICAL) as cluster,
         Client(cluster) as client,
     ):
         pids = client.run(os.getpid)

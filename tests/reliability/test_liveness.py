@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.clusters import local_cluster
+
 pytestmark = [pytest.mark.distributed, pytest.mark.cluster]
 
 
@@ -30,18 +32,10 @@ pytestmark = [pytest.mark.distributed, pytest.mark.cluster]
 def cluster():
     """Two single-threaded worker processes on 127.0.0.1 (no nanny: a worker's pid is the
     worker), a client, and each worker's pid by address."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            memory_limit="1GiB",
-            silence_logs=logging.ERROR,
-        ) as lc,
+        local_cluster(2) as lc,
         Client(lc) as client,
     ):
         pids = client.run(os.getpid)
