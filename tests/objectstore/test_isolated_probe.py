@@ -343,7 +343,8 @@ def test_worker_stopped_before_the_probe_is_named(iso, base, bucket, s3_server):
     assert res.returncode == 1, res.stderr[-3000:]
     line = _last_line(res)
     assert line.startswith("kpca transform: error: ")
-    assert frozen in line and "during the visibility probe" in line
+    # (once, at a load of 8 on 2 cores, the line named the worker but not the probe)
+    assert frozen in line and "during the visibility probe" in line, line
     assert "within 5 s" in line or "more than 5 s" in line
     live = [a for a in pids if a != frozen]
     assert not any(a in line for a in live)  # the one that answered is not blamed

@@ -37,6 +37,16 @@ REPLACING = {"replace", "rename", "renames", "move"}
 #: (file, function, call) -> why it is safe
 ALLOWED = {
     (
+        "pipeline/runtime/stacks.py",
+        "teardown",
+        "remove",
+    ): "a local worker's own stack file (<tmp>/kpca-worker-<pid>.stacks), made in setup",
+    (
+        "pipeline/runtime/stacks.py",
+        "forget",
+        "remove",
+    ): "the stack files the run's own local workers made (<tmp>/kpca-worker-<pid>.stacks)",
+    (
         "pipeline/output/store.py",
         "atomic_write_json",
         "unlink",
