@@ -13,7 +13,7 @@ The nights (one slot each, the batches landed in the slot's folder
  s2   a's bytes again under another name: "already merged", no new version
  s3   two batches in one night, merged in name order
  s4   nothing (the two-batch night may overrun its minute: this one catches up)
- s5   nothing; then the worker is killed (an outage) before s6 fires
+ s5   nothing; then the worker is killed (an outage) before it takes s6
  s6   one batch, missed: the worker is down
  s7   one batch, missed; the worker restarts after it: s6 and s7 run late, in order
  s8   one batch; the flow-run process is SIGKILLed mid-merge (a half-written version
@@ -33,7 +33,9 @@ ids unique, the series' address names the last merge, the versions kept are with
 output.keep_versions, and ``kpca info``, ``open_run`` and a plain pyarrow reader that
 cannot import kpca_dask or pipeline read it. No credential reaches the Prefect server.
 
-Slow: about 17 minutes per store here (2 cores; measured times in the test's docstring).
+Slow: 16 to 22 minutes per store here (2 cores; measured times in the test's docstring).
+The deadlines are generous: on a loaded host the nights fall behind their minutes (one
+S3 night took up to 100 s) and catch up in the empty slots and after the last one.
 """
 
 from __future__ import annotations
@@ -141,7 +143,8 @@ def _sleep_until(t: datetime.datetime) -> None:
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monkeypatch):
-    """(slow: measured here, 2 cores: local ~? min, s3 ~? min.)"""
+    """(slow: measured on 2026-11-28 here, 2 cores, both params at once beside other
+    work, load 5-9: local 976 s, s3 1319 s.)"""
     t_test = time.monotonic()
     secret = "kpca-canary-secret-" + uuid.uuid4().hex
     creds = {**CREDENTIAL_ENV, "AWS_SECRET_ACCESS_KEY": secret}
@@ -280,12 +283,28 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
             return time.monotonic() + (t - datetime.datetime.now(datetime.UTC)).total_seconds()
 
         wenv = {**env, **creds}  # the worker's environment: the only one with credentials
-        # 4a. the worker runs s0..s5; then an outage: killed (idle) before s6 fires
+
+        # 4a. the worker runs s0..s5; then an outage: the worker is killed while idle,
+        # with s6 not taken. On a loaded host the nights fall behind their minutes, so the
+        # test gets its idle moment from the pool: paused once s5 runs (the pool's limit
+        # of 1 keeps s6 out meanwhile), the worker killed when s5 is done, the pool
+        # resumed: from then on only the missing worker keeps the due nights waiting
+        def pool_paused(paused: bool) -> None:
+            r = httpx.patch(
+                f"{api}/work_pools/kpca-process", json={"is_paused": paused}, timeout=30
+            )
+            assert r.status_code == 204, r.text
+
         with worker(wenv, wlog):
-            wait_for(lambda: done(5), mono(times[6]) - 15, "s5 finished 15 s before s6")
+            taken = ("PENDING", "RUNNING", *TERMINAL)
+            wait_for(lambda: state(5)["state_type"] in taken, mono(times[5]) + 600, "s5 taken")
+            pool_paused(True)
+            wait_for(lambda: done(5), mono(times[5]) + 900, "s5 finished")
+            assert state(6)["state_type"] == "SCHEDULED", state(6)  # not taken
+        pool_paused(False)
         outage = datetime.datetime.now(datetime.UTC)
-        assert outage < times[6] - datetime.timedelta(seconds=10), (outage, times[6])
-        _sleep_until(times[7] + datetime.timedelta(seconds=20))
+        _sleep_until(max(times[7], outage) + datetime.timedelta(seconds=20))
+        restart = datetime.datetime.now(datetime.UTC)
         for i in OUTAGE:
             assert state(i)["state_type"] == "SCHEDULED", state(i)  # late, waiting
 
@@ -301,7 +320,7 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
                 unnamed = set(version_ids(loc)) - named_ids(read_pointer(loc))
                 return next(iter(unnamed), None)
 
-            half = wait_for(half_written, mono(times[KILLED]) + 400, "s8 mid-merge")
+            half = wait_for(half_written, mono(times[KILLED]) + 600, "s8 mid-merge")
             before = read_pointer(Location.at(series, opts))["version"]
             proc = _flow_process(w.pid, ids[KILLED])
             assert proc is not None, "the flow-run process of s8 was not found"
@@ -318,7 +337,7 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
             assert half in version_ids(Location.at(series, opts))  # left, named by nothing
 
             # 4c. the next night works, and does not take s8's batch (its own folder only)
-            nxt = wait_for(lambda: done(KILLED + 1), mono(times[KILLED + 1]) + 400, "s9")
+            nxt = wait_for(lambda: done(KILLED + 1), mono(times[KILLED + 1]) + 600, "s9")
             assert nxt["state_type"] == "COMPLETED", (nxt["state"], tail())
             m = open_run(series, storage_options=opts).manifest
             got = [e["source"]["path"] for e in m["update"]["rows"][1:]]
@@ -337,7 +356,7 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
             _sleep_until(times[-1] + datetime.timedelta(seconds=5))
             sched = deployment["schedules"][0]["id"]
             _prefect(env, "--no-prompt", "deployment", "schedule", "pause", DEPLOYMENT, sched)
-            final = mono(times[-1]) + 480
+            final = mono(times[-1]) + 900
             for rid in [*ids, rerun["id"]]:
                 wait_for(lambda rid=rid: done(rid), final, f"run {rid} finished")
             wait_for(
@@ -357,6 +376,13 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
         assert secret.encode() not in server_db  # no credential in the server's database
 
     # 5. what the nights did
+    named = [(f"s{i}", times[i], rid) for i, rid in enumerate(ids)]
+    for label, slot, rid in [*named, (f"re-run of s{KILLED}", times[KILLED], rerun["id"])]:
+        r = runs[rid]
+        print(
+            f"{label} ({slot:%H:%M}): {r['state_type']}, ran {r['start_time']} to "
+            f"{r['end_time']}, merged {expected[rid]}"
+        )
     states = {i: runs[ids[i]]["state_type"] for i in range(len(PLAN))}
     want = {i: "COMPLETED" for i in range(len(PLAN))} | {KILLED: "CRASHED", BAD: "FAILED"}
     assert states == want, (states, tail())
@@ -371,7 +397,7 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
     started = [_utc(runs[r]["start_time"]) for r in ids if runs[r]["start_time"]]
     assert started == sorted(started), started
     for i in OUTAGE:
-        assert _utc(runs[ids[i]]["start_time"]) > times[OUTAGE[-1]], runs[ids[i]]
+        assert _utc(runs[ids[i]]["start_time"]) > restart, runs[ids[i]]
     # unplanned runs (one due before s0, before the worker started): no-op nights
     for r in runs.values():
         if r["id"] not in expected:
@@ -400,6 +426,10 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
     assert len(history_ids(pointer)) <= keep, pointer["history"]
     complete = [v for v in version_ids(loc) if version_manifest(loc, v) is not None]
     assert set(complete) <= named_ids(pointer), (complete, pointer["history"])
+    assert len(complete) <= keep, complete  # retention_grace_hours 0: deleted at once
+    # the only unfinished folder: the killed night's, until a writer finds it older than
+    # a lease (10 minutes)
+    assert set(version_ids(loc)) - set(complete) <= {half}, version_ids(loc)
     print(
         f"\n{where}: {time.monotonic() - t_test:.0f} s; complete versions on the store "
         f"{len(complete)}, kept {len(history_ids(pointer))} (keep_versions {keep}); "
