@@ -10,10 +10,20 @@
   ``{date}`` is formatted with Python's ``format`` (``{date:%Y%m%d}``, ``{date:%Y/%m/%d}``)
   and the result is read as one of the above.
 
-Batches are ordered by name (their full path), which is their date when the names carry
-one. A batch's identity is what the series records and compares: the SHA-256 of its bytes
-(every file of a multi-file batch is one batch per file here), its size and, where the
-store reports them, its ETag and object version.
+**Catch-up of a template.** A night reads its own date's batches and every earlier date's
+not merged yet, back to the oldest date the series has merged a batch of (``since``):
+a killed or failed night's batches are merged by the next night that runs, oldest date
+first. Dates are read back from the matched names with the template's own format; a name
+that does not parse is not a dated batch and is left alone. Before a series has merged
+a dated batch, a night reads its own date only.
+
+Batches are ordered by date, then name (their full path). A batch's identity is what the
+series records and compares: the SHA-256 of its bytes (every file of a multi-file batch
+is one batch per file here), its size and, where the store reports them, its ETag and
+object version; a local file's modification time. A file whose path, size and ETag (or
+object version; locally, modification time) equal a merged batch's is that batch, without
+reading its bytes again: a night over a year of landed batches lists them and hashes only
+the new ones.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from __future__ import annotations
 import datetime
 import glob as _glob
 import hashlib
+import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +40,19 @@ from pipeline.output import Location
 
 from ..errors import UserError
 
-__all__ = ["Batch", "batch_identity", "pending_batches", "resolve_batches"]
+__all__ = [
+    "Batch",
+    "batch_identity",
+    "dated_batches",
+    "pending_batches",
+    "quick_key",
+    "resolve_batches",
+]
+
+logger = logging.getLogger("pipeline")
 
 _GLOB = "*?["
+_DATE = re.compile(r"\{date(?::([^{}]*))?\}")
 
 
 class BatchSpecError(UserError, ValueError):
@@ -113,34 +135,168 @@ def _url(loc: Location, fs_path: str) -> str:
     return f"{proto}://{fs_path.lstrip('/')}"
 
 
+class _Template:
+    """A ``{date}`` template's dated matches: the glob that finds every date's files and
+    the pattern that reads a matched file's date back (in the fs form of the paths)."""
+
+    def __init__(self, spec: str, storage_options: dict[str, Any] | None, sample):
+        from ..config import absolute_path
+
+        self.fmts = [m.group(1) or "" for m in _DATE.finditer(spec)]
+        marked = spec
+        for i in range(len(self.fmts)):
+            marked = _DATE.sub(f"KPCADATEFIELD{i}X", marked, count=1)
+        self.loc = Location.at(absolute_path(marked), storage_options)
+        fpath = self.loc.fs_path
+        glob, regex = fpath, ""
+        parts = re.split(r"KPCADATEFIELD(\d+)X", fpath)
+        for k, part in enumerate(parts):
+            if k % 2:  # a date field: as many path segments as its value has
+                slashes = format(sample, self.fmts[int(part)]).count("/")
+                glob = glob.replace(f"KPCADATEFIELD{part}X", "/".join(["*"] * (slashes + 1)))
+                regex += "(.+?)"
+            else:
+                regex += _glob_regex(part)
+        self.glob = glob
+        self.pattern = re.compile(regex)
+
+    def date_of(self, fs_path: str) -> datetime.datetime | None:
+        """The date a matched path names (naive, the template's clock), None if it does
+        not parse with the template's format."""
+        m = self.pattern.fullmatch(fs_path.rstrip("/"))
+        if not m:
+            return None
+        values = list(m.groups())
+        try:
+            if "" in self.fmts:  # bare {date}: str(datetime), read back as ISO
+                got = datetime.datetime.fromisoformat(values[self.fmts.index("")])
+                return got.replace(tzinfo=None)
+            return datetime.datetime.strptime("\x1f".join(values), "\x1f".join(self.fmts))
+        except ValueError:
+            return None
+
+    def floor(self, when: datetime.datetime) -> datetime.datetime:
+        """``when`` at the template's resolution (the date its name would carry)."""
+        fields = [format(when, f) if f else str(when) for f in self.fmts]
+        if "" in self.fmts:
+            got = datetime.datetime.fromisoformat(fields[self.fmts.index("")])
+            return got.replace(tzinfo=None)
+        return datetime.datetime.strptime("\x1f".join(fields), "\x1f".join(self.fmts))
+
+
+def _glob_regex(text: str) -> str:
+    """A regex matching what the glob ``text`` matches within path segments."""
+    out, i = "", 0
+    while i < len(text):
+        c = text[i]
+        if c == "*":
+            out += "[^/]*"
+        elif c == "?":
+            out += "[^/]"
+        elif c == "[" and "]" in text[i + 2 :]:
+            j = text.index("]", i + 2)
+            body = text[i + 1 : j]
+            out += "[" + ("^" + body[1:] if body.startswith("!") else body) + "]"
+            i = j
+        else:
+            out += re.escape(c)
+        i += 1
+    return out
+
+
+def dated_batches(
+    spec: str,
+    storage_options: dict[str, Any] | None,
+    *,
+    logical_date: datetime.datetime,
+    since: list[str] | None = None,
+) -> list[tuple[str, bool]]:
+    """A template's batches for a night: ``(path, tonight)`` for every file its dates from
+    the oldest date among ``since`` (paths of merged batches; those the template does not
+    match are ignored) to ``logical_date`` name, sorted by date, then name. ``tonight``:
+    the file is one ``spec`` formatted on ``logical_date`` names. With no ``since`` that
+    the template matches: tonight's files only (:func:`resolve_batches`)."""
+    tonight = resolve_batches(spec, storage_options, logical_date=logical_date)
+    tpl = _Template(spec, storage_options, logical_date)
+    dates = [d for d in (tpl.date_of(_fs_form(p)) for p in since or []) if d is not None]
+    if not dates:
+        return [(p, True) for p in tonight]
+    first, last = min(dates), tpl.floor(logical_date)
+    loc, fs = tpl.loc, tpl.loc.fs
+    if not loc.is_local:
+        loc.refresh()
+    found = []
+    for p in fs.glob(tpl.glob):
+        name = str(p).rstrip("/").rpartition("/")[2]
+        if _skipped(name) or fs.isdir(p):
+            continue
+        when = tpl.date_of(str(p))
+        if when is not None and first <= when <= last:
+            found.append((when, str(p)))
+    mine = set(tonight)
+    out = [(_url(loc, p), _url(loc, p) in mine) for _, p in sorted(found)]
+    have = {p for p, _ in out}
+    return out + [(p, True) for p in tonight if p not in have]
+
+
+def _fs_form(url: str) -> str:
+    """A path or URL as its file system names it (no scheme)."""
+    return url.split("://", 1)[1] if "://" in url else url
+
+
+def quick_key(identity: dict[str, Any]) -> tuple | None:
+    """What names a batch's bytes without reading them: its path and size with the
+    store's ETag or object version, or a local file's modification time (None: nothing
+    to compare but the digest)."""
+    mark = identity.get("etag") or identity.get("version_id") or identity.get("mtime")
+    if not identity.get("path") or mark is None or identity.get("size") is None:
+        return None
+    return (str(identity["path"]), int(identity["size"]), str(mark))
+
+
+def _listed_key(path: str, storage_options: dict[str, Any] | None = None) -> tuple | None:
+    """:func:`quick_key` of the file at ``path`` from its listing (no bytes read)."""
+    loc = Location.at(path, storage_options)
+    try:
+        info = loc.fs.info(loc.fs_path)
+    except (FileNotFoundError, OSError):
+        return None
+    if info.get("type") == "directory":
+        return None
+    return quick_key({"path": path, "size": info.get("size"), **_marks(info, loc.is_local)})
+
+
+def _marks(info: dict[str, Any], local: bool) -> dict[str, Any]:
+    etag = info.get("ETag") or info.get("etag")
+    version = info.get("VersionId") or info.get("version_id") or info.get("generation")
+    return {
+        "etag": str(etag).strip('"') if etag else None,
+        "version_id": str(version) if version not in (None, "", "null") else None,
+        **({"mtime": repr(float(info["mtime"]))} if local and info.get("mtime") else {}),
+    }
+
+
 def batch_identity(path: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"path", "sha256", "size", "etag", "version_id"}`` of the batch at ``path``: the
     SHA-256 of its bytes (a folder batch, e.g. a zarr store: of its files' names and
-    bytes, in order), and the store's ETag and object version where it has them."""
+    bytes, in order), and the store's ETag and object version where it has them; a local
+    file's ``mtime`` too (:func:`quick_key`)."""
     loc = Location.at(path, storage_options)
     fs, fpath = loc.fs, loc.fs_path
     if not loc.is_local:
         loc.refresh()
     h = hashlib.sha256()
     size = 0
-    etag = version = None
+    marks: dict[str, Any] = {"etag": None, "version_id": None}
     if fs.isdir(fpath):
         files = sorted(str(p) for p in fs.find(fpath))
         for f in files:
             h.update(f[len(fpath) :].encode() + b"\0")
             size += _hash_file(fs, f, h)
     else:
-        info = fs.info(fpath)
-        etag = info.get("ETag") or info.get("etag")
-        version = info.get("VersionId") or info.get("version_id") or info.get("generation")
+        marks = _marks(fs.info(fpath), loc.is_local)
         size = _hash_file(fs, fpath, h)
-    return {
-        "path": path,
-        "sha256": "sha256:" + h.hexdigest(),
-        "size": int(size),
-        "etag": str(etag).strip('"') if etag else None,
-        "version_id": str(version) if version not in (None, "", "null") else None,
-    }
+    return {"path": path, "sha256": "sha256:" + h.hexdigest(), "size": int(size), **marks}
 
 
 def _hash_file(fs, path: str, h) -> int:
@@ -158,19 +314,52 @@ def pending_batches(
     storage_options: dict[str, Any] | None = None,
     *,
     logical_date: datetime.datetime | None = None,
+    sources: list[tuple[dict[str, Any], str]] | None = None,
 ) -> tuple[list[Batch], list[tuple[Batch, str]]]:
     """``(pending, done)``: the batches ``spec`` names, oldest first, split by whether the
     series merged them already (``merged``: digest -> the version that merged it,
     :func:`pipeline.series.merged.merged_sources`); a batch whose bytes appear twice under
-    two names is pending once."""
+    two names is pending once.
+
+    ``sources``: the merged batches' identities with their versions
+    (:func:`pipeline.series.merged.merged_entries`). A template then catches up
+    (:func:`dated_batches`), and a file whose :func:`quick_key` is a merged batch's is
+    done without reading it. ``done`` lists the batches of tonight's date (and every
+    batch, for a spec that is no template); earlier dates' merged batches are not news."""
+    sources = sources or []
+    known = {k: (src, vid) for src, vid in sources if (k := quick_key(src)) is not None}
+    if _DATE.search(spec) and sources:
+        when = logical_date or datetime.datetime.now(datetime.UTC)
+        since = [str(src.get("path")) for src, _ in sources if src.get("path")]
+        found = dated_batches(spec, storage_options, logical_date=when, since=since)
+    else:
+        found = [
+            (p, True) for p in resolve_batches(spec, storage_options, logical_date=logical_date)
+        ]
     pending: list[Batch] = []
     done: list[tuple[Batch, str]] = []
     seen: set[str] = set()
-    for p in resolve_batches(spec, storage_options, logical_date=logical_date):
+    hashed = 0
+    for p, tonight in found:
+        hit = known.get(_listed_key(p, storage_options)) if known else None
+        if hit is not None:
+            if tonight:
+                done.append((Batch(p, {**hit[0], "path": p}), hit[1]))
+            continue
         b = Batch(p, batch_identity(p, storage_options))
+        hashed += 1
         if b.digest in merged:
-            done.append((b, merged[b.digest]))
+            if tonight:
+                done.append((b, merged[b.digest]))
+            else:
+                logger.info(
+                    "series: %s holds the bytes of a merged batch (version %s); skipped",
+                    p,
+                    merged[b.digest],
+                )
         elif b.digest not in seen:
             seen.add(b.digest)
             pending.append(b)
+    if len(found) > len(pending):
+        logger.debug("series: %d batches listed, %d read to compare", len(found), hashed)
     return pending, done

@@ -10,7 +10,13 @@ from pipeline.output import Location
 
 from ..errors import UserError
 
-__all__ = ["BatchAlreadyMerged", "check_base_current", "merged_by", "merged_sources"]
+__all__ = [
+    "BatchAlreadyMerged",
+    "check_base_current",
+    "merged_by",
+    "merged_entries",
+    "merged_sources",
+]
 
 
 class BatchAlreadyMerged(UserError):
@@ -40,6 +46,16 @@ def merged_sources(manifest: dict[str, Any]) -> dict[str, str]:
         if src.get("sha256"):
             out.setdefault(str(src["sha256"]), _version_id(e.get("run")))
     return out
+
+
+def merged_entries(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """``(source, version id)`` of every batch the run's lineage records as merged, in the
+    order they were merged."""
+    return [
+        (dict(e["source"]), _version_id(e.get("run")))
+        for e in (manifest.get("update") or {}).get("rows") or []
+        if (e.get("source") or {}).get("sha256")
+    ]
 
 
 def merged_by(manifest: dict[str, Any], identity: dict[str, Any]) -> str | None:

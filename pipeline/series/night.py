@@ -6,8 +6,12 @@ One version per batch, not one per night: each version's lineage entry is one ba
 "which version merged this batch" has one answer, a bad batch costs only itself (the
 batches before it are published; the night goes on with the ones after it and fails at
 the end naming it), and a killed night resumes at the batch it was in (work/ keeps its
-ingest store). After an outage the first night merges everything that landed meanwhile,
-in name order; the runs after it find nothing new (no-op nights).
+ingest store). A template on the logical date catches up (pipeline/series/batches.py): a
+night also merges the earlier dates' batches no night merged -- a killed night's, a
+refused one fixed since, one landed late -- oldest date first. A refused batch stays
+pending: each later night tries it again and fails naming it (after publishing its own
+batches) until it is fixed or removed. After an outage the late runs each merge their own
+date (and anything older left behind), in date order.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pipeline.output import Location
 from ..config import PipelineConfig, absolute_path
 from ..errors import UserError
 from .batches import Batch, pending_batches
-from .merged import BatchAlreadyMerged, merged_sources
+from .merged import BatchAlreadyMerged, merged_entries, merged_sources
 
 __all__ = ["NightResult", "parse_logical_date", "run_night"]
 
@@ -102,7 +106,9 @@ def run_night(
             (manifest.get("config") or {}).get("input", {}).get("storage_options") or {}
         )
     merged = merged_sources(manifest)
-    pending, done = pending_batches(new_data, merged, in_opts, logical_date=logical_date)
+    pending, done = pending_batches(
+        new_data, merged, in_opts, logical_date=logical_date, sources=merged_entries(manifest)
+    )
     target = absolute_path(output) if output else run
     result = NightResult(output=target)
     for b, vid in done:

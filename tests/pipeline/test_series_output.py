@@ -213,3 +213,68 @@ def test_killed_night_folder_is_never_served_and_cleaned(series):
     night = _night(out, str(folder / "b.parquet"))
     assert not dead.exists() and night.ok
     assert open_run(out).manifest["update"]["n_rows"] == 650
+
+
+def test_the_next_night_merges_what_earlier_nights_left_oldest_first(series, monkeypatch):
+    """A template catches up: the night of the 12th also merges the 11th's batch (its
+    night never ran: killed, or the host down); re-running the 11th is then a no-op; a
+    refused batch stays pending, refused again each night until it is fixed, then merged;
+    merged batches are not read again (their path, size and mtime name them)."""
+    from pipeline.series import batches
+
+    folder, out = series
+    tpl = str(folder / "b" / "{date:%Y-%m-%d}" / "*.parquet")
+
+    def day(d: int) -> datetime.datetime:
+        return datetime.datetime(2026, 11, d, 2, 30, tzinfo=datetime.UTC)
+
+    def land(d: int, name: str, n: int, seed: int, first: int) -> None:
+        _table(folder / "b" / f"2026-11-{d:02d}" / name, n, seed, first)
+
+    def rel(pairs) -> list[str]:
+        return [str(Path(p).relative_to(folder / "b")) for p, _ in pairs]
+
+    land(10, "a.parquet", 50, 1, 40_000)
+    land(11, "a.parquet", 50, 2, 40_100)
+    land(12, "a.parquet", 30, 3, 40_000)  # bad: ids the 10th merged
+    land(12, "b.parquet", 50, 4, 40_200)
+    land(13, "a.parquet", 50, 5, 40_300)
+    land(20, "a.parquet", 50, 9, 50_000)  # a later date: never taken before its night
+    assert rel(_night(out, tpl, logical_date=day(10)).merged) == ["2026-11-10/a.parquet"]
+    # the 11th's night never ran; the 12th's merges it first, then its own
+    n12 = _night(out, tpl, logical_date=day(12))
+    assert rel(n12.merged) == ["2026-11-11/a.parquet", "2026-11-12/b.parquet"]
+    assert rel(n12.refused) == ["2026-11-12/a.parquet"]
+    assert "already in the series" in n12.refused[0][1]
+    # the 11th re-run by an operator: already merged, by the 12th's night
+    n11 = _night(out, tpl, logical_date=day(11))
+    assert n11.ok and not n11.merged and rel(n11.skipped) == ["2026-11-11/a.parquet"]
+    assert n11.skipped[0][1] == n12.merged[0][1]
+    # the 13th: its own batch merged, the refused one refused again; nothing merged is read
+    read: list[str] = []
+    hash_file = batches._hash_file
+
+    def counted(fs, path, h):
+        read.append(str(Path(path).relative_to(folder / "b")))
+        return hash_file(fs, path, h)
+
+    monkeypatch.setattr(batches, "_hash_file", counted)
+    n13 = _night(out, tpl, logical_date=day(13))
+    assert rel(n13.merged) == ["2026-11-13/a.parquet"] and not n13.ok
+    assert rel(n13.refused) == ["2026-11-12/a.parquet"]
+    assert set(read) == {"2026-11-12/a.parquet", "2026-11-13/a.parquet"}, read
+    # the refused batch fixed in place (new rows, new bytes): the next night merges it
+    land(12, "a.parquet", 30, 6, 40_400)
+    n14 = _night(out, tpl, logical_date=day(14))
+    assert n14.ok and rel(n14.merged) == ["2026-11-12/a.parquet"]
+    m = open_run(out).manifest
+    srcs = [Path(e["source"]["path"]) for e in m["update"]["rows"][1:]]
+    assert [str(s.relative_to(folder / "b")) for s in srcs] == [
+        "2026-11-10/a.parquet",
+        "2026-11-11/a.parquet",
+        "2026-11-12/b.parquet",
+        "2026-11-13/a.parquet",
+        "2026-11-12/a.parquet",
+    ]
+    ids = plain_read(out)["id"]
+    assert len(ids) == 600 + 4 * 50 + 30 and ids.is_unique
