@@ -18,17 +18,18 @@ The nights (one slot each, the batches landed in the slot's folder
  s7   one batch, missed; the worker restarts after it: s6 and s7 run late, in order
  s8   one batch; the flow-run process is SIGKILLed mid-merge (a half-written version
       on the store): the run CRASHED, the series still serves the version before it
- s9   one batch: the next night works, and does not merge s8's batch (each night reads
-      its own slot's folder); an operator then re-runs s8's slot with
-      ``prefect deployment run ... --param logical_date=<s8's time>``, which merges it
+ s9   one batch: the next night works, and catches up: it merges s8's batch first (a
+      template's earlier dates not merged yet, oldest first), then its own; an operator
+      re-running s8's slot (``prefect deployment run ... --param logical_date=<s8's
+      time>``) then finds it "already merged"
  s10  a bad batch (ids the series has) beside a good one: FAILED naming the bad one,
       the good one published
- s11  nothing
- s12  one batch: the last good night
+ s11  nothing landed; s10's refused batch stays pending: tried again, FAILED naming it
+ s12  one batch: merged, the last good night; FAILED again naming s10's batch
 ====  ============================================================================
 
 At the end every good batch is merged exactly once, in the order the runs ran (the
-scheduled ones in slot order, late ones included; the operator's re-run where it ran),
+scheduled ones in slot order, late ones included),
 ids unique, the series' address names the last merge, the versions kept are within
 output.keep_versions, and ``kpca info``, ``open_run`` and a plain pyarrow reader that
 cannot import kpca_dask or pipeline read it. No credential reaches the Prefect server.
@@ -336,20 +337,22 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
             assert read_pointer(Location.at(series, opts))["version"] == before != half
             assert half in version_ids(Location.at(series, opts))  # left, named by nothing
 
-            # 4c. the next night works, and does not take s8's batch (its own folder only)
+            # 4c. the next night works, and catches up: s8's batch first, then its own
             nxt = wait_for(lambda: done(KILLED + 1), mono(times[KILLED + 1]) + 600, "s9")
             assert nxt["state_type"] == "COMPLETED", (nxt["state"], tail())
             m = open_run(series, storage_options=opts).manifest
             got = [e["source"]["path"] for e in m["update"]["rows"][1:]]
-            assert not any(p.endswith(killed_batch[0]) for p in got), got
-            # the operator re-runs the killed night's slot
+            assert got[-2].endswith(killed_batch[0]), got
+            assert got[-1].endswith(expected[ids[KILLED + 1]][0]), got
+            expected[ids[KILLED + 1]] = killed_batch + expected[ids[KILLED + 1]]
+            # an operator re-runs the killed night's slot: already merged, a no-op
             out = _prefect(
                 env, "deployment", "run", DEPLOYMENT,
                 "--param", f'logical_date="{times[KILLED].isoformat()}"',
             )  # fmt: skip
             rerun = next(r for r in _runs(api, deployment["id"]) if not r["auto_scheduled"])
             assert rerun["id"] in out or rerun["name"] in out, out
-            expected[rerun["id"]] = list(killed_batch)
+            expected[rerun["id"]] = []
 
             # 4d. the rest of the nights; then the schedule is paused (its future runs
             # deleted by the server) and every run waits to finish
@@ -372,6 +375,7 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
             )
         runs = {r["id"]: r for r in _runs(api, deployment["id"])}
         logs = {i: _logs(api, ids[i]) for i in range(len(PLAN))}
+        logs["rerun"] = _logs(api, rerun["id"])
         server_db = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
         assert secret.encode() not in server_db  # no credential in the server's database
 
@@ -384,24 +388,35 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
             f"{r['end_time']}, merged {expected[rid]}"
         )
     states = {i: runs[ids[i]]["state_type"] for i in range(len(PLAN))}
-    want = {i: "COMPLETED" for i in range(len(PLAN))} | {KILLED: "CRASHED", BAD: "FAILED"}
+    # from s10 on, its refused batch stays pending: every later night fails naming it
+    want = {i: "COMPLETED" for i in range(len(PLAN))} | {KILLED: "CRASHED"}
+    want |= {i: "FAILED" for i in range(BAD, len(PLAN))}
     assert states == want, (states, tail())
     assert runs[rerun["id"]]["state_type"] == "COMPLETED", runs[rerun["id"]]["state"]
-    assert "a.parquet was refused" in runs[ids[BAD]]["state"]["message"]
-    assert "already in the series" in runs[ids[BAD]]["state"]["message"]
+    refused = f"{folder[BAD]}/a.parquet was refused"
+    for i in range(BAD, len(PLAN)):
+        message = runs[ids[i]]["state"]["message"]
+        assert refused in message and "already in the series" in message, (i, message)
+        assert "b.parquet" not in message, message  # s10's good batch: published
     for i, batches in enumerate(PLAN):
-        if not batches:
+        if not batches and i < BAD:
             assert "no batch in" in logs[i], (i, logs[i])
     assert "already merged (version " in logs[2], logs[2]
+    assert "already merged (version " in logs["rerun"], logs["rerun"]
     # the scheduled runs ran in slot order, the missed ones after the outage
     started = [_utc(runs[r]["start_time"]) for r in ids if runs[r]["start_time"]]
     assert started == sorted(started), started
     for i in OUTAGE:
         assert _utc(runs[ids[i]]["start_time"]) > restart, runs[ids[i]]
-    # unplanned runs (one due before s0, before the worker started): no-op nights
+    # unplanned runs (one due before s0, before the worker started; one due when the
+    # schedule was paused): no-op nights, or after s10 the refused batch again
     for r in runs.values():
         if r["id"] not in expected:
-            assert r["state_type"] == "COMPLETED", r
+            late = _utc(r["expected_start_time"]) > times[BAD]
+            ok = r["state_type"] == "COMPLETED" or (
+                late and r["state_type"] == "FAILED" and refused in r["state"]["message"]
+            )
+            assert ok, r
 
     # every good batch merged exactly once, in the order the runs ran
     order = sorted(
