@@ -4,10 +4,12 @@ A stage that reads or writes a store runs one task per row chunk (the ingest sto
 chunks: the readers' ``target_chunk_mb``); each task, on one thread, pays per object it
 touches the store's request latency, then the bytes at one stream's bandwidth, then the
 format's own cost on its core (zarr's codec and the chunk digests, Parquet's encoding).
-The chunks run ``min(chunks, cores)`` at a time, in waves; all a node's streams together
-cannot beat the store's aggregate rate for that node (an object store's, measured by
-``kpca calibrate --store``; the local disk's one stream). So
+The chunks run ``min(chunks, cores)`` at a time, in waves; the streams a node runs at
+once share the store's aggregate rate for that node (an object store's, measured by
+``kpca calibrate --store``; the local disk's one stream), so each gets at most its share of
+it, and one stream's rate alone when that is lower. So
 
+    per-stream rate = min(one stream's rate, aggregate rate / streams a node runs at once)
     seconds = waves x (per-chunk seconds of the largest wave's tasks)
               floored by  bytes / (aggregate rate x nodes)
 
@@ -81,13 +83,15 @@ def price_transfers(
     chunks = max(1, int(chunks))
     streams = max(1, min(chunks, int(cores)))
     waves = math.ceil(chunks / streams)
+    per_node = math.ceil(streams / max(1, int(nodes)))  # streams a node runs at once
     per_chunk = compute / chunks
     floor = 0.0
     for t in transfers:
         r = store_rates(m, t.url, t.write)
         share = t.nbytes / chunks
         requests = t.objects / chunks
-        per_chunk += requests * r["latency"] + share / r["stream"]
+        rate = min(r["stream"], r["aggregate"] / per_node)
+        per_chunk += requests * r["latency"] + share / rate
         if t.format_rate:
             per_chunk += share / t.format_rate
         floor = max(floor, t.nbytes / (r["aggregate"] * max(1, int(nodes))))

@@ -39,9 +39,16 @@ def test_chunks_run_in_waves_on_the_cores_and_pay_latency_and_bytes_each():
     t = [Transfer("source", "s3://b/x", 10e6, 10, write=False)]
     p = price_transfers(t, M, chunks=10, cores=2, nodes=1)
     assert p["io"] == pytest.approx(5 * 1.5)
-    # the node's aggregate (3 MB/s) floors it when the streams outrun it: 10 cores
+    # the streams a node runs at once share its aggregate (3 MB/s): 10 cores get 0.3 MB/s
+    # each, one wave of (0.5 s + 1 MB at 0.3 MB/s), above the aggregate's floor
     p = price_transfers(t, M, chunks=10, cores=10, nodes=1)
-    assert p["io"] == pytest.approx(1.5) and p["seconds"] == pytest.approx(10e6 / 3e6)
+    assert p["io"] == pytest.approx(0.5 + 1e6 / 0.3e6) and p["store"] == pytest.approx(
+        10e6 / 3e6
+    )
+    assert p["seconds"] == p["io"]
+    # spread over 5 nodes: 2 streams a node, each at its own 1 MB/s again
+    p = price_transfers(t, M, chunks=10, cores=10, nodes=5)
+    assert p["io"] == pytest.approx(1.5)
     # two nodes: twice the aggregate
     assert price_transfers(t, M, chunks=10, cores=10, nodes=2)["store"] == pytest.approx(
         10e6 / 6e6
@@ -49,7 +56,8 @@ def test_chunks_run_in_waves_on_the_cores_and_pay_latency_and_bytes_each():
     # a format cost a core and compute add to each chunk's task
     t2 = [Transfer("parquet", "/tmp/o", 4e6, 2, write=True, format_rate=1e6)]
     p = price_transfers(t2, M, chunks=2, cores=2, nodes=1, compute=6.0)
-    assert p["io"] == pytest.approx(2e6 / 1e7 + 2e6 / 1e6 + 3.0)
+    # (the local disk's one stream shared by the two tasks: 5 MB/s each)
+    assert p["io"] == pytest.approx(2e6 / 5e6 + 2e6 / 1e6 + 3.0)
 
 
 def _plan(n, solver="randomized", d=32):
