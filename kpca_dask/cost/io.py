@@ -25,7 +25,12 @@ from dataclasses import asdict, dataclass
 
 from .machine import Machine
 
-__all__ = ["Transfer", "price_transfers", "store_rates"]
+__all__ = ["Transfer", "price_transfers", "store_rates", "store_scheme"]
+
+
+def store_scheme(url: str) -> str:
+    """The store ``url`` lives on, as rates are keyed: its URL scheme, ``file`` locally."""
+    return _scheme(url)
 
 
 def _scheme(url: str) -> str:

@@ -91,6 +91,12 @@ class Machine:
     #: development machine as the command's wall time less its stages' total: 17-18 s
     #: (benchmarks/bench_pipeline.py exact, 2026-11-26).
     run_start_seconds: float = 17.5
+    #: Fixed seconds of a pipeline's I/O stages besides their chunks, by the URL scheme of
+    #: the store they write ("s3", "file", ...) and stage ("ingest", "split", "embed"):
+    #: the client's own requests, the first stage's worker imports. Measured by ``kpca
+    #: calibrate --store`` with a tiny real run (pipeline/runtime/stage_calibration.py);
+    #: none priced for a store not measured.
+    stage_seconds: dict = field(default_factory=dict)
     #: Measured time of the real block tasks, run on every core at once, over the time
     #: the rates above predict for them (:func:`kpca_dask.cost.calibration._block_factors`):
     #: ``recompute`` (a block evaluated strip by strip and multiplied), ``fill`` (a whole

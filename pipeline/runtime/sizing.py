@@ -199,6 +199,7 @@ def _priced(
     cluster: _cost.Cluster,
     compute: float = 0.0,
     tasks: int = 0,
+    fixed: float = 0.0,
 ) -> dict[str, Any]:
     parts = _io.price_transfers(
         transfers,
@@ -213,6 +214,9 @@ def _priced(
     tasks += chunks * (len(transfers) + 1)
     parts["tasks"] = tasks
     parts["seconds"] += m.roundtrip_seconds + tasks * m.task_seconds / max(1, cluster.workers)
+    # the stage's fixed part on this store (measured: Machine.stage_seconds)
+    parts["fixed"] = float(fixed)
+    parts["seconds"] += float(fixed)
     return {**parts, "chunks": chunks, "transfers": [t.to_dict() for t in transfers]}
 
 
@@ -273,6 +277,8 @@ def _io_stages(
     # of one file; Parquet and zarr: their own files or chunks)
     reads = max(chunks, src_objects)
     io: dict[str, Any] = {}
+    # each stage's fixed part on the output's store, where it was measured
+    fixed = dict((machine.stage_seconds or {}).get(_io.store_scheme(out_url)) or {})
     # ingest: the source read, the rows written into the zarr store (codec and digests)
     io["ingest"] = _priced(
         [
@@ -282,6 +288,7 @@ def _io_stages(
         machine,
         chunks,
         cluster,
+        fixed=fixed.get("ingest", 0.0),
     )
     embed, embed_compute, storage = _embed_io(cfg, plan, n, n_train, d, chunks, machine)
     # Nyström (and an exact model's held-out rows) transform in blocks of the fit's rows
@@ -294,6 +301,7 @@ def _io_stages(
         cluster,
         compute=embed_compute,
         tasks=EMBED_TASKS_PER_BLOCK * blocks,
+        fixed=fixed.get("embed", 0.0),
     )
     stages = {"start": float(machine.run_start_seconds), "ingest": io["ingest"]["seconds"]}
     if cfg.preprocess.scale != "none":  # the scaler's statistics: one read of the rows
@@ -302,6 +310,7 @@ def _io_stages(
             machine,
             chunks,
             cluster,
+            fixed=fixed.get("split", 0.0),
         )
         stages["split"] = io["split"]["seconds"]
     if materialize:

@@ -114,3 +114,41 @@ def test_calibrating_a_store_measures_it_and_leaves_nothing(s3_server, s3_bucket
     assert all(r[k] > 1e5 for k in ("read", "write", "read_aggregate", "write_aggregate"))
     fs.invalidate_cache()
     assert sorted(fs.find(s3_bucket)) == before
+
+
+@pytest.mark.cluster
+def test_a_stores_stage_fixed_part_is_measured_by_a_tiny_run_and_priced(
+    s3_server, s3_bucket, tmp_path, capsys
+):
+    """`kpca calibrate --store`'s last step: a tiny real run of the stages on the store
+    (its own local cluster), each stage's time less its chunks' price; the plan of a run
+    writing to that kind of store then adds exactly that to each stage. The run leaves
+    nothing on the store."""
+    from pipeline.runtime.stage_calibration import measure_stage_seconds
+
+    fs = s3_server.filesystem()
+    fs.pipe(f"{s3_bucket}/keep/me", b"1")
+    before = sorted(fs.find(s3_bucket))
+    m = Machine()
+    fixed = measure_stage_seconds(f"s3://{s3_bucket}/tmp", s3_server.storage_options, m)
+    assert set(fixed) == {"ingest", "split", "embed"}, fixed
+    # the client's requests at least: a stage on the store is never free
+    assert fixed["ingest"] > 0.05 and fixed["embed"] > 0.05, fixed
+    assert all(v < 60 for v in fixed.values()), fixed
+    fs.invalidate_cache()
+    assert sorted(fs.find(s3_bucket)) == before
+
+    out = f"s3://{s3_bucket}/out"
+    cfg = _config(tmp_path, str(tmp_path / "x.npy"), None)
+    doc = yaml.safe_load(open(cfg))
+    doc["output"].update(path=out, storage_options=s3_server.storage_options)
+    open(cfg, "w").write(yaml.safe_dump(doc))
+    bare, cal = tmp_path / "bare.json", tmp_path / "cal.json"
+    bare.write_text(json.dumps(m.to_dict()))
+    cal.write_text(json.dumps({**m.to_dict(), "stage_seconds": {"s3": fixed}}))
+    shape = ("--rows", "100000", "--features", "8", "--passes", "1")
+    a = _plan(capsys, cfg, *shape, "--calibration", str(bare))["stages"]
+    b = _plan(capsys, cfg, *shape, "--calibration", str(cal))["stages"]
+    for stage, sec in fixed.items():
+        assert b[stage] == pytest.approx(a[stage] + sec), stage
+    assert b["solve"] == a["solve"]
