@@ -80,7 +80,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     m = calibrate(quick=args.quick, store=args.store, storage_options=options)
     if args.store:  # each I/O stage's fixed part there: a tiny real run on the store
         from kpca_dask.cost.io import store_scheme
-        from pipeline.runtime.stage_calibration import measure_stage_seconds
+        from pipeline.runtime import measure_stage_seconds
 
         m.stage_seconds[store_scheme(args.store)] = measure_stage_seconds(
             args.store, options, m

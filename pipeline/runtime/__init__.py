@@ -6,7 +6,8 @@
 * visibility.py over probe_files.py: can every worker see the run's locations (checked
   before any stage);
 * progress.py: progress bars in a terminal, quiet otherwise (``compute``, ``Steps``);
-* sizing.py: ``kpca plan``, what a configured run will need before it runs.
+* sizing.py: ``kpca plan``, what a configured run will need before it runs;
+* stage_calibration.py: each I/O stage's fixed part on a store (``kpca calibrate --store``).
 
 Used from outside through the names below (imported on first use, PEP 562: importing
 the package loads no cluster library); tests/test_layers.py checks it.
@@ -38,6 +39,7 @@ API: dict[str, str] = {
     "show_progress": "progress",
     "plan_run": "sizing",
     "configured_cluster": "sizing",
+    "measure_stage_seconds": "stage_calibration",
 }
 
 __all__ = list(API)
@@ -66,6 +68,10 @@ def _module(module: str) -> ModuleType:
         from . import sizing
 
         return sizing
+    if module == "stage_calibration":
+        from . import stage_calibration
+
+        return stage_calibration
     if module == "visibility":
         from . import visibility
 
