@@ -1,8 +1,10 @@
 """A series left to run itself: thirteen "nights" of deploy/prefect.yaml's
 kpca-update-nightly on a real Prefect server, deployed with `prefect deploy`, its cron
 schedule firing every minute (each minute a night), taken by a real process worker, on
-local disk and on an S3-protocol server (moto's standalone server: the endpoint only in
-the deployment's parameters, the credentials only in the worker's environment).
+local disk, on an S3-protocol server (moto's standalone server: the endpoint only in
+the deployment's parameters, the credentials only in the worker's environment) and on a
+GCS emulator (gcp-storage-emulator: the endpoint and ``token: anon`` in the parameters,
+no credential at all).
 
 The nights (one slot each, the batches landed in the slot's folder
 ``<root>/in/<%Y-%m-%dT%H%M>/`` ahead of time):
@@ -66,6 +68,7 @@ from pipeline.output.versions import (
 )
 from tests.deploy.test_drain import worker
 from tests.deploy.test_schedules import DEPLOY, _deployment, _prefect, _runs, prefect_server
+from tests.objectstore import emulators
 from tests.objectstore.s3server import CREDENTIAL_ENV, start_s3_server, stop_s3_server
 from tests.objectstore.test_s3_lineage import _kpca, _run
 from tests.objectstore.test_series_nights import _plain_ids
@@ -108,6 +111,15 @@ def moto():
         stop_s3_server(server)
 
 
+@pytest.fixture(scope="module")
+def gcs():
+    emulator = emulators.start_gcs_emulator()
+    try:
+        yield emulator
+    finally:
+        emulators.stop(emulator)
+
+
 def _utc(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(datetime.UTC)
 
@@ -142,18 +154,26 @@ def _sleep_until(t: datetime.datetime) -> None:
         time.sleep(min(left, 1.0))
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["local", "s3", "gs"])
 def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monkeypatch):
     """(slow: measured on 2026-11-28 here, 2 cores, both params at once beside other
     work, load 5-11: local 976-1198 s, s3 1226-1319 s.)"""
     t_test = time.monotonic()
     secret = "kpca-canary-secret-" + uuid.uuid4().hex
     creds = {**CREDENTIAL_ENV, "AWS_SECRET_ACCESS_KEY": secret}
+    # gs: read by gcsfs when imported (this process, its commands, the worker): no
+    # question to Google's storage-control API about the bucket, which the emulator
+    # cannot answer; the endpoint from storage_options only, never the environment
+    gs_env = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"} if where == "gs" else {}
+    bucket = f"kpca-{uuid.uuid4().hex[:12]}"
     if where == "s3":
         server = request.getfixturevalue("moto")
-        bucket = f"kpca-{uuid.uuid4().hex[:12]}"
         opts = server.storage_options  # the endpoint only
         root = f"s3://{bucket}/{tmp_path.name}"
+    elif where == "gs":
+        server = request.getfixturevalue("gcs")
+        opts = {"endpoint_url": server.endpoint, "token": "anon"}  # no credential exists
+        root = f"gs://{bucket}/{tmp_path.name}"
     else:
         server, opts, root = None, {}, str(tmp_path / "remote")
     series = f"{root}/series"
@@ -168,18 +188,28 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
     # environment, so the server never has them (it copies the environment)
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", *CREDENTIAL_ENV):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    for k, v in gs_env.items():
+        monkeypatch.setenv(k, v)
     with prefect_server(home) as (api, env, server_log):
         # credentials: this process (landing batches, reading the series), the commands it
         # starts (kpca run/info, the plain reader) and the worker; never a config
         for k, v in creds.items():
             monkeypatch.setenv(k, v)
-        fs = server.filesystem() if server else None
-        if server:
+        if where == "gs":
+            from gcsfs.core import GCSFileSystem  # the core class, as tests/objectstore
+
+            fs = GCSFileSystem(skip_instance_cache=True, project="test", **opts)
+            fs.mkdir(bucket)
+        elif where == "s3":
+            fs = server.filesystem()
             server.make_bucket(bucket)
+        else:
+            fs = None
 
         def put(local: Path, rel: str) -> None:
-            if fs is not None:
-                fs.put(str(local), f"{root}/{rel}".removeprefix("s3://"))
+            if fs is not None:  # a path without the scheme
+                fs.put(str(local), f"{root}/{rel}".split("://", 1)[1])
             else:
                 (Path(root) / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(local, Path(root) / rel)
@@ -283,7 +313,8 @@ def test_a_series_runs_itself_for_thirteen_nights(where, request, tmp_path, monk
         def mono(t: datetime.datetime) -> float:  # a slot's time on the monotonic clock
             return time.monotonic() + (t - datetime.datetime.now(datetime.UTC)).total_seconds()
 
-        wenv = {**env, **creds}  # the worker's environment: the only one with credentials
+        # the worker's environment: the only one with credentials (on gs: none is used)
+        wenv = {**env, **creds, **gs_env}
 
         # 4a. the worker runs s0..s5; then an outage: the worker is killed while idle,
         # with s6 not taken. On a loaded host the nights fall behind their minutes, so the
