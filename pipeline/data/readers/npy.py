@@ -116,7 +116,9 @@ class RemoteNpyFile:
         words them for the user."""
         fmt = np.lib.format
         fs, path = loc.fs, loc.fs_path
-        with fs.open(path, "rb") as f:
+        # the header only: a small read-ahead (an object store's default block is 5 MB or
+        # more: 0.28 s of the ingest's 2.7 s at 1M rows on the S3 server, for ~128 bytes)
+        with fs.open(path, "rb", block_size=1 << 16) as f:
             head = f.read(6)
             if head.startswith(b"PK"):  # a zip: np.load would open it as an NPZ archive
                 raise InputError(
