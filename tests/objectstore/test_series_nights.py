@@ -32,14 +32,21 @@ def _plain_ids(url: str, opts: dict) -> list[int]:
     """The documented reader in a process that cannot import kpca_dask or pipeline."""
     code = textwrap.dedent(
         f"""
-        import sys, json
+        import gc, sys, json
         sys.modules["kpca_dask"] = None; sys.modules["pipeline"] = None
         import fsspec, pyarrow.parquet as pq
         root, opts = {url!r}, json.loads({json.dumps(opts)!r})
         fs, path = fsspec.core.url_to_fs(root, **opts)
         pointer = json.loads(fs.cat_file(path + "/manifest.json"))
         pq_path = path + "/" + pointer["version_path"] + "/embedding.parquet"  # a dataset
-        print(json.dumps(pq.read_table(pq_path, filesystem=fs).column("id").to_pylist()))
+        table = pq.read_table(pq_path, filesystem=fs)
+        print(json.dumps(table.column("id").to_pylist()))
+        # pyarrow's reader threads joined before the interpreter's exit: without this,
+        # pyarrow through an fsspec filesystem can abort at exit after a good read
+        # ("terminate called without an active exception", apache/arrow#39162, #34314;
+        # once here, 2026-11-28, in the S3 unattended series), as docs/update.md says
+        del table
+        gc.collect()
         """
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
