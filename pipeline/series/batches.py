@@ -166,22 +166,21 @@ class _Template:
         m = self.pattern.fullmatch(fs_path.rstrip("/"))
         if not m:
             return None
-        values = list(m.groups())
         try:
-            if "" in self.fmts:  # bare {date}: str(datetime), read back as ISO
-                got = datetime.datetime.fromisoformat(values[self.fmts.index("")])
-                return got.replace(tzinfo=None)
-            return datetime.datetime.strptime("\x1f".join(values), "\x1f".join(self.fmts))
+            return self._parse(list(m.groups()))
         except ValueError:
             return None
 
     def floor(self, when: datetime.datetime) -> datetime.datetime:
-        """``when`` at the template's resolution (the date its name would carry)."""
-        fields = [format(when, f) if f else str(when) for f in self.fmts]
-        if "" in self.fmts:
-            got = datetime.datetime.fromisoformat(fields[self.fmts.index("")])
+        """``when`` at the template's resolution (the date its name would carry); a
+        ValueError when the template's format does not read back."""
+        return self._parse([format(when, f) if f else str(when) for f in self.fmts])
+
+    def _parse(self, values: list[str]) -> datetime.datetime:
+        if "" in self.fmts:  # bare {date}: str(datetime), read back as ISO
+            got = datetime.datetime.fromisoformat(values[self.fmts.index("")])
             return got.replace(tzinfo=None)
-        return datetime.datetime.strptime("\x1f".join(fields), "\x1f".join(self.fmts))
+        return datetime.datetime.strptime("\x1f".join(values), "\x1f".join(self.fmts))
 
 
 def _glob_regex(text: str) -> str:
@@ -216,12 +215,17 @@ def dated_batches(
     match are ignored) to ``logical_date`` name, sorted by date, then name. ``tonight``:
     the file is one ``spec`` formatted on ``logical_date`` names. With no ``since`` that
     the template matches: tonight's files only (:func:`resolve_batches`)."""
-    tonight = resolve_batches(spec, storage_options, logical_date=logical_date)
     tpl = _Template(spec, storage_options, logical_date)
     dates = [d for d in (tpl.date_of(_fs_form(p)) for p in since or []) if d is not None]
+    try:
+        last = tpl.floor(logical_date)
+    except ValueError:  # a format that does not read back: no dates to compare
+        logger.warning("series: %s: its dates do not read back from names; no catch-up", spec)
+        dates = []
     if not dates:
+        tonight = resolve_batches(spec, storage_options, logical_date=logical_date)
         return [(p, True) for p in tonight]
-    first, last = min(dates), tpl.floor(logical_date)
+    first = min(dates)
     loc, fs = tpl.loc, tpl.loc.fs
     if not loc.is_local:
         loc.refresh()
@@ -233,10 +237,8 @@ def dated_batches(
         when = tpl.date_of(str(p))
         if when is not None and first <= when <= last:
             found.append((when, str(p)))
-    mine = set(tonight)
-    out = [(_url(loc, p), _url(loc, p) in mine) for _, p in sorted(found)]
-    have = {p for p, _ in out}
-    return out + [(p, True) for p in tonight if p not in have]
+    # tonight's files are the ones whose date reads back as the night's own
+    return [(_url(loc, p), when == last) for when, p in sorted(found)]
 
 
 def _fs_form(url: str) -> str:
