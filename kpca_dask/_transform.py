@@ -18,6 +18,7 @@ from dask.highlevelgraph import HighLevelGraph
 from . import cost as _cost
 from . import plan as _plan
 from . import validation
+from ._finite_blocks import checked_blocks
 from ._fitted import model_of
 from ._preimage_fit import inverse_transform_graph
 from .exceptions import InvalidInputError, InvalidParameterError, NotFittedError
@@ -74,7 +75,10 @@ def coefficients(est: Any) -> tuple[np.ndarray, tuple, str]:
     return cache
 
 
-def project(est: Any, X: Any, what: str) -> Any:
+def project(est: Any, X: Any, what: str, *, finite_pass: bool = True) -> Any:
+    """``what`` (transform, score) of ``X``. ``finite_pass=False``: a dask input's NaN/inf
+    check runs inside each block's task of the graph (an error when it is computed) instead
+    of a pass of its own over ``X`` before the graph is built (:func:`kpca_dask.one_pass`)."""
     est._check_fitted()
     names = getattr(est, "feature_names_in_", None)
     X = validation.check_feature_names(names, X)  # a DataFrame's columns selected by name
@@ -99,8 +103,12 @@ def project(est: Any, X: Any, what: str) -> Any:
     # where the embedding runs (numpy rows: maybe this process's threads), decided
     # first so that the NaN check runs there too, not as a cluster round trip
     where = _cost.transform_execution(est, int(Xd.shape[0])) if kind == "numpy" else None
-    with (where or _ACTIVE).scheduler():
-        validation.check_finite(Xd, names=None if est._is_precomputed() else names)
+    col_names = None if est._is_precomputed() else names
+    if finite_pass or kind == "numpy":
+        with (where or _ACTIVE).scheduler():
+            validation.check_finite(Xd, names=col_names)
+    else:
+        Xd = checked_blocks(Xd, names=col_names)
     scaler = getattr(est, "preprocess_", None)
     if scaler is not None:
         Xd = scaler.transform(Xd)

@@ -33,6 +33,7 @@ def write_embedding(
     *,
     split: np.ndarray | None = None,
     name: str = "embedding",
+    one_read: bool = False,
 ) -> dict:
     """Write the embedding of every row of ``X`` to the zarr array ``<out>/<name>``.
 
@@ -44,7 +45,7 @@ def write_embedding(
     """
     t0 = time.perf_counter()
     rows = X.chunks[0]
-    emb = embed_rows(model, X, split=split, dtype=model.dtype_)
+    emb = embed_rows(model, X, split=split, dtype=model.dtype_, one_read=one_read)
     g = out.open_group("a")
     if name in g:
         del g[name]

@@ -22,6 +22,7 @@ import dask.array as da
 import numpy as np
 
 import kpca_dask
+from kpca_dask import one_pass
 from pipeline.config import ChunkConfig, InputConfig
 from pipeline.data.features import FeatureError
 from pipeline.data.features import match as match_features
@@ -64,6 +65,7 @@ def embed_rows(
     training_data: bool = True,
     dtype: Any = None,
     batch_rows: int | None = None,
+    one_read: bool = False,
 ) -> da.Array:
     """The embedding of rows ``idx`` of ``X`` (every row when None), lazy, row-chunked.
 
@@ -75,16 +77,19 @@ def embed_rows(
     ``model.transform`` of every row, batch by batch (O(n m), streaming).
 
     ``batch_rows``: rows per batch and per output chunk (default: ``X``'s row chunks);
-    ``dtype``: of the rows taken from the fit (default float64).
+    ``dtype``: of the rows taken from the fit (default float64);
+    ``one_read``: ``X`` read once, its NaN/inf check in the transform's tasks
+    (:mod:`kpca_dask.one_pass`): an ingest store's rows (checked at ingest and by digest).
     """
     rows = X.chunks[0]
+    tf = one_pass.transform if one_read else type(model).transform
     out_rows = rows if batch_rows is None else batch_rows
     exact = getattr(model, "eigen_solver_", None) in ("dense", "randomized")
     if not exact or not training_data:
         Xs = X if idx is None else X[idx]
         if batch_rows is not None:
             Xs = Xs.rechunk({0: batch_rows})
-        return model.transform(Xs).rechunk({0: out_rows, 1: -1})
+        return tf(model, Xs).rechunk({0: out_rows, 1: -1})
     train = model.eigenvectors_ * np.sqrt(model.eigenvalues_)
     if dtype is not None:
         train = train.astype(dtype)
@@ -96,7 +101,7 @@ def embed_rows(
     t = is_train[sel]
     Z[t] = train[pos[sel[t]]]
     if (~t).any():
-        (Z[~t],) = compute(model.transform(X[sel[~t]]), label="embed held-out rows")
+        (Z[~t],) = compute(tf(model, X[sel[~t]]), label="embed held-out rows")
     return da.from_array(Z, chunks=(out_rows, -1))
 
 

@@ -34,7 +34,8 @@ def stage_project(
     # the model of the version being written (a cached result may name an earlier one)
     model = kpca_dask.load(layout.model.zarr_source())
     mask = read_split(layout, split)
-    result = ProjectResult(**write_embedding(model, src.X, out, split=mask))
+    # the ingest store's rows: read once (ingest refused NaN/inf; reads check digests)
+    result = ProjectResult(**write_embedding(model, src.X, out, split=mask, one_read=True))
     write_spectrum(out, model)
     if cfg.output.parquet:
         g = out.open_group("r")

@@ -44,9 +44,9 @@ def stage_project(
     reembed = solved.info.get("action") != "merge" or cfg.update.reembed
     if reembed:
         X = _all_rows(base["lineage"], src.X).rechunk({0: rows, 1: -1})
-        emb = embed_rows(model, X, training_data=False, dtype=model.dtype_)
+        emb = embed_rows(model, X, training_data=False, dtype=model.dtype_, one_read=True)
     else:
-        new = embed_rows(model, src.X, training_data=False, dtype=model.dtype_)
+        new = embed_rows(model, src.X, training_data=False, dtype=model.dtype_, one_read=True)
         emb = da.concatenate([old.astype(new.dtype), new], axis=0)
     emb = emb.rechunk({0: rows, 1: -1})
     g = out.open_group("a")
