@@ -234,11 +234,12 @@ def _embed_io(
     embed_compute = _cost.embed_seconds(evaluated, cols, d, k, machine, plan.dtype, 1)
     emb_bytes = n * k * plan.dtype.itemsize
     # the ingest store read once (the NaN check in the transform's tasks: kpca_dask.one_pass),
-    # the embedding written, then read back for its checksums (the stage's fingerprint)
+    # the embedding written, then read back for its checksums (the stage's fingerprint:
+    # "checksums")
     embed = [
         _io.Transfer("ingest store", out_url, x_bytes, chunks, False, machine.zarr_read),
         _io.Transfer("embedding", out_url, emb_bytes, chunks, True, machine.zarr_write),
-        _io.Transfer("embedding checksums", out_url, emb_bytes, chunks, False, machine.zarr_read),
+        _io.Transfer("checksums", out_url, emb_bytes, chunks, False, machine.zarr_read),
     ]
     storage = {"ingest store": x_bytes, "embedding": emb_bytes}
     if cfg.output.parquet:  # the embedding read back, a Parquet file a chunk

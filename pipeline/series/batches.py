@@ -278,11 +278,34 @@ def _marks(info: dict[str, Any], local: bool) -> dict[str, Any]:
     }
 
 
+#: identities this process hashed, by :func:`quick_key`: a night lists and hashes its
+#: pending batches, then each batch's update asks again (pipeline/series/setup.py); the
+#: second ask is answered from here while the file's listed key is unchanged
+_HASHED: dict[tuple, dict[str, Any]] = {}
+_HASHED_KEEP = 256
+
+
 def batch_identity(path: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"path", "sha256", "size", "etag", "version_id"}`` of the batch at ``path``: the
     SHA-256 of its bytes (a folder batch, e.g. a zarr store: of its files' names and
     bytes, in order), and the store's ETag and object version where it has them; a local
-    file's ``mtime`` too (:func:`quick_key`)."""
+    file's ``mtime`` too (:func:`quick_key`). A file this process hashed is not read
+    again while its listing's key (path, size, ETag, version or mtime) is the same."""
+    loc = Location.at(path, storage_options)
+    if not loc.is_local:
+        loc.refresh()  # the listing as the store has it now, not as fsspec cached it
+    key = _listed_key(path, storage_options)
+    if key is not None and key in _HASHED:
+        return dict(_HASHED[key])
+    identity = _hashed_identity(path, storage_options)
+    if key is not None and quick_key(identity) == key:  # unchanged while it was read
+        _HASHED[key] = dict(identity)
+        while len(_HASHED) > _HASHED_KEEP:
+            _HASHED.pop(next(iter(_HASHED)))
+    return identity
+
+
+def _hashed_identity(path: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     loc = Location.at(path, storage_options)
     fs, fpath = loc.fs, loc.fs_path
     if not loc.is_local:

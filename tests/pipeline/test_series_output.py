@@ -219,7 +219,8 @@ def test_the_next_night_merges_what_earlier_nights_left_oldest_first(series, mon
     """A template catches up: the night of the 12th also merges the 11th's batch (its
     night never ran: killed, or the host down); re-running the 11th is then a no-op; a
     refused batch stays pending, refused again each night until it is fixed, then merged;
-    merged batches are not read again (their path, size and mtime name them)."""
+    merged batches are not read again (their path, size and mtime name them), and a
+    pending one is read once a night."""
     from pipeline.series import batches
 
     folder, out = series
@@ -259,10 +260,12 @@ def test_the_next_night_merges_what_earlier_nights_left_oldest_first(series, mon
         return hash_file(fs, path, h)
 
     monkeypatch.setattr(batches, "_hash_file", counted)
+    monkeypatch.setattr(batches, "_HASHED", {})  # a night is a process of its own
     n13 = _night(out, tpl, logical_date=day(13))
     assert rel(n13.merged) == ["2026-11-13/a.parquet"] and not n13.ok
     assert rel(n13.refused) == ["2026-11-12/a.parquet"]
-    assert set(read) == {"2026-11-12/a.parquet", "2026-11-13/a.parquet"}, read
+    # each unmerged batch read once: listed and hashed, then its update takes that hash
+    assert sorted(read) == ["2026-11-12/a.parquet", "2026-11-13/a.parquet"], read
     # the refused batch fixed in place (new rows, new bytes): the next night merges it
     land(12, "a.parquet", 30, 6, 40_400)
     n14 = _night(out, tpl, logical_date=day(14))
