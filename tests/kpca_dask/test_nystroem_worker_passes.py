@@ -159,6 +159,23 @@ def _held(client, prefix: str) -> tuple[dict, list]:
     return on_workers, on_scheduler
 
 
+def _scheduler_keys(client) -> set[str]:
+    return set(
+        client.run_on_scheduler(lambda dask_scheduler: list(map(str, dask_scheduler.tasks)))
+    )
+
+
+def _new_keys(client, before: set[str], timeout=10.0) -> set[str]:
+    """Keys on the scheduler that were not there before (the scattered landmarks and
+    ``M`` included), after waiting up to ``timeout`` for them to go."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = _scheduler_keys(client) - before
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
 def _released(client, prefix="kpca-nys-w", timeout=10.0) -> tuple[dict, list]:
     deadline = time.monotonic() + timeout
     while True:
@@ -208,6 +225,8 @@ def test_a_later_pass_is_a_task_per_worker_and_a_tree_flat_in_n(five_workers):
     assert expected == 8
     for n in (1000, 4000):
         nb = n // 100
+        _settle(client)
+        before = _scheduler_keys(client)
         first, later, cov, rows_held, got, ref = _passes_at(client, n)
         assert sorted(len(k) for k in rows_held.values()) == [1] * W  # a share a worker
         assert len(later) == pass_tasks(W, nb) == expected <= 4 * W + reduction_tasks(W)
@@ -220,6 +239,7 @@ def test_a_later_pass_is_a_task_per_worker_and_a_tree_flat_in_n(five_workers):
         # the same shares and tree every pass: 2 Y gives exactly twice Y's product
         np.testing.assert_array_equal(got[1], 2 * got[0])
         assert _released(client) == ({}, [])
+        assert _new_keys(client, before) == set()  # the scattered keys too
 
 
 def _explicit_nystroem(X, Z, kern, k):
@@ -255,6 +275,8 @@ def test_a_fit_equals_the_default_driver_and_a_dense_reference(five_workers, met
     new = X[:40] * 1.1 + 0.3
     with dask.config.set({"kpca.execution": "cluster"}):
         ref = KernelPCA(5, **kw).fit(Xd)
+        _settle(client)
+        before = _scheduler_keys(client)
         models: list = []
         with dask.config.set(WORKERS):
             keys = _tasks(client, lambda: models.append(KernelPCA(5, **kw).fit(Xd)))
@@ -276,3 +298,4 @@ def test_a_fit_equals_the_default_driver_and_a_dense_reference(five_workers, met
     emb_pca = pca.transform(feats(new))
     np.testing.assert_allclose(align_signs(emb, emb_pca), emb_pca, atol=1e-6)
     assert _released(client) == ({}, [])
+    assert _new_keys(client, before) == set()  # the scattered landmarks and M too
