@@ -10,8 +10,10 @@ The counts are those of the exact solver's per-worker driver (kpca_dask/worker_p
 ``kpca.exact-driver: workers``, with ``kpca.worker-basis``): :data:`WORKER_TASKS` task a
 worker a pass and a tree of sums with fan-in 4 over the workers' partials, and around them
 a publish, a cut and a store task a row panel of the basis (``basis_pass_tasks``) and
-:data:`BASIS_ROUND_TRIPS` ``Client.run`` round trips -- independent of n. Nyström has no
-per-worker driver yet and is priced with the share and tree counts alone.
+:data:`BASIS_ROUND_TRIPS` ``Client.run`` round trips -- independent of n. Nyström's
+per-worker driver (kpca_dask/solvers/nystroem/worker_passes.py, ``kpca.nystroem-driver:
+workers``) runs the same share and tree counts, ``W + R(W)`` a pass (fewer shares when
+there are fewer row blocks than workers: not priced), and is priced with them alone.
 
 The arithmetic a pass does is the block drivers' (each upper block evaluated, or read
 from the kept blocks, and used twice); what changes is what surrounds it: the
@@ -149,8 +151,8 @@ def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
 
 
 def _price_nystroem_workers(f: _Fit) -> _Priced:
-    """Nyström on the per-worker driver: the block driver's passes with a few tasks a
-    worker and the exact driver's tree of sums (Nyström's own is not built yet)."""
+    """Nyström on the per-worker driver (kpca_dask/solvers/nystroem/worker_passes.py): the
+    block driver's passes with a task a worker and a tree of sums with fan-in 4."""
     from .price_nystroem import _price_nystroem
 
     priced = _price_nystroem(f)
@@ -174,7 +176,6 @@ def _price_nystroem_workers(f: _Fit) -> _Priced:
     priced.w2w = int(f.remote * max(0, tasks - 1) * part)
     f.assumptions.append(
         f"per-worker driver: {WORKER_TASKS} task a worker and {reduce} reduction tasks a "
-        "pass (the exact driver's counts, kpca_dask/worker_passes.py; Nyström has no "
-        "per-worker driver yet)"
+        "pass (kpca_dask/solvers/nystroem/worker_passes.py, kpca.nystroem-driver: workers)"
     )
     return priced

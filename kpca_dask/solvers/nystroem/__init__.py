@@ -44,9 +44,10 @@ the m' x L Krylov basis. Nothing of size n x m or n x d exists anywhere;
 graphs are lazy with deterministic names and run on any Dask scheduler.
 
 The modules: :mod:`.basis` (W, T and the shift), :mod:`.passes` (one pass's block
-products and their tree sum), :mod:`.covariance` (Sigma as an operator and as sufficient
-statistics), :mod:`.eigh` (the eigenpairs and the model), :mod:`.method` (the "auto"
-method's cost rule).
+products and their tree sum), :mod:`.worker_passes` (the same pass as one task per worker
+on a distributed cluster, opt-in by the dask config ``kpca.nystroem-driver: workers``),
+:mod:`.covariance` (Sigma as an operator and as sufficient statistics), :mod:`.eigh` (the
+eigenpairs and the model), :mod:`.method` (the "auto" method's cost rule).
 """
 
 from .basis import NystroemBasis, nystroem_basis

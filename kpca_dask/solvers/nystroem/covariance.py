@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import dask
 import dask.array as da
@@ -15,6 +16,7 @@ import numpy as np
 from ...threads import blas_threads_for_dask, blas_threads_for_driver
 from .basis import NystroemBasis
 from .passes import block_stats_graph
+from .worker_passes import NystroemWorkerPasses, worker_client
 
 __all__ = ["FeatureCovariance", "NystroemStatistics", "batch_statistics"]
 
@@ -76,8 +78,11 @@ def batch_statistics(X: da.Array, basis: NystroemBasis) -> NystroemStatistics:
     """The statistics of the rows of ``X`` (row-chunked dask array): one pass with an
     m x m tree reduction over row blocks, on the current Dask scheduler."""
     op = FeatureCovariance(X, basis)
-    with blas_threads_for_driver():
-        return op.statistics()
+    try:
+        with blas_threads_for_driver():
+            return op.statistics()
+    finally:
+        op.release()
 
 
 @dataclass
@@ -87,6 +92,10 @@ class FeatureCovariance:
     The first product also yields ``delta = c - c0`` (hence the column means
     ``c``) and ``trace(K)``. Implements the ``n``/``matmul`` protocol of
     :func:`~kpca_dask.solvers.randomized.randomized_eigh`.
+
+    On a distributed client with the dask config ``kpca.nystroem-driver: workers`` the
+    passes run on :class:`~.worker_passes.NystroemWorkerPasses` (one task per worker a
+    pass, the rows resident on the workers until :meth:`release`).
     """
 
     X: da.Array
@@ -95,9 +104,25 @@ class FeatureCovariance:
     kernel_trace: float | None = None
     n_passes: int = 0
     pass_seconds: list[float] = field(default_factory=list)
+    #: the per-worker driver once a pass chose it (None: the default driver)
+    worker_driver: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self._Zp = self.basis.prepared()
+
+    def _worker_passes(self) -> NystroemWorkerPasses | None:
+        """The per-worker driver when the config and the scheduler ask for it."""
+        if self.worker_driver is None:
+            client = worker_client()
+            if client is not None:
+                self.worker_driver = NystroemWorkerPasses(self.X, self.basis, self._Zp, client)
+        return self.worker_driver
+
+    def release(self) -> None:
+        """Drop what the per-worker driver keeps on the workers (nothing otherwise)."""
+        if self.worker_driver is not None:
+            self.worker_driver.release()
+            self.worker_driver = None
 
     @property
     def n(self) -> int:
@@ -117,7 +142,11 @@ class FeatureCovariance:
         first = self.delta is None
         t0 = time.perf_counter()
         with blas_threads_for_dask():
-            (out,) = dask.compute(block_stats_graph(self.X, self.basis, self._Zp, M, sums))
+            driver = self._worker_passes()
+            if driver is not None:
+                out = driver.run(M, sums)
+            else:
+                (out,) = dask.compute(block_stats_graph(self.X, self.basis, self._Zp, M, sums))
         acc, colsum, diag, rows = out
         if rows != self.n_rows:  # pragma: no cover - a graph bug, never data
             raise RuntimeError(f"pass covered {rows} of {self.n_rows} rows")

@@ -151,6 +151,41 @@ def _nystroem_eigh(
     all_rows=False,
 ) -> NystroemFit:
     op = FeatureCovariance(X, basis)
+    try:
+        return _solve_op(
+            op,
+            basis,
+            n_components,
+            method,
+            n_oversamples,
+            n_power_iter,
+            randomized_method,
+            tol,
+            max_passes,
+            random_state,
+            warn,
+            keep_statistics,
+            all_rows,
+        )
+    finally:
+        op.release()  # the per-worker driver's resident rows, at the end of the fit
+
+
+def _solve_op(
+    op,
+    basis,
+    n_components,
+    method,
+    n_oversamples,
+    n_power_iter,
+    randomized_method,
+    tol,
+    max_passes,
+    random_state,
+    warn,
+    keep_statistics,
+    all_rows,
+) -> NystroemFit:
     stats = None
     mp = basis.rank
     k = mp if n_components is None else min(int(n_components), mp)
