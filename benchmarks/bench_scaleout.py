@@ -232,6 +232,78 @@ def child_solve(
     }
 
 
+def child_nystroem(
+    address: str, n: int, driver: str, passes: int, columns: int, d: int
+) -> dict:
+    """``--nystroem``: ``passes`` Nyström products (``FeatureCovariance.matmul``, m = 256
+    landmarks, rbf, float32, ``columns`` columns) with ``kpca.nystroem-driver`` ``driver``
+    (``blocks``: one task per row block, 8 blocks a task and a tree of fan-in 8;
+    ``workers``: one task per worker and a tree of fan-in 4), the first one apart."""
+    import resource
+
+    import dask
+    import dask.array as da
+    import numpy as np
+    import psutil
+    from distributed import Client, get_task_stream
+
+    from kpca_dask.kernels import make_kernel
+    from kpca_dask.params import auto_block_rows
+    from kpca_dask.solvers.nystroem import FeatureCovariance, nystroem_basis
+    from kpca_dask.solvers.nystroem.worker_passes import DRIVER_CONFIG
+
+    dask.config.set({"distributed.admin.low-level-log-length": 1_000_000})
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    me = psutil.Process()
+    with Client(address) as client:
+        threads = sum(client.nthreads().values())
+        rows = auto_block_rows(n, "nystroem", threads=threads)
+        X = np.random.default_rng(0).standard_normal((n, d)).astype(np.float32)
+        kern = make_kernel("rbf", gamma=0.5)
+        basis = nystroem_basis(X[:: max(1, n // 256)][:256], kern, np.float32)
+        op = FeatureCovariance(da.from_array(X, chunks=(rows, d)), basis)
+        Y = np.random.default_rng(1).standard_normal((op.n, columns))
+        out: list[dict] = []
+        with dask.config.set({DRIVER_CONFIG: driver}):
+            for p in range(passes):
+                s0 = client.run_on_scheduler(_proc_cpu)
+                tr0 = client.run_on_scheduler(
+                    lambda dask_scheduler: dask_scheduler.transition_counter
+                )
+                c0 = me.cpu_times()
+                t0 = time.perf_counter()
+                with get_task_stream(client) as ts:
+                    op.matmul(Y)
+                wall = time.perf_counter() - t0
+                c1 = me.cpu_times()
+                out.append(
+                    {
+                        "pass": p,
+                        "wall_s": wall,
+                        "tasks": len(ts.data),
+                        "transitions": client.run_on_scheduler(
+                            lambda dask_scheduler: dask_scheduler.transition_counter
+                        )
+                        - tr0,
+                        "scheduler_cpu_s": client.run_on_scheduler(_proc_cpu) - s0,
+                        "client_cpu_s": (c1.user + c1.system) - (c0.user + c0.system),
+                    }
+                )
+        op.release()
+        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    later = out[1:] or out
+    mean = {k: sum(r[k] for r in later) / len(later) for k in later[0] if k != "pass"}
+    return {
+        "n": n,
+        "driver": driver,
+        "block_rows": rows,
+        "row_blocks": len(op.X.chunks[0]),
+        "passes": out,
+        "later_pass_mean": mean,
+        "client_peak_rss_mb_above_imports": (rss1 - rss0) / 1024,
+    }
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=16)
@@ -242,13 +314,18 @@ def main(argv=None) -> None:
     ap.add_argument("--d", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--solve", action="store_true", help="the whole solve (module docstring)")
+    ap.add_argument("--nystroem", action="store_true", help="Nyström passes (child_nystroem)")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--oversamples", type=int, default=8)
     ap.add_argument("--child", nargs=2, metavar=("ADDRESS", "N_DRIVER"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         n, driver = args.child[1].split(":")
-        if args.solve:
+        if args.nystroem:
+            res = child_nystroem(
+                args.child[0], int(n), driver, args.passes, args.columns, args.d
+            )
+        elif args.solve:
             res = child_solve(
                 args.child[0], int(n), driver, args.passes, args.k, args.oversamples, args.d
             )
@@ -265,6 +342,8 @@ def main(argv=None) -> None:
 
     if args.solve and args.drivers == ["waves", "workers"]:
         args.drivers = ["client-basis", "worker-basis"]
+    if args.nystroem and args.drivers == ["waves", "workers"]:
+        args.drivers = ["blocks", "workers"]
     runs = []
     started = datetime.datetime.now(datetime.UTC)
     with _separate_processes(args.workers, 1) as address:
@@ -274,23 +353,27 @@ def main(argv=None) -> None:
         for n in args.n:
             for driver in args.drivers:
                 load0 = os.getloadavg()
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    address,
-                    f"{n}:{driver}",
-                    "--passes",
-                    str(args.passes),
-                    "--columns",
-                    str(args.columns),
-                    "--d",
-                    str(args.d),
-                    "--k",
-                    str(args.k),
-                    "--oversamples",
-                    str(args.oversamples),
-                ] + (["--solve"] if args.solve else [])
+                cmd = (
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        address,
+                        f"{n}:{driver}",
+                        "--passes",
+                        str(args.passes),
+                        "--columns",
+                        str(args.columns),
+                        "--d",
+                        str(args.d),
+                        "--k",
+                        str(args.k),
+                        "--oversamples",
+                        str(args.oversamples),
+                    ]
+                    + (["--solve"] if args.solve else [])
+                    + (["--nystroem"] if args.nystroem else [])
+                )
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
                 res = json.loads(line[len("RESULT ") :])
@@ -330,7 +413,10 @@ def main(argv=None) -> None:
     path = args.out or fresh(
         HERE
         / "results"
-        / f"scaleout-{'solve-' * args.solve}{args.workers}x1-{started.date().isoformat()}.json"
+        / (
+            f"scaleout-{'solve-' * args.solve}{'nystroem-' * args.nystroem}"
+            f"{args.workers}x1-{started.date().isoformat()}.json"
+        )
     )
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"written to {path}")
