@@ -156,16 +156,19 @@ def _price_nystroem_workers(f: _Fit) -> _Priced:
     from .price_nystroem import _price_nystroem
 
     priced = _price_nystroem(f)
-    work, reduce = worker_pass_tasks(f.W)
+    # a share a worker, or a block a share when there are fewer blocks than workers (the
+    # driver's split_blocks: min(W, nb) shares)
+    shares = max(1, min(int(f.W), int(f.nb)))
+    work, reduce = worker_pass_tasks(shares)
     tasks = work + reduce
     passes = f.stages[-1] if f.stages[-1].name == "passes" else None
     if passes is None:  # the covariance method's finish is last
         passes = next(s for s in f.stages if s.name == "passes")
     per = {k: v / passes.count for k, v in passes.parts.items()}
-    per["scheduler"] = tasks * f.ts + (_tree_depth(f.W) + 1) * f.rt
+    per["scheduler"] = tasks * f.ts + (_tree_depth(shares) + 1) * f.rt
     part = priced.to_client
     per["network"] = (
-        (priced.from_client + _tree_depth(f.W) * part) / f.net if f.cl.distributed else 0.0
+        (priced.from_client + _tree_depth(shares) * part) / f.net if f.cl.distributed else 0.0
     )
     i = f.stages.index(passes)
     f.stages.pop(i)

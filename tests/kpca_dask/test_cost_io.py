@@ -11,7 +11,7 @@ from kpca_dask.cost import Cluster, Machine
 from kpca_dask.cost.io import Transfer, price_transfers, store_rates
 from kpca_dask.cost.price_workers import WORKER_TASKS, worker_pass_tasks
 from kpca_dask.cost.pricing import _row_chunks
-from kpca_dask.worker_passes import basis_pass_tasks
+from kpca_dask.worker_passes import basis_pass_tasks, reduction_tasks
 
 STORE = {"latency": 0.5, "read": 1e6, "write": 2e6, "read_aggregate": 3e6}
 STORE |= {"write_aggregate": 4e6}
@@ -78,8 +78,13 @@ def test_the_per_worker_driver_has_tasks_that_grow_with_the_cluster_not_n(solver
         w = _plan(n, solver).estimate(cl, passes=6, driver="workers")
         b = _plan(n, solver).estimate(cl, passes=6)
         assert w.driver == "workers" and b.driver == "blocks"
-        if solver == "nystroem":
-            assert w.tasks_per_pass == work + reduce <= 4 * 32 + math.ceil(math.log2(32))
+        if solver == "nystroem":  # the driver's count: min(W, nb) shares and their tree
+            from kpca_dask.solvers.nystroem.worker_passes import pass_tasks as nys_tasks
+
+            nb = len(_row_chunks(n, int(_plan(n, solver).block_rows)))
+            assert w.tasks_per_pass == nys_tasks(32, nb) <= work + reduce
+            shares = min(32, nb)
+            assert nys_tasks(32, nb) == shares + reduction_tasks(shares)
         else:  # the basis's row panels too: the count the driver runs
             chunks = _row_chunks(n, int(_plan(n, solver).block_rows))
             assert w.tasks_per_pass == basis_pass_tasks(chunks, 32)
