@@ -81,19 +81,24 @@ DRIVERS = ("waves", "workers")
 REDUCE_FAN_IN = 4
 
 
-def exact_driver() -> str:
-    """The driver the dask config asks for (:data:`DRIVER_CONFIG`; default ``"waves"``)."""
+def config_driver(key: str, drivers: tuple[str, ...], default: str) -> str:
+    """The driver the dask config ``key`` asks for, one of ``drivers`` (refused otherwise)."""
     import dask
 
     from .exceptions import InvalidInputError
 
-    value = str(dask.config.get(DRIVER_CONFIG, "waves")).lower()
-    if value not in DRIVERS:
+    value = str(dask.config.get(key, default)).lower()
+    if value not in drivers:
         raise InvalidInputError(
-            f"dask config {DRIVER_CONFIG} must be one of {DRIVERS}, got {value!r}; "
-            f"set it with dask.config.set({{{DRIVER_CONFIG!r}: 'workers'}})."
+            f"dask config {key} must be one of {drivers}, got {value!r}; "
+            f"set it with dask.config.set({{{key!r}: 'workers'}})."
         )
     return value
+
+
+def exact_driver() -> str:
+    """The driver the dask config asks for (:data:`DRIVER_CONFIG`; default ``"waves"``)."""
+    return config_driver(DRIVER_CONFIG, DRIVERS, "waves")
 
 
 def reduction_tasks(n_leaves: int, fan_in: int = REDUCE_FAN_IN) -> int:

@@ -60,17 +60,9 @@ DRIVERS = ("blocks", "workers")
 
 def nystroem_driver() -> str:
     """The driver the dask config asks for (:data:`DRIVER_CONFIG`; default ``"blocks"``)."""
-    import dask
+    from ...worker_passes import config_driver
 
-    from ...exceptions import InvalidInputError
-
-    value = str(dask.config.get(DRIVER_CONFIG, "blocks")).lower()
-    if value not in DRIVERS:
-        raise InvalidInputError(
-            f"dask config {DRIVER_CONFIG} must be one of {DRIVERS}, got {value!r}; "
-            f"set it with dask.config.set({{{DRIVER_CONFIG!r}: 'workers'}})."
-        )
-    return value
+    return config_driver(DRIVER_CONFIG, DRIVERS, "blocks")
 
 
 def worker_client() -> Any:
