@@ -9,11 +9,13 @@ the block drivers as they run today (:mod:`.price_exact`, :mod:`.price_nystroem`
 The counts are those of the exact solver's per-worker driver (kpca_dask/worker_passes.py,
 ``kpca.exact-driver: workers``, with ``kpca.worker-basis``): :data:`WORKER_TASKS` task a
 worker a pass and a tree of sums with fan-in 4 over the workers' partials, and around them
-a publish, a cut and a store task a row panel of the basis (``basis_pass_tasks``) and
+a publish and a store task a row panel of the basis and a level of cut tasks, a task per
+4 panels (``basis_pass_tasks``), and
 :data:`BASIS_ROUND_TRIPS` ``Client.run`` round trips -- independent of n. Nyström's
 per-worker driver (kpca_dask/solvers/nystroem/worker_passes.py, ``kpca.nystroem-driver:
 workers``) runs the same share and tree counts, ``W + R(W)`` a pass (fewer shares when
-there are fewer row blocks than workers: not priced), and is priced with them alone.
+there are fewer row blocks than workers: ``min(W, nb)`` shares), and is priced with them
+alone.
 
 The arithmetic a pass does is the block drivers' (each upper block evaluated, or read
 from the kept blocks, and used twice); what changes is what surrounds it: the
@@ -81,8 +83,9 @@ def _price_exact_workers(f: _Fit, kernel_cache: str) -> _Priced:
 
     c, p, p_range = _exact_passes(f)
     work, reduce = worker_pass_tasks(W)
-    # the basis on the workers (kpca.worker-basis): a publish, a cut and a store task a
-    # row panel around the shares and their tree (the count the driver runs)
+    # the basis on the workers (kpca.worker-basis): a publish and a store task a row panel
+    # and the cut tasks (one per 4 panels) around the shares and their tree (the count
+    # the driver runs)
     tasks = basis_pass_tasks(f.chunks, W)
     evals = _kernel_evals(f.chunks, item)
     split = _cache_split(f, kernel_cache, pairs, evals)
