@@ -23,6 +23,11 @@ __all__ = ["component_names", "write_parquet"]
 logger = logging.getLogger("pipeline")
 
 
+#: the columns written with Parquet dictionary pages (few distinct values); ids and the
+#: components are written plain
+DICTIONARY_COLUMNS = ("label", "split")
+
+
 def component_names(k: int) -> list[str]:
     return [f"kernelpca{i}" for i in range(k)]
 
@@ -101,6 +106,12 @@ def write_parquet(
             target.url,
             write_index=False,
             compute=False,
+            # dictionary pages only for the low-cardinality text columns: pyarrow's
+            # default tries them on every column, and on the components (unique floats)
+            # it builds a 1 MB dictionary per column and row group, then falls back to
+            # plain: 1.6-4.7x the write's time and a 13-50 % larger file (64k to 1M rows a
+            # part: benchmarks/bench_parquet_write.py, docs/scaling.md)
+            use_dictionary=list(DICTIONARY_COLUMNS),
             storage_options=out.storage_options or None,
         ),
         label="parquet",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import pandas as pd
+import pyarrow.parquet
 import pytest
 import zarr
 
@@ -289,6 +290,20 @@ def test_labels_split_and_parquet(tmp_path, inputs):
     np.testing.assert_allclose(model.X_fit_, X[split.astype(bool)])
     pq = pd.read_parquet(version_dir(tmp_path / "out") / "embedding.parquet")
     assert set(pq["split"]) == {"train", "test"} and set(pq["label"]) == {"a", "b", "c"}
+    np.testing.assert_array_equal(
+        pq[[c for c in pq.columns if c.startswith("kernelpca")]].to_numpy(), g["embedding"][...]
+    )
+    # dictionary pages for the text columns only: ids and components are written plain
+    # (a dictionary of unique floats is built, then abandoned: pipeline/embed/parquet.py)
+    for part in sorted((version_dir(tmp_path / "out") / "embedding.parquet").glob("*.parquet")):
+        meta = pyarrow.parquet.ParquetFile(part).metadata
+        for i in range(meta.num_columns):
+            col = meta.row_group(0).column(i)
+            dictionary = col.dictionary_page_offset is not None
+            assert dictionary == (col.path_in_schema in ("label", "split")), (
+                col.path_in_schema,
+                col.encodings,
+            )
 
 
 def test_complete_run_is_not_overwritten_silently(tmp_path, inputs):
