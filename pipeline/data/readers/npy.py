@@ -53,7 +53,7 @@ def read_npy(cfg, loc, chunks) -> SourceData:
     # A local file is read by the workers, chunk by chunk, through its own memmap: handing
     # the memmap itself to dask would pickle the whole array into the graph (every byte
     # through the scheduler, and a worker killed for memory when the file is large).
-    source = NpyFile(str(loc.local_path), arr.shape, arr.dtype) if loc.is_local else arr
+    source = NpyFile.of(str(loc.local_path), arr) if loc.is_local else arr
     # (a remote file is a RemoteNpyFile already: its url and storage options travel)
     X = da.from_array(
         source,
@@ -66,24 +66,61 @@ def read_npy(cfg, loc, chunks) -> SourceData:
 
 
 class NpyFile:
-    """A local NPY file as an array-like that dask can slice: each read opens a read-only
-    memmap (no pickle), so only the path travels with the tasks."""
+    """A local NPY file as an array-like that dask can slice: each read maps the file
+    read-only (no pickle), so only the path and the layout travel with the tasks.
 
-    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype):
+    The header is parsed once, on the client (:meth:`of`). A read compares the file's
+    header bytes with those and maps the data at the known offset: it never parses the
+    header again. (``np.load`` in every task parsed it with ``ast.literal_eval``, which
+    CPython 3.11 can fail with ``SystemError: AST constructor recursion depth mismatch``
+    when threads parse at once, as the threaded scheduler's do: python/cpython#106905.)
+    """
+
+    def __init__(
+        self,
+        path: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        offset: int,
+        fortran_order: bool,
+        header: bytes,
+    ):
         self.path, self.shape, self.dtype = path, tuple(shape), np.dtype(dtype)
+        self.offset, self.fortran_order, self.header = int(offset), bool(fortran_order), header
         self.ndim = len(self.shape)
 
+    @classmethod
+    def of(cls, path: str, arr: np.memmap) -> NpyFile:
+        """The file ``np.load(path, mmap_mode="r")`` opened as ``arr``: its layout and the
+        header bytes before the data."""
+        offset = int(arr.offset)
+        with open(path, "rb") as f:
+            header = f.read(offset)
+        return cls(path, arr.shape, arr.dtype, offset, bool(np.isfortran(arr)), header)
+
     def __getitem__(self, key) -> np.ndarray:
-        arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
-        if arr.shape != self.shape or arr.dtype != self.dtype:
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        with open(self.path, "rb") as f:
+            header = f.read(self.offset)
+            f.seek(0, 2)
+            size = f.tell()
+        if header != self.header or size != self.offset + nbytes:
             raise InputError(
-                f"{self.path} changed while it was being read (now {arr.shape} "
-                f"{arr.dtype}); re-run when the file is complete."
+                f"{self.path} changed while it was being read (its header or size is not "
+                "the one read when the run started); re-run when the file is complete."
             )
+        arr = np.memmap(
+            self.path,
+            dtype=self.dtype,
+            mode="r",
+            offset=self.offset,
+            shape=self.shape,
+            order="F" if self.fortran_order else "C",
+        )
         return np.array(arr[key])
 
     def __dask_tokenize__(self):
-        return ("NpyFile", self.path, self.shape, self.dtype.str)
+        return ("NpyFile", self.path, self.shape, self.dtype.str, self.offset, self.header)
 
 
 class RemoteNpyFile:
