@@ -3,7 +3,8 @@ manifest, ``model/``, ``embedding``, ``embedding.parquet`` and arrays at the top
 is migrated, never left serving its old paths (pipeline/output/migrate.py, issue 36).
 
 The old output is built here with the previous release's own code: the commit before
-``pipeline/output/versions.py`` was added, taken from git history (``git archive``) and run as
+the versions module was added (as ``pipeline/versions.py``), taken from git history
+(``git archive``) and run as
 ``python -m flows.cli run`` with that tree first on the path (same venv). The current
 code then re-runs it, migrates it by hand, or reads it. Git history is required: in a
 shallow clone (or without git) the tests fail and say so, they do not skip.
@@ -34,11 +35,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # its `kpca run`, `kpca` c
 N, D = 600, 6
 #: the top-level paths the previous release documented for a run without labels
 OLD_PATHS = ("model", "embedding", "embedding.parquet", "spectrum", "zarr.json")
+#: where the versions module has lived: added at the first, moved to the second
+VERSIONS_MODULE = ("pipeline/versions.py", "pipeline/output/versions.py")
 
 
 def previous_release() -> str:
-    """The commit of the previous release: the parent of the commit that added
-    pipeline/output/versions.py (the layout with versions)."""
+    """The commit of the previous release: the parent of the commit that added the
+    versions module (the layout with versions): pipeline/versions.py, since moved to
+    pipeline/output/versions.py (both paths given, so git pairs the move as a rename and
+    the oldest addition is the first one)."""
 
     def git(*args: str) -> str:
         try:
@@ -57,10 +62,10 @@ def previous_release() -> str:
             )
         return res.stdout.strip()
 
-    added = git("log", "--diff-filter=A", "--format=%H", "--", "pipeline/output/versions.py")
+    added = git("log", "--diff-filter=A", "--format=%H", "--", *VERSIONS_MODULE)
     if not added:
         pytest.fail(
-            "git history has no commit adding pipeline/output/versions.py: the upgrade "
+            "git history has no commit adding the versions module: the upgrade "
             "tests need the repository's full history (git clone, not --depth 1; "
             "git fetch --unshallow)"
         )
@@ -79,7 +84,8 @@ def previous_tree(tmp_path_factory) -> Path:
     tree = tmp_path_factory.mktemp("previous-release")
     with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as t:
         t.extractall(tree, filter="data")
-    assert (tree / "pipeline").is_dir() and not (tree / "pipeline" / "versions.py").exists()
+    assert (tree / "pipeline").is_dir()
+    assert not any((tree / p).exists() for p in VERSIONS_MODULE), commit
     return tree
 
 
