@@ -32,19 +32,25 @@ def _plain_ids(url: str, opts: dict) -> list[int]:
     """The documented reader in a process that cannot import kpca_dask or pipeline."""
     code = textwrap.dedent(
         f"""
-        import gc, sys, json
+        import gc, io, re, sys, json
         sys.modules["kpca_dask"] = None; sys.modules["pipeline"] = None
-        import fsspec, pyarrow.parquet as pq
+        import fsspec, pyarrow as pa, pyarrow.parquet as pq
         root, opts = {url!r}, json.loads({json.dumps(opts)!r})
         fs, path = fsspec.core.url_to_fs(root, **opts)
         pointer = json.loads(fs.cat_file(path + "/manifest.json"))
         pq_path = path + "/" + pointer["version_path"] + "/embedding.parquet"  # a dataset
-        table = pq.read_table(pq_path, filesystem=fs)
+        # each part's bytes read by fsspec, then parsed by pyarrow from memory: pyarrow's
+        # I/O threads never call back into the Python filesystem. Handing pyarrow the
+        # fsspec filesystem (pq.read_table(pq_path, filesystem=fs)) reads the same rows,
+        # but can abort at the interpreter's exit after a good read ("terminate called
+        # without an active exception", apache/arrow#39162, #34314): twice here in the S3
+        # series tests (2026-11-28, 2026-11-29), once with the table dropped and
+        # gc.collect() before the exit (docs/update.md)
+        def natural(p):  # part.2 before part.10, as the rows are
+            return [int(t) if t.isdigit() else t for t in re.split(r"(\\d+)", p)]
+        parts = sorted((p for p in fs.find(pq_path) if p.endswith(".parquet")), key=natural)
+        table = pa.concat_tables(pq.read_table(io.BytesIO(fs.cat_file(p))) for p in parts)
         print(json.dumps(table.column("id").to_pylist()))
-        # pyarrow's reader threads joined before the interpreter's exit: without this,
-        # pyarrow through an fsspec filesystem can abort at exit after a good read
-        # ("terminate called without an active exception", apache/arrow#39162, #34314;
-        # once here, 2026-11-28, in the S3 unattended series), as docs/update.md says
         del table
         gc.collect()
         """
