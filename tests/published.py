@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.output.layout import LOCK, MANIFEST, WORK
+from pipeline.output.layout import HOLDS, LOCK, MANIFEST, WORK
 
 
 def version_dir(out) -> Path:
@@ -58,3 +58,32 @@ def store_tree_bytes(fs, prefix: str, exclude=(WORK, LOCK)) -> dict[str, bytes]:
 
 #: the earlier name (the helper was written for s3 first)
 s3_tree_bytes = store_tree_bytes
+
+
+def without_holds(objects: dict[str, bytes], holders) -> dict[str, bytes]:
+    """``objects`` (of :func:`tree_bytes`) less the output's ``holds/`` files, each checked
+    to be a kpca hold of one of ``holders`` (output URLs): an update keeps a hold in every
+    output its lineage reads, by design (docs/update.md, "Holds"), so a base that was
+    only read differs from before by those files alone."""
+    wanted = {str(h).rstrip("/") for h in holders}
+    rest = {}
+    for k, v in objects.items():
+        if k.split("/")[0] != HOLDS:
+            rest[k] = v
+            continue
+        hold = json.loads(v)
+        assert hold.get("kind") == "hold" and hold.get("written_by") == "kpca-dask", (k, hold)
+        assert hold["holder"] in wanted, (k, hold["holder"], sorted(wanted))
+    return rest
+
+
+def held_by(objects: dict[str, bytes], holder: str) -> dict:
+    """The hold ``holder`` keeps in the output whose ``objects`` these are (an assertion
+    error when there is none)."""
+    found = [
+        json.loads(v)
+        for k, v in objects.items()
+        if k.split("/")[0] == HOLDS and json.loads(v).get("holder") == holder.rstrip("/")
+    ]
+    assert len(found) == 1, (holder, sorted(k for k in objects if k.startswith(HOLDS)))
+    return found[0]
