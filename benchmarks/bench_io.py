@@ -9,6 +9,12 @@ output on the server (``kpca run``, Nyström, Parquet on), then prices the same 
 
     python benchmarks/bench_io.py                      # n = 1M, d = 16
     python benchmarks/bench_io.py --n 200000 --quick   # smaller, quicker
+    python benchmarks/bench_io.py --pin                # the server on a core of its own
+
+``--pin`` gives the S3 server the last core and everything else (the calibration, the run's
+client, scheduler, workers and Prefect) the others, one one-thread worker a core: the store
+then no longer takes its CPU from the workers, as a real object store does not. Without it
+the server, the workers and the client share every core.
 
 The run's stage times are the manifest's (``timings``: ingest, split, solve, project, ...);
 the plan's "embed" is compared with the run's "project" (the embedding written to zarr and
@@ -61,7 +67,7 @@ def _kpca(*args: str, env: dict) -> subprocess.CompletedProcess:
     return res
 
 
-def _config(path: Path, bucket: str, opts: dict, landmarks: int) -> Path:
+def _config(path: Path, bucket: str, opts: dict, landmarks: int, workers: int = 2) -> Path:
     path.write_text(
         json.dumps(
             {
@@ -80,7 +86,7 @@ def _config(path: Path, bucket: str, opts: dict, landmarks: int) -> Path:
                     "parquet": True,
                 },
                 "evaluate": {"enabled": False},
-                "cluster": {"n_workers": 2, "threads_per_worker": 1},
+                "cluster": {"n_workers": workers, "threads_per_worker": 1},
             }
         )
     )
@@ -96,7 +102,9 @@ def measure_run(args, server, bucket: str, root: Path, env: dict) -> dict:
     fs.put(str(local), f"{bucket}/in/x.npy")
     upload = time.perf_counter() - t
     local.unlink()
-    cfg = _config(root / "run.yaml", bucket, server.storage_options, args.landmarks)
+    cfg = _config(
+        root / "run.yaml", bucket, server.storage_options, args.landmarks, args.workers
+    )
     load_before = os.getloadavg()
     cmd = ["run", str(cfg), "--no-progress", *(["--no-prefect"] if args.no_prefect else [])]
     import resource
@@ -144,7 +152,7 @@ def plan_against(args, run: dict, server, bucket: str, root: Path, env: dict) ->
         str(cal),
         env=env,
     )
-    cfg = _config(root / "plan.yaml", bucket, opts, args.landmarks)
+    cfg = _config(root / "plan.yaml", bucket, opts, args.landmarks, args.workers)
     plan = json.loads(
         _kpca(
             "plan",
@@ -198,7 +206,17 @@ def main() -> None:
     ap.add_argument("--run-only", action="store_true", help="measure the run, plan nothing")
     ap.add_argument("--from", dest="from_", help="a --run-only result: plan against it")
     ap.add_argument("--out", help="result JSON (default benchmarks/results/io-<n>-<date>.json)")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="the S3 server on the last core, everything else on the others",
+    )
     args = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 cores (one for the S3 server)")
+    server_cores, run_cores = (cores[-1:], cores[:-1]) if args.pin else (cores, cores)
+    args.workers = len(run_cores) if args.pin else 2
 
     from kpca_dask.cost import _cpu_model
     from tests.objectstore.s3server import CREDENTIAL_ENV, start_s3_server, stop_s3_server
@@ -219,6 +237,9 @@ def main() -> None:
         "landmarks": args.landmarks,
         "caveat": "shared 2-core machine (other helpers' jobs running at the same time): "
         "ratios from one session; absolute seconds move with the load",
+        "server_cores": server_cores,
+        "run_cores": run_cores,
+        "workers": args.workers,
     }
     if args.from_:
         prev = json.loads(Path(args.from_).read_text())
@@ -226,7 +247,12 @@ def main() -> None:
         result["run_date"] = prev["date"]
         result["command"] = "python benchmarks/bench_io.py " + " ".join(sys.argv[1:])
         args.n, args.d, args.landmarks = prev["n"], prev["d"], prev["landmarks"]
+        args.workers = prev.get("workers", 2)
+    # the server inherits this process's cores when it starts; then this process (and the
+    # calibration and the run it starts) takes the others
+    os.sched_setaffinity(0, server_cores)
     server = start_s3_server()
+    os.sched_setaffinity(0, run_cores)
     try:
         bucket = server.make_bucket(f"kpca-{uuid.uuid4().hex[:12]}")
         if not args.from_:
