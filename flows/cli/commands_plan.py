@@ -83,7 +83,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from pipeline.runtime import measure_stage_seconds
 
         m.stage_seconds[store_scheme(args.store)] = measure_stage_seconds(
-            args.store, options, m
+            args.store, options, m, runs=1 if args.quick else 3
         )
     out = Path(args.output) if args.output else default_calibration_path()
     out.parent.mkdir(parents=True, exist_ok=True)

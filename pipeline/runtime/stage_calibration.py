@@ -9,11 +9,14 @@ checksums) and, in the first stage that touches the store, the workers' imports 
 connections. On a small run that part is most of the stage (measured at 1M rows on the S3
 server: 1.2-1.5 s of a 2.7 s ingest; docs/scaling.md).
 
-Measured here with a tiny real run of the pipeline's stages (:func:`run_pipeline`, no
-Prefect, the default cluster) with its input and output below the store URL, on a fresh
-cluster as a ``kpca run`` has: each stage's time less what the cost model prices for its
-chunks is its fixed part. Everything the run wrote is removed afterwards (below a prefix
-made here, through :mod:`kpca_dask.removal`).
+Measured here with tiny real runs of the pipeline's stages (:func:`run_pipeline`, no
+Prefect, the default cluster) with their input and output below the store URL, each on a
+fresh cluster as a ``kpca run`` has: each stage's time less what the cost model prices for
+its chunks is its fixed part, and the median over the runs is kept. One run was not
+enough: three calibrations on the S3 server, minutes apart on a quiet machine, measured
+the ingest's fixed part at 1.57, 0.83 and 1.11 s, and the one at 0.83 s priced a 1M-row
+ingest 30 % under what it took (docs/scaling.md). Everything the runs wrote is removed
+afterwards (below a prefix made here, through :mod:`kpca_dask.removal`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["STAGES", "measure_stage_seconds"]
+__all__ = ["STAGES", "measure_stage_seconds", "median_stages"]
 
 #: the manifest's stage timings -> the plan's stages they are compared with
 STAGES = {"ingest": "ingest", "split": "split", "project": "embed"}
@@ -50,11 +53,29 @@ def _config(root: str, storage_options: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure_stage_seconds(
-    store: str, storage_options: dict[str, Any] | None, machine: Any
+    store: str, storage_options: dict[str, Any] | None, machine: Any, runs: int = 3
 ) -> dict[str, float]:
     """``{plan stage: fixed seconds}`` of a run whose input and output are on ``store``
     (an object-store URL or a local folder; written below a new prefix there and removed
-    again), from a tiny run's stage times less ``machine``'s price of their chunks."""
+    again): the median over ``runs`` tiny runs of their stage times less ``machine``'s
+    price of their chunks."""
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    return median_stages([_one_run(store, storage_options, machine) for _ in range(runs)])
+
+
+def median_stages(each: list[dict[str, float]]) -> dict[str, float]:
+    """Each stage's median over the runs ``each``; a stage some run did not time is left
+    out (it is then priced with no fixed part, as on a store not calibrated)."""
+    return {
+        stage: float(np.median([e[stage] for e in each]))
+        for stage in each[0]
+        if all(stage in e for e in each)
+    }
+
+
+def _one_run(store: str, storage_options: dict[str, Any] | None, machine: Any) -> dict:
+    """One tiny run's ``{plan stage: its time less its chunks' price}``."""
     from kpca_dask.cost import Cluster
     from kpca_dask.removal import remove_owned_url
     from pipeline.config import load_config

@@ -120,10 +120,10 @@ def test_calibrating_a_store_measures_it_and_leaves_nothing(s3_server, s3_bucket
 def test_a_stores_stage_fixed_part_is_measured_by_a_tiny_run_and_priced(
     s3_server, s3_bucket, tmp_path, capsys
 ):
-    """`kpca calibrate --store`'s last step: a tiny real run of the stages on the store
-    (its own local cluster), each stage's time less its chunks' price; the plan of a run
-    writing to that kind of store then adds exactly that to each stage. The run leaves
-    nothing on the store."""
+    """`kpca calibrate --store`'s last step: tiny real runs of the stages on the store
+    (three, each on its own local cluster), each stage's time less its chunks' price, the
+    median; the plan of a run writing to that kind of store then adds exactly that to each
+    stage. The runs leave nothing on the store."""
     from pipeline.runtime.stage_calibration import measure_stage_seconds
 
     fs = s3_server.filesystem()
