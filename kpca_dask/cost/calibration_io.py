@@ -86,10 +86,10 @@ def _store_rates(
             lat.append(time.perf_counter() - t0)
         latency = float(np.median(lat))
 
-        def put(i: int) -> None:
+        def put(i: str) -> None:
             fs.pipe_file(f"{base}/big{i}", data)
 
-        def get(i: int) -> None:
+        def get(i: str) -> None:
             fs.cat_file(f"{base}/big{i}")
 
         def timed(fn, ids) -> float:
@@ -98,13 +98,15 @@ def _store_rates(
                 list(pool.map(fn, ids))
             return time.perf_counter() - t0
 
-        many = list(range(streams))
+        def once(rep: int) -> tuple[float, float, float, float]:
+            # new objects every time, as a stage writes them: on the S3 server, writing
+            # over the same key again measured 123-148 MB/s where new keys took 83-131
+            one, many = [f"{rep}-0"], [f"{rep}-{i}" for i in range(1, streams + 1)]
+            return timed(put, one), timed(get, one), timed(put, many), timed(get, many)
+
         # the median of three of each: one of each measured a stream's write at 86-148
         # MB/s over three calibrations minutes apart on the S3 server
-        sides = [
-            (timed(put, [0]), timed(get, [0]), timed(put, many), timed(get, many))
-            for _ in range(max(1, repeats))
-        ]
+        sides = [once(rep) for rep in range(max(1, repeats))]
         write1, read1, write_n, read_n = (float(np.median(t)) for t in zip(*sides))
     finally:  # the prefix this made, and only it
         remove_owned_url(
