@@ -100,12 +100,13 @@ def _store_rates(
 
         def once(rep: int) -> tuple[float, float, float, float]:
             # new objects every time, as a stage writes them: on the S3 server, writing
-            # over the same key again measured 123-148 MB/s where new keys took 83-131
+            # over the same key again measured 112-148 MB/s where new keys took 72-131
+            # (benchmarks/bench_store_overwrite.py)
             one, many = [f"{rep}-0"], [f"{rep}-{i}" for i in range(1, streams + 1)]
             return timed(put, one), timed(get, one), timed(put, many), timed(get, many)
 
-        # the median of three of each: one of each measured a stream's write at 86-148
-        # MB/s over three calibrations minutes apart on the S3 server
+        # the median of ``repeats`` of each: one of each measured a stream's write at
+        # 86-148 MB/s over three calibrations minutes apart on the S3 server
         sides = [once(rep) for rep in range(max(1, repeats))]
         write1, read1, write_n, read_n = (float(np.median(t)) for t in zip(*sides))
     finally:  # the prefix this made, and only it
