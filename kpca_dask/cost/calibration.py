@@ -256,6 +256,29 @@ def _zarr_rates(chunks: int) -> tuple[float, float]:
     return tuple(per_chunk / max(1e-6, float(np.median(t))) for t in (w, r))
 
 
+def _store_rates_on_a_worker(
+    client: Any, store: str | None, storage_options: dict | None, quick: bool
+) -> dict | None:
+    """:func:`_store_rates` of ``store`` measured in a task on one of ``client``'s
+    workers, with objects of a stage's chunk (:data:`ZARR_CHUNK_BYTES`; 8 MiB
+    ``quick``): where and at the size the stages move their chunks. Measured in the
+    calibrating process with 32 MiB objects, the S3 server read at 330-500 MB/s a
+    stream, while 64 MiB objects read at 110-180 MB/s, in a worker or not, and a 1M-row
+    ingest was priced 1.34-1.41x under what it took (docs/scaling.md). The streams of
+    the aggregate: two a core, at most a GiB of objects at once. None without ``store``."""
+    if not store:
+        return None
+    from ..threads import cpu_count
+
+    nbytes = 8 << 20 if quick else ZARR_CHUNK_BYTES
+    streams = max(2, min(2 * cpu_count(), (1 << 30) // nbytes))
+    worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[:1]
+    rates = client.submit(
+        _store_rates, store, storage_options or {}, nbytes, streams, workers=worker, pure=False
+    ).result()
+    return {**rates, "object_bytes": nbytes, "streams": streams}
+
+
 def _scheduler_task_seconds(tasks: int) -> tuple[float, float]:
     """(seconds a task, round trip of a one-task graph) with the scheduler in its own
     process and two one-thread worker processes (distributed's SubprocessCluster): what a
@@ -366,21 +389,17 @@ def calibrate(
         # 16 MiB block, below the mmap threshold, and under-states a large block's fill)
         factors = _block_factors(c, rates, reps, 2048 if quick else None)
         touch = _page_touch_on_every_core(c, 64 << 20 if quick else 256 << 20)
-        return (*_measure_cluster(c, 500 if quick else 2000), factors, touch)
+        measured = (*_measure_cluster(c, 500 if quick else 2000), factors, touch)
+        return (*measured, _store_rates_on_a_worker(c, store, storage_options, quick))
 
-    per_task, roundtrip, net, factors, touch = _on_a_cluster(client, on)
+    per_task, roundtrip, net, factors, touch, store_rates = _on_a_cluster(client, on)
     in_process = {"task_seconds": per_task, "roundtrip_seconds": roundtrip}
     if client is None:
         per_task, roundtrip = _scheduler_task_seconds(500 if quick else 2000)
     disk, disk_latency = _disk_rates(64 << 20 if quick else 256 << 20)
     stores = dict(Machine().object_stores)
     if store:
-        from ..threads import cpu_count
-
-        scheme = store.split("://", 1)[0].lower() if "://" in store else "file"
-        stores[scheme] = _store_rates(
-            store, storage_options or {}, 8 << 20 if quick else 32 << 20, 2 * cpu_count()
-        )
+        stores[store.split("://", 1)[0].lower() if "://" in store else "file"] = store_rates
     cpu, simd = _cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return Machine(

@@ -117,6 +117,38 @@ def test_calibrating_a_store_measures_it_and_leaves_nothing(s3_server, s3_bucket
 
 
 @pytest.mark.cluster
+def test_calibrate_measures_the_store_on_a_worker_at_a_chunks_size(s3_server, s3_bucket):
+    """The store's rates come from a task on a worker (where the stages move their
+    chunks), with objects of a chunk's size (8 MiB quick, 64 MiB otherwise: 64 MiB
+    objects read at a third of 32 MiB ones' rate on the S3 server), and leave nothing.
+    The cluster is started here: its worker reads the credentials from its environment,
+    as a run's workers do."""
+    from distributed import Client, LocalCluster, get_task_stream
+
+    from kpca_dask.cost import calibrate
+
+    fs = s3_server.filesystem()
+    fs.pipe(f"{s3_bucket}/keep/me", b"1")
+    before = sorted(fs.find(s3_bucket))
+    url = f"s3://{s3_bucket}/cal"
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+        get_task_stream(client) as ts,
+    ):
+        m = calibrate(client, quick=True, store=url, storage_options=s3_server.storage_options)
+        workers = set(client.scheduler_info(n_workers=-1)["workers"])
+    ran = [t for t in ts.data if "_store_rates" in str(t["key"])]
+    assert len(ran) == 1 and ran[0]["worker"] in workers, ran
+    r = m.object_stores["s3"]
+    assert r["measured_at"] == url and r["object_bytes"] == 8 << 20 and r["streams"] >= 2
+    assert all(r[k] > 1e5 for k in ("read", "write", "read_aggregate", "write_aggregate"))
+    assert Machine.from_dict(m.to_dict()).object_store("s3")["read"] == r["read"]
+    fs.invalidate_cache()
+    assert sorted(fs.find(s3_bucket)) == before
+
+
+@pytest.mark.cluster
 def test_a_stores_stage_fixed_part_is_measured_by_a_tiny_run_and_priced(
     s3_server, s3_bucket, tmp_path, capsys
 ):
