@@ -116,30 +116,45 @@ def _client_threads(client: Any) -> int:
     return max(1, sum(int(w.get("nthreads", 1)) for w in workers))
 
 
-def _page_touch_rate(nbytes: int = 256 << 20, reps: int = 3) -> float:
-    """Bytes per second this thread takes new pages into use: one write per page of a
-    fresh anonymous mapping (the page fault and the zeroing; :attr:`Machine.page_touch`)."""
+def _page_touch_rate(nbytes: int = 2 << 30, chunk: int = 64 << 20) -> float:
+    """Bytes per second this thread takes new pages into use while it keeps them, as the
+    memory tier's first pass keeps every block it fills: one write per page of fresh
+    anonymous mappings of ``chunk`` bytes, all held until ``nbytes`` are touched, the
+    median rate of the last quarter (:attr:`Machine.page_touch`).
+
+    Held, and the last quarter: a virtual machine gives back pages its guest freed a
+    moment ago far faster than pages it has to fault in from its host. Here (AMD EPYC
+    VM with a free-page-reporting balloon, 2026-11-29) mappings touched and freed in
+    turn ran at 1.6-1.9 GB/s throughout; mappings held ran at that rate for their first
+    0.6-1.3 GB (what had been freed just before) and at 0.35-0.37 GB/s after. The
+    memory tier of an n = 50 000 fit (2.7 GB of blocks a worker) filled at the second
+    rate (docs/scaling.md). On a machine without that difference every quarter agrees;
+    where more was freed just before than ``nbytes``, this measures the faster rate."""
     import mmap
 
     page = mmap.PAGESIZE
-    rates = []
-    for _ in range(reps):
-        buf = mmap.mmap(-1, nbytes)
-        a = np.frombuffer(buf, dtype=np.uint8)
+    maps, rates = [], []
+    for _ in range(max(2, nbytes // chunk)):
+        maps.append(mmap.mmap(-1, chunk))
+        a = np.frombuffer(maps[-1], dtype=np.uint8)
         t0 = time.perf_counter()
         a[::page] = 1
-        rates.append(nbytes / max(1e-9, time.perf_counter() - t0))
-        del a
+        rates.append(chunk / max(1e-9, time.perf_counter() - t0))
+        del a  # the mapping stays: its pages are held
+    for buf in maps:
         buf.close()
-    return float(np.median(rates))
+    return float(np.median(rates[-max(1, len(rates) // 4) :]))
 
 
 def _page_touch_on_every_core(client: Any, nbytes: int) -> float:
     """:func:`_page_touch_rate` of one core while every core of ``client``'s cluster
     takes new pages at once, as the workers of a first pass do (the median core)."""
     import dask
+    import psutil
 
     threads = _client_threads(client)
+    # at most a quarter of the memory free here, shared by the cores
+    nbytes = max(128 << 20, min(nbytes, psutil.virtual_memory().available // (4 * threads)))
     runs = [dask.delayed(_page_touch_rate, pure=False)(nbytes) for _ in range(threads)]
     return float(np.median(client.compute(runs, sync=True)))
 
@@ -388,7 +403,7 @@ def calibrate(
         # quick: blocks of 2 048 rows (a quarter of the work; its "fill_large" is then a
         # 16 MiB block, below the mmap threshold, and under-states a large block's fill)
         factors = _block_factors(c, rates, reps, 2048 if quick else None)
-        touch = _page_touch_on_every_core(c, 64 << 20 if quick else 256 << 20)
+        touch = _page_touch_on_every_core(c, 256 << 20 if quick else 2 << 30)
         measured = (*_measure_cluster(c, 500 if quick else 2000), factors, touch)
         return (*measured, _store_rates_on_a_worker(c, store, storage_options, quick))
 

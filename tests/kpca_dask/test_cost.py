@@ -268,6 +268,38 @@ def test_calibration_is_measured_and_read_back(dask_cluster, tmp_path, monkeypat
     assert 1e7 < m.page_touch < 1e12 and math.isfinite(m.page_touch)
 
 
+def test_new_pages_are_measured_held_and_given_back():
+    """``page_touch`` is measured on mappings held until the end (the kept blocks are
+    held: a VM hands back pages freed a moment ago faster, docs/scaling.md): the
+    process's resident memory, sampled while it measures, grows by all of them at once;
+    and every mapping is released afterwards."""
+    import threading
+
+    import psutil
+
+    from kpca_dask.cost.calibration import _page_touch_rate
+
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    peak, done = [before], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak.append(proc.memory_info().rss)
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        rate = _page_touch_rate(256 << 20, 32 << 20)
+    finally:
+        done.set()
+        sampler.join()
+    assert 1e7 < rate < 1e12 and math.isfinite(rate)
+    assert max(peak) - before >= 200 << 20  # more than a few 32 MiB mappings at once
+    assert proc.memory_info().rss - before < 64 << 20
+
+
 # ------------------------------------------------------------- kernel cache tier
 def test_auto_cache_tier_is_the_one_the_fit_takes(dask_cluster):
     """estimate(kernel_cache="auto") prices the tier the estimator's rule picks: the
