@@ -9,7 +9,10 @@ process and measures the passes after the first:
 
 - tasks run (the scheduler's task stream) and scheduler transitions
   (``Scheduler.transition_counter``) per pass,
-- CPU seconds of the scheduler process per pass (psutil, in the scheduler),
+- CPU seconds of the scheduler process per pass (psutil, in the scheduler), and the
+  same less the idle scheduler's CPU over the pass's wall time (the idle rate measured
+  for half of ``--idle-seconds`` just before and just after each run, their mean; and
+  for ``--idle-seconds`` before and after all runs, recorded),
 - the client process's CPU per pass and its peak RSS above its imports
   (``ru_maxrss``: the client is a fresh process per run),
 - the wall time per pass.
@@ -57,6 +60,17 @@ def _proc_cpu() -> float:
 
     t = psutil.Process().cpu_times()
     return t.user + t.system
+
+
+def _idle_scheduler_rate(client, seconds: float) -> float:
+    """CPU seconds a second of the scheduler process while nothing runs: its periodic
+    callbacks and the workers' heartbeats, which grow with the workers and go on during
+    a pass however few tasks it has (the per-pass figures less this times the pass's
+    wall are the pass's own)."""
+    s0, t0 = client.run_on_scheduler(_proc_cpu), time.perf_counter()
+    time.sleep(seconds)
+    s1, t1 = client.run_on_scheduler(_proc_cpu), time.perf_counter()
+    return (s1 - s0) / (t1 - t0)
 
 
 def child(address: str, n: int, driver: str, passes: int, columns: int, d: int) -> dict:
@@ -315,6 +329,12 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--solve", action="store_true", help="the whole solve (module docstring)")
     ap.add_argument("--nystroem", action="store_true", help="Nyström passes (child_nystroem)")
+    ap.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=20.0,
+        help="how long the idle scheduler's CPU is measured (the baseline subtracted)",
+    )
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--oversamples", type=int, default=8)
     ap.add_argument("--child", nargs=2, metavar=("ADDRESS", "N_DRIVER"), help=argparse.SUPPRESS)
@@ -350,9 +370,13 @@ def main(argv=None) -> None:
         with Client(address) as c:
             c.wait_for_workers(args.workers, timeout=300)
             c.run(lambda: __import__("kpca_dask.worker_passes"))  # warm imports
+            idle = _idle_scheduler_rate(c, args.idle_seconds)
+        print(f"idle scheduler: {idle:.4f} CPU s a second ({args.workers} workers)", flush=True)
         for n in args.n:
             for driver in args.drivers:
                 load0 = os.getloadavg()
+                with Client(address) as c:  # the idle baseline just before this run
+                    idle_before = _idle_scheduler_rate(c, args.idle_seconds / 2)
                 cmd = (
                     [
                         sys.executable,
@@ -378,8 +402,16 @@ def main(argv=None) -> None:
                 line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
                 res = json.loads(line[len("RESULT ") :])
                 res["load_avg_before"] = load0
-                runs.append(res)
+                with Client(address) as c:  # and just after it
+                    idle_after_run = _idle_scheduler_rate(c, args.idle_seconds / 2)
+                res["idle_scheduler_cpu_per_s"] = [idle_before, idle_after_run]
                 m = res["later_pass_mean"]
+                # the pass's own scheduler CPU: less what the idle scheduler spends in as
+                # long (the workers' heartbeats and its periodic callbacks), at the rate
+                # measured around this run
+                rate = (idle_before + idle_after_run) / 2
+                m["scheduler_cpu_net_s"] = m["scheduler_cpu_s"] - rate * m["wall_s"]
+                runs.append(res)
                 extra = ""
                 if args.solve:
                     extra = (
@@ -390,11 +422,15 @@ def main(argv=None) -> None:
                     f"n={n} {driver:8s} blocks={res['row_blocks']:3d} "
                     f"tasks/pass={m['tasks']:.0f} transitions/pass={m['transitions']:.0f} "
                     f"scheduler CPU/pass={m['scheduler_cpu_s']:.3f}s "
+                    f"(net of idle {m['scheduler_cpu_net_s']:.3f}s) "
                     f"client CPU/pass={m['client_cpu_s']:.3f}s wall/pass={m['wall_s']:.2f}s "
                     f"client peak RSS +{res['client_peak_rss_mb_above_imports']:.0f} MB"
                     + extra,
                     flush=True,
                 )
+        with Client(address) as c:  # the baseline again, after the runs
+            idle_after = _idle_scheduler_rate(c, args.idle_seconds)
+        print(f"idle scheduler after the runs: {idle_after:.4f} CPU s a second", flush=True)
     cpu, simd = _cpu_model()
     out = {
         "date": started.isoformat(timespec="seconds"),
@@ -408,6 +444,8 @@ def main(argv=None) -> None:
         else f"linear, d = {args.d}, float32, recomputed; k = {args.k}, l = "
         f"{args.k + args.oversamples}, block Krylov, fixed passes",
         "load_avg_end": os.getloadavg(),
+        "idle_scheduler_cpu_per_s": idle,
+        "idle_scheduler_cpu_per_s_after": idle_after,
         "runs": runs,
     }
     path = args.out or fresh(
