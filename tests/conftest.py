@@ -105,8 +105,20 @@ def _refuse(what: str) -> None:
 
 
 #: System queries libraries make once and cache (platform.processor() runs ``uname -p``,
-#: ctypes.util.find_library ``ldconfig``/``gcc``): not a process a test starts.
-SYSTEM_QUERIES = {"uname", "ldconfig", "gcc", "cc", "ld", "objdump", "lscpu", "nvidia-smi"}
+#: ctypes.util.find_library ``ldconfig``/``gcc``, matplotlib's first font cache
+#: ``fc-list``: a fresh machine's first report failed on it): not a process a test starts.
+SYSTEM_QUERIES = {
+    "uname",
+    "ldconfig",
+    "gcc",
+    "cc",
+    "ld",
+    "objdump",
+    "lscpu",
+    "nvidia-smi",
+    "fc-list",
+    "fc-match",
+}
 
 
 def _audit(event: str, args) -> None:
