@@ -391,8 +391,10 @@ def calibrate(
     those are the ones kept. The I/O rates: the local disk (one stream, cold reads; the
     time to open a small file), Parquet's encoding on one core and, with ``store`` (an
     object-store URL, e.g. ``s3://bucket/tmp``, with its ``storage_options``), that
-    store's request latency and stream and aggregate bandwidths, under its URL scheme
-    (written below ``store`` and removed again).
+    store's request latency and stream and aggregate bandwidths, under its URL scheme,
+    measured in a task on a worker with objects of a stage's chunk (written below
+    ``store`` and removed again). New pages (``page_touch``) are measured held, as the
+    kept kernel blocks are (:func:`_page_touch_rate`).
     """
     reps = 2 if quick else 4
     gemm, exps, bw = _one_core_rates(quick)

@@ -41,8 +41,10 @@ class Machine:
     #: fault and the zeroing each): what the memory tier's first pass pays on top of
     #: evaluating the blocks it keeps, which land on new pages as the cache grows. A
     #: 16 MB block took twice as long into new pages as into reused memory here
-    #: (docs/scaling.md). Measured by ``kpca calibrate`` with every core at once; the
-    #: built-in value is this machine's of 2026-11-27 (2.6e9), the others 2026-11-26's.
+    #: (docs/scaling.md). Measured by ``kpca calibrate`` with every core at once, on
+    #: pages held as the kept blocks are (since 2026-11-29: a VM gave pages it had just
+    #: freed back 4-5x faster than new ones); the built-in value is the 2026-11-27 Xeon's
+    #: (2.6e9, measured on pages freed in turn), the others 2026-11-26's.
     page_touch: float = 2.6e9
     #: Scheduler (and worker bookkeeping) seconds per task of a large graph.
     task_seconds: float = 2.0e-3
