@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .calibration_io import _disk_rates, _parquet_rate, _store_rates
+from .io import store_scheme
 from .machine import Machine
 from .rates import _eval_seconds, _recompute_seconds, _stored_seconds
 
@@ -416,7 +417,7 @@ def calibrate(
     disk, disk_latency = _disk_rates(64 << 20 if quick else 256 << 20)
     stores = dict(Machine().object_stores)
     if store:
-        stores[store.split("://", 1)[0].lower() if "://" in store else "file"] = store_rates
+        stores[store_scheme(store)] = store_rates
     cpu, simd = _cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return Machine(
